@@ -1,0 +1,157 @@
+// Package registry owns where pools, models, listeners and endpoints come
+// from (HCL files, Consul) and merges every source into one immutable,
+// versioned State. Consumers (the picker, the xDS translator) only ever read
+// a *State and wait for the next one; they never mutate it.
+package registry
+
+import (
+	"sort"
+)
+
+// Engine names a model-server metrics dialect.
+type Engine string
+
+// The engines whose metrics the picker knows how to read.
+const (
+	EngineVLLM      Engine = "vllm"
+	EngineSGLang    Engine = "sglang"
+	EngineTRTLLM    Engine = "trtllm-serve"
+	EngineTritonTRT Engine = "triton-tensorrt-llm"
+)
+
+// Engines lists every supported engine, in documentation order.
+var Engines = []Engine{EngineVLLM, EngineSGLang, EngineTRTLLM, EngineTritonTRT}
+
+// FailureMode says what Envoy does with a pool's requests when the picker is
+// unreachable.
+type FailureMode string
+
+const (
+	// FailClosed answers 5xx quickly when the picker is down (the default).
+	FailClosed FailureMode = "fail_closed"
+	// FailOpen keeps serving through the cluster's fallback load balancer.
+	FailOpen FailureMode = "fail_open"
+)
+
+// Endpoint is one model server in a pool.
+type Endpoint struct {
+	// Address is the canonical "ip:port" ("[v6]:port" for IPv6) Envoy and the
+	// picker use to name this endpoint; it is unique within a pool.
+	Address string
+	// Source names the provider that contributed the endpoint, e.g.
+	// "file" or "consul".
+	Source string
+	// Models lists model names and LoRA adapters the endpoint advertises
+	// (from Consul meta); empty means "whatever the pool serves".
+	Models []string
+	// MetricsPath overrides the pool's metrics path for this endpoint.
+	MetricsPath string
+	// Draining endpoints get no new requests and are removed from EDS.
+	Draining bool
+}
+
+// Pool is a set of interchangeable model servers behind one Envoy cluster.
+type Pool struct {
+	Name        string
+	Engine      Engine
+	Endpoints   []Endpoint // sorted by Address
+	FailureMode FailureMode
+	// MetricsPath is the HTTP path scraped on every endpoint ("/metrics").
+	MetricsPath string
+	// Scheduling is the pool's scheduler configuration; nil means defaults.
+	Scheduling *Scheduling
+	// DeclRange is where the pool was declared, for diagnostics ("" if not
+	// from a file).
+	DeclRange string
+}
+
+// Scheduling configures how the picker chooses an endpoint in a pool. The
+// picker owns the meaning of profiles and scorer names; the registry only
+// carries them.
+type Scheduling struct {
+	// Profile names a built-in profile ("default", "round-robin", "random",
+	// "least-queue", "least-request").
+	Profile string
+	// Scorers overrides scorer weights by scorer name.
+	Scorers map[string]float64
+	// Picker is "max-score" or "weighted-random".
+	Picker string
+	// ScrapeIntervalMS is the metrics scrape interval (0 = default).
+	ScrapeIntervalMS int
+	// Saturation thresholds; zero means the picker's default.
+	QueueThreshold int
+	KVThreshold    float64
+	// Metrics overrides the engine's metric names, keyed by logical name
+	// ("waiting", "running", "kv_usage", "lora_info", "cache_config").
+	Metrics map[string]string
+	// SessionHeader is the request header used for session affinity.
+	SessionHeader string
+}
+
+// Target is one weighted rewrite destination of a model.
+type Target struct {
+	Name   string
+	Weight int
+}
+
+// Model maps a client-visible model name onto a pool.
+type Model struct {
+	Name string
+	Pool string
+	// Priority < 0 marks the model's requests sheddable.
+	Priority int
+	// Targets, when non-empty, rewrite the request's model to one of these
+	// names chosen by weight.
+	Targets []Target
+}
+
+// Sheddable reports whether requests for this model may be shed with 429.
+func (m *Model) Sheddable() bool { return m.Priority < 0 }
+
+// Listener is an Envoy listener that serves client traffic.
+type Listener struct {
+	Name    string
+	Address string // "ip:port"
+}
+
+// Routing holds settings that apply to every request.
+type Routing struct {
+	// DefaultPool, when set, receives requests for unknown models instead
+	// of a 404, and header-only requests such as GET /v1/models.
+	DefaultPool string
+}
+
+// State is one immutable, merged view of every source. Version increases by
+// one for every change that is published.
+type State struct {
+	Version   uint64
+	Pools     map[string]*Pool
+	Models    map[string]*Model
+	Listeners []Listener // sorted by Name
+	Routing   Routing
+}
+
+// Empty returns a State with no pools, models or listeners.
+func Empty() *State {
+	return &State{Pools: map[string]*Pool{}, Models: map[string]*Model{}}
+}
+
+// PoolNames returns the pool names in sorted order.
+func (s *State) PoolNames() []string {
+	names := make([]string, 0, len(s.Pools))
+	for n := range s.Pools {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// ModelNames returns the model names in sorted order.
+func (s *State) ModelNames() []string {
+	names := make([]string, 0, len(s.Models))
+	for n := range s.Models {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
