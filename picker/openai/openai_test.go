@@ -1,0 +1,173 @@
+package openai
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestParseRequest(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		desc, body, want string
+		err              error
+	}{
+		{desc: "plain", body: `{"model":"llama","prompt":"x"}`, want: "llama"},
+		{desc: "whitespace", body: " \n{ \"prompt\" : [1,2] ,\t\"model\"\r\n:  \"m-1\" } ", want: "m-1"},
+		{desc: "escaped value", body: `{"model":"a\"b\\c\u00e9"}`, want: "a\"b\\cé"},
+		{desc: "escaped key", body: `{"mod\u0065l":"x"}`, want: "x"},
+		{desc: "nested model ignored", body: `{"tools":[{"model":"inner"}],"meta":{"model":"inner2"},"model":"outer"}`, want: "outer"},
+		{desc: "model inside a string", body: `{"prompt":"\"model\":\"fake\"","model":"real"}`, want: "real"},
+		{desc: "duplicate: last wins", body: `{"model":"first","model":"second"}`, want: "second"},
+		{desc: "braces in strings", body: `{"messages":[{"content":"}]{[\"}"}],"model":"m"}`, want: "m"},
+		{desc: "unicode", body: `{"model":"模型/ü"}`, want: "模型/ü"},
+		{desc: "no model", body: `{"prompt":"x"}`, err: ErrNoModel},
+		{desc: "null model", body: `{"model":null}`, err: ErrNoModel},
+		{desc: "number model", body: `{"model":3}`, err: ErrNoModel},
+		{desc: "empty model", body: `{"model":""}`, err: ErrNoModel},
+		{desc: "later non-string overrides", body: `{"model":"a","model":1}`, err: ErrNoModel},
+		{desc: "array", body: `[{"model":"x"}]`, err: ErrInvalidJSON},
+		{desc: "truncated", body: `{"model":"x"`, err: ErrInvalidJSON},
+		{desc: "trailing garbage", body: `{"model":"x"} y`, err: ErrInvalidJSON},
+		{desc: "empty", body: ``, err: ErrInvalidJSON},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			r, err := ParseRequest([]byte(tc.body))
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("err %v, want %v", err, tc.err)
+			}
+			if err != nil {
+				return
+			}
+			if r.Model != tc.want {
+				t.Errorf("model %q, want %q", r.Model, tc.want)
+			}
+			var s string
+			if err := json.Unmarshal([]byte(tc.body[r.ValueStart:r.ValueEnd]), &s); err != nil || s != tc.want {
+				t.Errorf("value span %q decodes to %q (%v)", tc.body[r.ValueStart:r.ValueEnd], s, err)
+			}
+		})
+	}
+}
+
+func TestRewriteModelPreservesEverythingElse(t *testing.T) {
+	t.Parallel()
+	body := []byte("{\n  \"messages\": [{\"role\":\"user\",\"content\":\"hi \\\"there\\\"\"}],\n  \"model\" : \"alias\",\n  \"temperature\": 0.70\n}")
+	r, err := ParseRequest(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := RewriteModel(body, r, `new"model`)
+	want := strings.Replace(string(body), `"alias"`, `"new\"model"`, 1)
+	if string(out) != want {
+		t.Fatalf("got %s\nwant %s", out, want)
+	}
+	r2, err := ParseRequest(out)
+	if err != nil || r2.Model != `new"model` {
+		t.Errorf("re-parse: %q %v", r2.Model, err)
+	}
+}
+
+func TestAppendStringMatchesEncodingJSON(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"", "plain", "q\"b\\", "ctl\x01\n\t", "ü模型", "bad\xffutf8"} {
+		var back string
+		if err := json.Unmarshal(AppendString(nil, s), &back); err != nil {
+			t.Errorf("%q: %v", s, err)
+		}
+		if want := strings.ToValidUTF8(s, "\uFFFD"); back != want {
+			t.Errorf("%q round-trips to %q", s, back)
+		}
+	}
+}
+
+func TestIsInferencePath(t *testing.T) {
+	t.Parallel()
+	for path, want := range map[string]bool{
+		"/v1/chat/completions": true, "/v1/completions?x=1": true, "/v1/embeddings/": true, "/v1/responses": true,
+		"/v1/models": false, "/health": false, "/v1/chat/completionsx": false,
+	} {
+		if IsInferencePath(path) != want {
+			t.Errorf("%s: want %v", path, want)
+		}
+	}
+}
+
+func TestKindOf(t *testing.T) {
+	t.Parallel()
+	for ct, want := range map[string]ResponseKind{
+		"application/json": JSONBody, "application/json; charset=utf-8": JSONBody, "application/problem+json": JSONBody,
+		"text/event-stream": EventStream, "Text/Event-Stream; charset=utf-8": EventStream,
+		"text/plain": Passthrough, "": Passthrough,
+	} {
+		if got := KindOf(ct); got != want {
+			t.Errorf("%q: %v, want %v", ct, got, want)
+		}
+	}
+}
+
+const sseStream = "event: message\n" +
+	"data: {\"id\":\"1\",\"model\":\"upstream-8b\",\"choices\":[{\"delta\":{\"content\":\"model\"}}]}\n\n" +
+	": keep-alive comment\n\n" +
+	"data:{\"id\":\"2\",\"model\":\"upstream-8b\",\"usage\":{\"model\":\"keep\"}}\r\n\r\n" +
+	"data: not json\n\n" +
+	"data: [DONE]\n\n"
+
+func sseWant() string {
+	w := strings.ReplaceAll(sseStream, `"model":"upstream-8b"`, `"model":"alias"`)
+	return w
+}
+
+func TestSSERewriteEverySplit(t *testing.T) {
+	t.Parallel()
+	want := sseWant()
+	for cut := 0; cut <= len(sseStream); cut++ {
+		for cut2 := cut; cut2 <= len(sseStream); cut2 += 7 {
+			w := NewResponseRewriter(EventStream, "alias", 1<<20)
+			var got []byte
+			got = append(got, w.Write([]byte(sseStream[:cut]), false)...)
+			got = append(got, w.Write([]byte(sseStream[cut:cut2]), false)...)
+			got = append(got, w.Write([]byte(sseStream[cut2:]), true)...)
+			if string(got) != want {
+				t.Fatalf("split %d/%d:\n got %q\nwant %q", cut, cut2, got, want)
+			}
+		}
+	}
+}
+
+func TestSSEHoldsPartialLines(t *testing.T) {
+	t.Parallel()
+	w := NewResponseRewriter(EventStream, "alias", 1<<20)
+	if out := w.Write([]byte(`data: {"model":"up`), false); len(out) != 0 {
+		t.Errorf("partial line forwarded early: %q", out)
+	}
+	if out := string(w.Write([]byte("\"}\n"), false)); out != "data: {\"model\":\"alias\"}\n" {
+		t.Errorf("completed line %q", out)
+	}
+	if out := string(w.Write([]byte(`data: {"model":"x"}`), true)); out != `data: {"model":"alias"}` {
+		t.Errorf("flush at end of stream %q", out)
+	}
+}
+
+func TestJSONRewrite(t *testing.T) {
+	t.Parallel()
+	w := NewResponseRewriter(JSONBody, "alias", 1<<20)
+	if out := w.Write([]byte(`{"object":"list","model":"upstr`), false); len(out) != 0 {
+		t.Errorf("JSON forwarded before end of stream: %q", out)
+	}
+	if out := string(w.Write([]byte(`eam","data":[{"model":"inner"}]}`), true)); out != `{"object":"list","model":"alias","data":[{"model":"inner"}]}` {
+		t.Errorf("got %s", out)
+	}
+	// Invalid JSON and oversized bodies pass through untouched.
+	w = NewResponseRewriter(JSONBody, "alias", 1<<20)
+	if out := string(w.Write([]byte(`{"model":"x"`), true)); out != `{"model":"x"` {
+		t.Errorf("invalid JSON changed: %s", out)
+	}
+	w = NewResponseRewriter(JSONBody, "alias", 8)
+	a := string(w.Write([]byte(`{"model":"upstream"`), false))
+	b := string(w.Write([]byte(`}`), true))
+	if a+b != `{"model":"upstream"}` {
+		t.Errorf("oversized body changed: %s%s", a, b)
+	}
+}

@@ -1,0 +1,300 @@
+// Package picker owns the Endpoint Picker: an Envoy ext_proc gRPC server
+// that reads each inference request (headers and body), chooses a model
+// server endpoint (plus fallbacks) in the request's pool, and tells Envoy
+// through the x-gateway-destination-endpoint header and envoy.lb dynamic
+// metadata. It also rewrites model names in both directions, answers
+// 400/404/413/429/503 locally, and keeps per-endpoint in-flight counters.
+//
+// Request parsing lives in picker/openai, scheduling in picker/sched.
+package picker
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/switchyard/switchyard/picker/sched"
+	"github.com/switchyard/switchyard/registry"
+)
+
+// Health service names the picker serves.
+const (
+	HealthLiveness  = "liveness"
+	HealthReadiness = "readiness"
+	HealthExtProc   = "envoy.service.ext_proc.v3.ExternalProcessor"
+)
+
+// Options tunes the picker. The zero value is usable.
+type Options struct {
+	// MaxBodyBytes caps a buffered request body (default 32 MiB); larger
+	// requests get 413.
+	MaxBodyBytes int
+	// MaxEndpoints is primary plus fallbacks in the destination list
+	// (default 3).
+	MaxEndpoints int
+	// MaxInFlightPerEndpoint is the per-endpoint in-flight request limit
+	// above which a pool counts as saturated and sheddable requests get
+	// 429 (default 256; negative disables shedding).
+	MaxInFlightPerEndpoint int64
+	// Saturation overrides the in-flight saturation check.
+	Saturation sched.Saturation
+	// Profile chooses a pool's scheduling profile (default
+	// sched.DefaultProfile for every pool).
+	Profile func(*registry.Pool) *sched.Profile
+	// RequestBodyMode and ResponseBodyMode are assumed when Envoy does not
+	// send protocol_config (default FULL_DUPLEX_STREAMED).
+	RequestBodyMode  extprocfilterv3.ProcessingMode_BodySendMode
+	ResponseBodyMode extprocfilterv3.ProcessingMode_BodySendMode
+	// StreamChunkBytes bounds each streamed body response (default 64 KiB).
+	StreamChunkBytes int
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = 32 << 20
+	}
+	if o.MaxEndpoints <= 0 {
+		o.MaxEndpoints = 3
+	}
+	if o.MaxInFlightPerEndpoint == 0 {
+		o.MaxInFlightPerEndpoint = 256
+	}
+	if o.Saturation == nil {
+		o.Saturation = sched.InFlightLimit{Max: o.MaxInFlightPerEndpoint}
+	}
+	if o.Profile == nil {
+		def := sched.DefaultProfile()
+		o.Profile = func(*registry.Pool) *sched.Profile { return def }
+	}
+	if o.RequestBodyMode == extprocfilterv3.ProcessingMode_NONE {
+		o.RequestBodyMode = extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	}
+	if o.ResponseBodyMode == extprocfilterv3.ProcessingMode_NONE {
+		o.ResponseBodyMode = extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	}
+	if o.StreamChunkBytes <= 0 {
+		o.StreamChunkBytes = 64 << 10
+	}
+	return o
+}
+
+// Server is the ext_proc Endpoint Picker. Create it with New.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+
+	view   registry.View
+	opts   Options
+	log    *slog.Logger
+	debug  bool
+	health *health.Server
+
+	snap    atomic.Pointer[snapshot]
+	loads   loads
+	scratch sync.Pool
+	stats   counters
+}
+
+// counters are process-wide request outcomes.
+type counters struct {
+	requests       atomic.Int64
+	picked         atomic.Int64
+	rewritten      atomic.Int64
+	fallbackServed atomic.Int64
+	rejected       [6]atomic.Int64 // by rejectIndex
+}
+
+// New returns a picker reading pool state from view. The current state is
+// loaded immediately; call Run to follow later states.
+func New(view registry.View, opts Options, logger *slog.Logger) *Server {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{
+		view:   view,
+		opts:   opts.withDefaults(),
+		log:    logger,
+		debug:  logger.Enabled(context.Background(), slog.LevelDebug),
+		health: health.NewServer(),
+	}
+	s.scratch.New = func() any { return new(sched.Scratch) }
+	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
+	st, _ := view.Current()
+	s.apply(st)
+	return s
+}
+
+// Register adds the ext_proc service and the gRPC health service to g.
+func (s *Server) Register(g *grpc.Server) {
+	extprocv3.RegisterExternalProcessorServer(g, s)
+	healthpb.RegisterHealthServer(g, s.health)
+}
+
+// GRPCServerOptions returns the grpc.Server options the picker needs: in
+// BUFFERED mode Envoy sends a whole body in one message, so the receive
+// limit must exceed MaxBodyBytes (gRPC's default is 4 MiB).
+func (s *Server) GRPCServerOptions() []grpc.ServerOption {
+	limit := s.opts.MaxBodyBytes + 1<<20
+	return []grpc.ServerOption{grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit)}
+}
+
+// Health returns the gRPC health server (for callers that register it
+// themselves or want to watch it).
+func (s *Server) Health() *health.Server { return s.health }
+
+// Run follows registry states until ctx ends, rebuilding the routing
+// snapshot on each. On return every health service reports NOT_SERVING.
+func (s *Server) Run(ctx context.Context) error {
+	var last *registry.State
+	for {
+		st, changed := s.view.Current()
+		if st != last {
+			s.apply(st)
+			last = st
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			s.health.Shutdown()
+			return nil
+		}
+	}
+}
+
+func (s *Server) apply(st *registry.State) {
+	if st == nil {
+		st = registry.Empty()
+	}
+	snap := buildSnapshot(st, &s.loads, s.opts.Profile)
+	s.snap.Store(snap)
+	ready := healthpb.HealthCheckResponse_NOT_SERVING
+	if len(snap.pools) > 0 {
+		ready = healthpb.HealthCheckResponse_SERVING
+	}
+	// Readiness never goes back once served: a later empty state keeps the
+	// picker answering (with 503s) rather than failing Envoy's health checks.
+	if ready == healthpb.HealthCheckResponse_SERVING || !s.ready() {
+		for _, svc := range []string{HealthReadiness, HealthExtProc, ""} {
+			s.health.SetServingStatus(svc, ready)
+		}
+	}
+	s.log.Debug("picker state applied", "version", st.Version, "pools", len(snap.pools), "models", len(snap.models))
+}
+
+func (s *Server) ready() bool {
+	r, err := s.health.Check(context.Background(), &healthpb.HealthCheckRequest{Service: HealthReadiness})
+	return err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING
+}
+
+// Process implements the ext_proc service: one stream per HTTP request,
+// Recv -> handle -> Send until Envoy closes the stream.
+func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	st := s.newStream()
+	defer st.release()
+	ctx := srv.Context()
+	for {
+		req, err := srv.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if ctx.Err() != nil || status.Code(err) == codes.Canceled {
+				return status.Error(codes.Canceled, "stream cancelled")
+			}
+			return status.Errorf(codes.Unknown, "receive: %v", err)
+		}
+		done, err := st.handle(req, srv.Send)
+		if err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+	}
+}
+
+// EndpointStats is one endpoint's live counters.
+type EndpointStats struct {
+	Pool             string
+	Address          string
+	Draining         bool
+	InFlightRequests int64
+	InFlightTokens   int64
+	Picked           int64
+	Served           int64
+}
+
+// Stats is a point-in-time view for status pages and metrics.
+type Stats struct {
+	Version        uint64
+	Requests       int64
+	Picked         int64
+	Rewritten      int64
+	FallbackServed int64
+	// Rejected counts local replies by HTTP status.
+	Rejected  map[int]int64
+	Endpoints []EndpointStats // sorted by pool, address
+}
+
+// Stats returns the current counters.
+func (s *Server) Stats() Stats {
+	snap := s.snap.Load()
+	out := Stats{
+		Version:        snap.version,
+		Requests:       s.stats.requests.Load(),
+		Picked:         s.stats.picked.Load(),
+		Rewritten:      s.stats.rewritten.Load(),
+		FallbackServed: s.stats.fallbackServed.Load(),
+		Rejected:       map[int]int64{},
+	}
+	for i, code := range rejectCodes {
+		if n := s.stats.rejected[i].Load(); n > 0 {
+			out.Rejected[code] = n
+		}
+	}
+	for _, pv := range snap.pools {
+		for _, e := range pv.eps {
+			out.Endpoints = append(out.Endpoints, EndpointStats{
+				Pool: e.Pool, Address: e.Address, Draining: e.Draining,
+				InFlightRequests: e.Load.InFlightRequests.Load(),
+				InFlightTokens:   e.Load.InFlightTokens.Load(),
+				Picked:           e.Load.Picked.Load(),
+				Served:           e.Load.Served.Load(),
+			})
+		}
+	}
+	sort.Slice(out.Endpoints, func(i, j int) bool {
+		a, b := out.Endpoints[i], out.Endpoints[j]
+		if a.Pool != b.Pool {
+			return a.Pool < b.Pool
+		}
+		return a.Address < b.Address
+	})
+	return out
+}
+
+// InFlight sums in-flight requests over every endpoint (handy in tests and
+// status pages).
+func (s *Server) InFlight() (requests, tokens int64) {
+	for _, pv := range s.snap.Load().pools {
+		for _, e := range pv.eps {
+			requests += e.Load.InFlightRequests.Load()
+			tokens += e.Load.InFlightTokens.Load()
+		}
+	}
+	return requests, tokens
+}
+
+func randN(n int) int { return rand.IntN(n) }

@@ -1,0 +1,580 @@
+package picker
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/switchyard/switchyard/picker/openai"
+	"github.com/switchyard/switchyard/picker/sched"
+)
+
+type bodyMode = extprocfilterv3.ProcessingMode_BodySendMode
+
+const (
+	modeNone     = extprocfilterv3.ProcessingMode_NONE
+	modeStreamed = extprocfilterv3.ProcessingMode_STREAMED
+	modeBuffered = extprocfilterv3.ProcessingMode_BUFFERED
+	modePartial  = extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL
+	modeDuplex   = extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+)
+
+type sendFunc func(*extprocv3.ProcessingResponse) error
+
+// stream is the state of one ext_proc stream, i.e. one HTTP request. It is
+// owned by a single Process goroutine.
+type stream struct {
+	s *Server
+
+	modesKnown        bool
+	reqMode, respMode bodyMode
+	// bodyEarly: Envoy sends body chunks before the headers are answered
+	// (always so in FULL_DUPLEX_STREAMED).
+	bodyEarly bool
+
+	// Request side (method and path alias Envoy's header bytes).
+	method, path  []byte
+	contentLength int
+	headerOnly    bool
+	trailers      bool
+	decided       bool
+	remove        []string // client-sent protocol headers present
+	subset        []string
+	hasSubset     bool
+	body          []byte
+	chunkLens     []int // STREAMED mode: original chunk sizes
+
+	// Decision.
+	pool        *poolView
+	primary     *sched.Endpoint
+	tokens      int64
+	released    bool
+	clientModel string
+	rewritten   bool
+
+	// Response side.
+	servedSeen bool
+	rw         *openai.ResponseRewriter
+}
+
+func (s *Server) newStream() *stream {
+	return &stream{s: s, reqMode: s.opts.RequestBodyMode, respMode: s.opts.ResponseBodyMode}
+}
+
+// release returns the in-flight request and tokens exactly once.
+func (st *stream) release() {
+	if st.primary == nil || st.released {
+		return
+	}
+	st.released = true
+	st.primary.Load.InFlightRequests.Add(-1)
+	st.primary.Load.InFlightTokens.Add(-st.tokens)
+}
+
+// handle processes one message; done means the stream is finished (an
+// immediate response was sent).
+func (st *stream) handle(req *extprocv3.ProcessingRequest, send sendFunc) (bool, error) {
+	if !st.modesKnown {
+		st.modesKnown = true
+		st.bodyEarly = true
+		if pc := req.GetProtocolConfig(); pc != nil {
+			st.reqMode, st.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+			st.bodyEarly = pc.GetSendBodyWithoutWaitingForHeaderResponse()
+		}
+	}
+	if req.GetObservabilityMode() {
+		send = func(*extprocv3.ProcessingResponse) error { return nil }
+	}
+	switch v := req.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return st.onRequestHeaders(req, v.RequestHeaders, send)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return st.onRequestBody(v.RequestBody, send)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return st.onRequestTrailers(send)
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		st.recordServed(req)
+		return false, st.onResponseHeaders(v.ResponseHeaders, send)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		st.recordServed(req)
+		return false, st.onResponseBody(v.ResponseBody, send)
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		st.recordServed(req)
+		return false, st.onResponseTrailers(send)
+	case nil:
+		// Flow-control-only message: nothing to answer.
+		return false, nil
+	default:
+		return false, status.Errorf(codes.InvalidArgument, "unexpected ext_proc request %T", v)
+	}
+}
+
+func (st *stream) wrapSend(send sendFunc, r *extprocv3.ProcessingResponse) error {
+	if err := send(r); err != nil {
+		return fmt.Errorf("send: %w", err)
+	}
+	return nil
+}
+
+// headerBytes returns a header's value bytes (raw_value preferred).
+func headerBytes(h *corev3.HeaderValue) []byte {
+	if len(h.GetRawValue()) > 0 {
+		return h.GetRawValue()
+	}
+	return []byte(h.GetValue())
+}
+
+// parseLength parses a decimal Content-Length; -1 if malformed.
+func parseLength(b []byte) int {
+	if len(b) == 0 || len(b) > 18 {
+		return -1
+	}
+	n := 0
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return -1
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
+}
+
+func isProtocolHeader(k string) bool {
+	return strings.HasPrefix(k, HeaderDestination) || strings.HasPrefix(k, "x-switchyard-")
+}
+
+func (st *stream) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders, send sendFunc) (bool, error) {
+	st.readSubset(req)
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		k := hv.GetKey()
+		switch {
+		case k == ":path":
+			st.path = headerBytes(hv)
+		case k == ":method":
+			st.method = headerBytes(hv)
+		case k == "content-length":
+			st.contentLength = parseLength(headerBytes(hv))
+		case len(k) > 2 && (k[0] == 'x' || k[0] == 'X') && k[1] == '-':
+			if k = strings.ToLower(k); isProtocolHeader(k) {
+				st.remove = append(st.remove, k)
+			}
+		}
+	}
+	if st.contentLength > st.s.opts.MaxBodyBytes {
+		return st.reject(413, fmt.Sprintf("request body of %d bytes exceeds the %d byte limit", st.contentLength, st.s.opts.MaxBodyBytes), send)
+	}
+	if h.GetEndOfStream() || st.reqMode == modeNone {
+		st.headerOnly = true
+		return st.decide(send)
+	}
+	if st.reqMode == modeBuffered || st.reqMode == modePartial {
+		// Envoy buffers the body only after the headers are answered; the
+		// destination goes into the body response's header mutation.
+		cr := &extprocv3.CommonResponse{}
+		if len(st.remove) > 0 {
+			cr.HeaderMutation = &extprocv3.HeaderMutation{RemoveHeaders: st.remove}
+		}
+		return false, st.wrapSend(send, requestHeadersResponse(cr))
+	}
+	if st.reqMode == modeStreamed && !st.bodyEarly {
+		// STREAMED mode would withhold the body until the headers are
+		// answered, but the destination depends on the body: ask Envoy to
+		// switch this request to FULL_DUPLEX_STREAMED (the one transition a
+		// standalone mode_override allows; needs allow_mode_override).
+		override := &extprocv3.ProcessingResponse{ModeOverride: &extprocfilterv3.ProcessingMode{
+			RequestBodyMode:    modeDuplex,
+			RequestTrailerMode: extprocfilterv3.ProcessingMode_SEND,
+			ResponseBodyMode:   st.respMode,
+		}}
+		if err := st.wrapSend(send, override); err != nil {
+			return false, err
+		}
+		st.reqMode = modeDuplex
+	}
+	// FULL_DUPLEX_STREAMED / STREAMED: hold the headers until the body is
+	// complete.
+	return false, nil
+}
+
+func (st *stream) onRequestBody(b *extprocv3.HttpBody, send sendFunc) (bool, error) {
+	if st.decided {
+		// Not expected (body after a header-only decision); pass it on.
+		return false, st.passRequestBody(b, send)
+	}
+	if len(st.body)+len(b.GetBody()) > st.s.opts.MaxBodyBytes {
+		return st.reject(413, fmt.Sprintf("request body exceeds the %d byte limit", st.s.opts.MaxBodyBytes), send)
+	}
+	if st.body == nil && b.GetEndOfStream() {
+		// The whole body in one message: use Envoy's buffer as is (each
+		// received message is ours; nothing mutates it).
+		st.body = b.GetBody()
+	} else {
+		if st.body == nil && st.contentLength > 0 {
+			st.body = make([]byte, 0, st.contentLength)
+		}
+		st.body = append(st.body, b.GetBody()...)
+	}
+	if st.reqMode == modeStreamed {
+		st.chunkLens = append(st.chunkLens, len(b.GetBody()))
+	}
+	if b.GetEndOfStream() || st.reqMode == modeBuffered || st.reqMode == modePartial {
+		return st.decide(send)
+	}
+	return false, nil
+}
+
+func (st *stream) passRequestBody(b *extprocv3.HttpBody, send sendFunc) error {
+	if st.reqMode == modeDuplex {
+		return st.wrapSend(send, newStreamedChunk(true, b.GetBody(), b.GetEndOfStream()))
+	}
+	return st.wrapSend(send, requestBodyResponse(&extprocv3.CommonResponse{}))
+}
+
+func (st *stream) onRequestTrailers(send sendFunc) (bool, error) {
+	if !st.decided {
+		st.trailers = true
+		if done, err := st.decide(send); done || err != nil {
+			return done, err
+		}
+	}
+	return false, st.wrapSend(send, requestTrailersResponse())
+}
+
+// reject sends a local reply and ends the stream.
+func (st *stream) reject(code int, msg string, send sendFunc) (bool, error) {
+	st.decided = true
+	st.s.stats.rejected[rejectIndex(code)].Add(1)
+	if st.s.debug {
+		st.s.log.Debug("request rejected", "status", code, "reason", msg, "path", string(st.path))
+	}
+	return true, st.wrapSend(send, immediate(code, msg))
+}
+
+// decide picks the endpoint(s) once the request is complete and releases
+// the held request messages.
+func (st *stream) decide(send sendFunc) (bool, error) {
+	st.decided = true
+	st.s.stats.requests.Add(1)
+	code, msg, body, dest := st.pick()
+	if code != 0 {
+		return st.reject(code, msg, send)
+	}
+	var remove []string
+	for _, k := range st.remove {
+		if k != HeaderDestination && k != HeaderPool {
+			remove = append(remove, k)
+		}
+	}
+	clen := len(body)
+	if st.headerOnly {
+		clen = -1
+	}
+	asBody := !st.headerOnly && (st.reqMode == modeBuffered || st.reqMode == modePartial)
+	d := newDecision(dest, string(dest), st.pool.nameBytes, clen, remove, asBody)
+
+	if st.headerOnly {
+		return false, st.wrapSend(send, &d.pr)
+	}
+	switch st.reqMode {
+	case modeBuffered, modePartial:
+		if st.rewritten {
+			d.cr.BodyMutation = replaceBody(body)
+		}
+		return false, st.wrapSend(send, &d.pr)
+	case modeStreamed:
+		if err := st.wrapSend(send, &d.pr); err != nil {
+			return false, err
+		}
+		// One answer per received chunk, the rewritten body laid over the
+		// original chunk boundaries (the last chunk absorbs the size change).
+		off := 0
+		for i, n := range st.chunkLens {
+			cr := &extprocv3.CommonResponse{}
+			if st.rewritten {
+				lo, hi := min(off, len(body)), min(off+n, len(body))
+				if i == len(st.chunkLens)-1 {
+					hi = len(body)
+				}
+				cr.BodyMutation = replaceBody(body[lo:hi])
+			}
+			off += n
+			if err := st.wrapSend(send, requestBodyResponse(cr)); err != nil {
+				return false, err
+			}
+		}
+		return false, nil
+	default: // FULL_DUPLEX_STREAMED
+		if err := st.wrapSend(send, &d.pr); err != nil {
+			return false, err
+		}
+		chunk := st.s.opts.StreamChunkBytes
+		for off := 0; ; off += chunk {
+			end := min(off+chunk, len(body))
+			last := end == len(body)
+			if err := st.wrapSend(send, newStreamedChunk(true, body[off:end], last && !st.trailers)); err != nil {
+				return false, err
+			}
+			if last {
+				return false, nil
+			}
+		}
+	}
+}
+
+// pick resolves pool and model, runs the scheduler and accounts the pick.
+// A non-zero code is a local reply.
+func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
+	s := st.s
+	snap := s.snap.Load()
+	body = st.body
+	var (
+		pv     *poolView
+		mv     *modelView
+		target string
+	)
+	inference := openai.IsInferencePath(string(st.path))
+	if len(body) == 0 {
+		if inference && string(st.method) == "POST" {
+			return 400, "request body is empty: a JSON object with a \"model\" field is required", nil, nil
+		}
+		pv = snap.headerOnlyPool
+	} else if r, tok, err := openai.ModelSpan(body); err != nil {
+		if inference {
+			return 400, err.Error(), nil, nil
+		}
+		pv = snap.headerOnlyPool
+	} else {
+		// Look the model up without materialising the name when possible.
+		if !openai.NeedsDecode(tok) {
+			mv = snap.models[string(tok[1:len(tok)-1])]
+		} else if name, _ := openai.ParseRequest(body); name.Model != "" {
+			mv = snap.models[name.Model]
+			r.Model = name.Model
+		}
+		if mv == nil {
+			if r.Model == "" {
+				r.Model = string(tok[1 : len(tok)-1])
+			}
+			if snap.unknownPool == nil {
+				return 404, fmt.Sprintf("model %q does not exist", r.Model), nil, nil
+			}
+			st.clientModel, target = r.Model, r.Model
+			pv = snap.unknownPool
+		} else {
+			st.clientModel = mv.model.Name
+			pv = mv.pool
+			if target = mv.target(randN); target != mv.model.Name {
+				body = openai.RewriteModel(body, r, target)
+				st.rewritten = true
+				s.stats.rewritten.Add(1)
+			}
+		}
+	}
+	if pv == nil {
+		return 503, "no pool is configured for this request", nil, nil
+	}
+	sreq := sched.Request{
+		Model: st.clientModel, TargetModel: target,
+		Tokens: openai.EstimateTokens(body), Subset: st.subset, HasSubset: st.hasSubset, Body: body,
+	}
+	if mv != nil {
+		sreq.Priority = mv.model.Priority
+	}
+	sc := s.scratch.Get().(*sched.Scratch)
+	defer s.scratch.Put(sc)
+	cands := pv.profile.Filter(&sreq, pv.eps, sc)
+	if len(cands) == 0 {
+		if st.hasSubset {
+			return 503, fmt.Sprintf("no ready endpoint in pool %q matches the endpoint subset", pv.name), nil, nil
+		}
+		return 503, fmt.Sprintf("no ready endpoint in pool %q", pv.name), nil, nil
+	}
+	if mv != nil && mv.model.Sheddable() && s.opts.Saturation.Saturated(cands) {
+		return 429, fmt.Sprintf("pool %q is saturated and model %q is sheddable", pv.name, mv.model.Name), nil, nil
+	}
+	picked := pv.profile.Rank(&sreq, cands, s.opts.MaxEndpoints, sc)
+	if len(picked) == 0 {
+		return 503, fmt.Sprintf("no ready endpoint in pool %q", pv.name), nil, nil
+	}
+	n := len(picked) - 1
+	for _, e := range picked {
+		n += len(e.Address)
+	}
+	d := make([]byte, 0, n)
+	for i, e := range picked {
+		if i > 0 {
+			d = append(d, ',')
+		}
+		d = append(d, e.Address...)
+	}
+	dest = d
+	st.pool, st.primary, st.tokens = pv, picked[0], sreq.Tokens
+	st.primary.Load.InFlightRequests.Add(1)
+	st.primary.Load.InFlightTokens.Add(st.tokens)
+	st.primary.Load.Picked.Add(1)
+	s.stats.picked.Add(1)
+	if s.debug {
+		s.log.Debug("picked endpoint", "pool", pv.name, "model", st.clientModel, "target", target, "destination", string(dest))
+	}
+	return 0, "", body, dest
+}
+
+func (st *stream) readSubset(req *extprocv3.ProcessingRequest) {
+	v, ok := metadataFields(req.GetMetadataContext(), SubsetNamespace)[MetadataSubset]
+	if !ok {
+		return
+	}
+	st.hasSubset = true
+	add := func(s string) {
+		for _, a := range strings.Split(s, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				st.subset = append(st.subset, a)
+			}
+		}
+	}
+	if l := v.GetListValue(); l != nil {
+		for _, e := range l.GetValues() {
+			add(e.GetStringValue())
+		}
+		return
+	}
+	add(v.GetStringValue())
+}
+
+// recordServed notes the endpoint Envoy reports as having served the
+// request, and moves the in-flight accounting there when a fallback served.
+func (st *stream) recordServed(req *extprocv3.ProcessingRequest) {
+	if st.servedSeen {
+		return
+	}
+	v, ok := metadataFields(req.GetMetadataContext(), MetadataNamespace)[MetadataServed]
+	if !ok {
+		return
+	}
+	st.servedSeen = true
+	addr := v.GetStringValue()
+	if l := v.GetListValue(); l != nil && len(l.GetValues()) > 0 {
+		addr = l.GetValues()[0].GetStringValue()
+	}
+	if st.s.debug {
+		st.s.log.Debug("served endpoint reported", "served", addr, "pool", poolName(st.pool))
+	}
+	if st.pool == nil || st.primary == nil {
+		return
+	}
+	ep := st.s.snap.Load().pools[st.pool.name].lookup(addr)
+	if ep == nil {
+		return
+	}
+	ep.Load.Served.Add(1)
+	if ep.Address != st.primary.Address {
+		st.s.stats.fallbackServed.Add(1)
+		if !st.released {
+			st.primary.Load.InFlightRequests.Add(-1)
+			st.primary.Load.InFlightTokens.Add(-st.tokens)
+			ep.Load.InFlightRequests.Add(1)
+			ep.Load.InFlightTokens.Add(st.tokens)
+			st.primary = ep
+		}
+	}
+}
+
+func poolName(pv *poolView) string {
+	if pv == nil {
+		return ""
+	}
+	return pv.name
+}
+
+func (pv *poolView) lookup(addr string) *sched.Endpoint {
+	if pv == nil {
+		return nil
+	}
+	return pv.byAddr[addr]
+}
+
+func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, send sendFunc) error {
+	dropLength := false
+	if st.rewritten && st.respMode != modeNone && !h.GetEndOfStream() {
+		ct, encoded := "", false
+		for _, hv := range h.GetHeaders().GetHeaders() {
+			switch strings.ToLower(hv.GetKey()) {
+			case "content-type":
+				ct = headerValue(hv)
+			case "content-encoding":
+				// Compressed bodies cannot be rewritten; pass them through.
+				v := strings.TrimSpace(headerValue(hv))
+				encoded = v != "" && !strings.EqualFold(v, "identity")
+			}
+		}
+		if kind := openai.KindOf(ct); kind != openai.Passthrough && !encoded {
+			st.rw = openai.NewResponseRewriter(kind, st.clientModel, st.s.opts.MaxBodyBytes)
+			dropLength = true
+		}
+	}
+	if err := st.wrapSend(send, newResponseHeaders(dropLength)); err != nil {
+		return err
+	}
+	if h.GetEndOfStream() {
+		st.release()
+	}
+	return nil
+}
+
+func (st *stream) onResponseBody(b *extprocv3.HttpBody, send sendFunc) error {
+	data, eos := b.GetBody(), b.GetEndOfStream()
+	var r *extprocv3.ProcessingResponse
+	switch st.respMode {
+	case modeDuplex:
+		out := data
+		if st.rw != nil {
+			out = st.rw.Write(data, eos)
+		}
+		if len(out) > 0 || eos {
+			r = newStreamedChunk(false, out, eos)
+		}
+	case modeBuffered, modePartial:
+		cr := &extprocv3.CommonResponse{}
+		if st.rw != nil {
+			out := st.rw.Write(data, true)
+			cr.BodyMutation = replaceBody(out)
+			cr.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+				setHeader("content-length", strconv.Itoa(len(out))),
+			}}
+		}
+		r = responseBodyResponse(cr)
+	default: // STREAMED: exactly one answer per chunk
+		cr := &extprocv3.CommonResponse{}
+		if st.rw != nil {
+			cr.BodyMutation = replaceBody(st.rw.Write(data, eos))
+		}
+		r = responseBodyResponse(cr)
+	}
+	if r != nil {
+		if err := st.wrapSend(send, r); err != nil {
+			return err
+		}
+	}
+	if eos {
+		st.release()
+	}
+	return nil
+}
+
+func (st *stream) onResponseTrailers(send sendFunc) error {
+	defer st.release()
+	if st.respMode == modeDuplex && st.rw != nil {
+		if out := st.rw.Write(nil, true); len(out) > 0 {
+			if err := st.wrapSend(send, newStreamedChunk(false, out, false)); err != nil {
+				return err
+			}
+		}
+	}
+	return st.wrapSend(send, responseTrailersResponse())
+}
