@@ -1,0 +1,240 @@
+// Command vllm-sim is a simulated vLLM server: the OpenAI completions and
+// chat API, LoRA adapter loading, /health and vLLM's Prometheus metrics, in
+// front of a step-loop engine (package sim) that batches, prefix-caches,
+// preempts and queues like vLLM V1 with timing calibrated to Llama-3-8B on
+// one H100. Failure-injection flags make it misbehave on purpose.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/switchyard/switchyard/cmd/vllm-sim/sim"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "vllm-sim:", err)
+		os.Exit(2)
+	}
+}
+
+// listFlag collects comma-separated values from one or more uses of a flag.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	for _, part := range strings.Split(v, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			*l = append(*l, part)
+		}
+	}
+	return nil
+}
+
+type options struct {
+	host, model         string
+	port                int
+	served, loraModules listFlag
+	enableLoRA          bool
+	cfg                 sim.Config
+	defaultMaxTokens    int
+	eosMean             int
+	errorRate           float64
+	errorCodes          string
+	seed                uint64
+	startupDelay        time.Duration
+	hangAfter           int
+	hangRate            float64
+	crashAfter          int
+	logLevel            string
+}
+
+func parseFlags(args []string) (*options, error) {
+	def := sim.DefaultConfig()
+	o := &options{cfg: def}
+	fs := flag.NewFlagSet("vllm-sim", flag.ContinueOnError)
+	fs.StringVar(&o.host, "host", "127.0.0.1", "address to listen on")
+	fs.IntVar(&o.port, "port", 8001, "port to listen on (0 picks a free one)")
+	fs.StringVar(&o.model, "model", def.Model, "model name")
+	fs.Var(&o.served, "served-model-name", "names the model is served under (comma-separated or repeated); default -model")
+	fs.Var(&o.loraModules, "lora-modules", "LoRA adapters loaded at start: name or name=path, comma-separated or repeated")
+	fs.BoolVar(&o.enableLoRA, "enable-lora", false, "enable LoRA adapters (implied by -lora-modules)")
+	fs.IntVar(&o.cfg.MaxLoRAs, "max-loras", def.MaxLoRAs, "max distinct adapters in a running batch")
+	fs.IntVar(&o.cfg.MaxNumSeqs, "max-num-seqs", def.MaxNumSeqs, "max running requests")
+	fs.IntVar(&o.cfg.MaxNumBatchedTokens, "max-num-batched-tokens", def.MaxNumBatchedTokens, "token budget per engine step")
+	fs.IntVar(&o.cfg.NumGPUBlocks, "num-gpu-blocks", def.NumGPUBlocks, "KV cache blocks")
+	fs.IntVar(&o.cfg.NumGPUBlocks, "num-gpu-blocks-override", def.NumGPUBlocks, "alias of -num-gpu-blocks (vLLM's name)")
+	fs.IntVar(&o.cfg.BlockSize, "block-size", def.BlockSize, "tokens per KV block")
+	fs.BoolVar(&o.cfg.EnablePrefixCaching, "enable-prefix-caching", def.EnablePrefixCaching, "reuse KV blocks of shared prompt prefixes")
+	fs.IntVar(&o.cfg.MaxModelLen, "max-model-len", def.MaxModelLen, "max prompt+output tokens per request")
+	fs.Float64Var(&o.cfg.TimeScale, "time-scale", 1, "speed-up factor for all simulated durations (10 = 10x faster)")
+	fs.DurationVar(&o.cfg.FrontendLatency, "frontend-latency", def.FrontendLatency, "API-server overhead per request before it reaches the engine queue (scaled by -time-scale)")
+	fs.BoolVar(&o.cfg.LegacyKVMetric, "legacy-kv-metric", false, "report KV usage as vllm:gpu_cache_usage_perc (vLLM before 0.11)")
+	fs.IntVar(&o.defaultMaxTokens, "default-max-tokens", 16, "output length when a request sets no max_tokens")
+	fs.IntVar(&o.eosMean, "eos-mean-tokens", 0, "if > 0, requests without ignore_eos stop (finish_reason stop) at a prompt-derived length uniform in [1, 2N-1], but not before min_tokens; 0 = always max_tokens")
+	fs.Float64Var(&o.errorRate, "error-rate", 0, "fraction of inference requests answered with an injected error")
+	fs.StringVar(&o.errorCodes, "error-codes", "500,503", "HTTP codes for injected errors, picked at random")
+	fs.Uint64Var(&o.seed, "seed", 1, "seed for failure injection")
+	fs.DurationVar(&o.startupDelay, "startup-delay", 0, "answer 503 (health included) for this long after start")
+	fs.IntVar(&o.hangAfter, "hang-after", 0, "if > 0, inference requests after the first N are accepted and never answered")
+	fs.Float64Var(&o.hangRate, "hang-rate", 0, "fraction of inference requests accepted and never answered")
+	fs.IntVar(&o.crashAfter, "crash-after", 0, "if > 0, the process exits (code 3) when inference request N+1 arrives")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if len(o.served) == 0 {
+		o.served = listFlag{o.model}
+	}
+	o.cfg.Model = o.served[0]
+	if len(o.loraModules) > 0 {
+		o.enableLoRA = true
+	}
+	o.cfg.EnableLoRA = o.enableLoRA
+	for name, v := range map[string]int{"max-num-seqs": o.cfg.MaxNumSeqs, "max-num-batched-tokens": o.cfg.MaxNumBatchedTokens,
+		"num-gpu-blocks": o.cfg.NumGPUBlocks, "block-size": o.cfg.BlockSize, "max-model-len": o.cfg.MaxModelLen, "max-loras": o.cfg.MaxLoRAs} {
+		if v < 1 {
+			return nil, fmt.Errorf("-%s must be >= 1, got %d", name, v)
+		}
+	}
+	switch {
+	case o.cfg.TimeScale <= 0:
+		return nil, fmt.Errorf("-time-scale must be > 0, got %g", o.cfg.TimeScale)
+	case o.errorRate < 0 || o.errorRate > 1:
+		return nil, fmt.Errorf("-error-rate must be in [0,1], got %g", o.errorRate)
+	case o.hangRate < 0 || o.hangRate > 1:
+		return nil, fmt.Errorf("-hang-rate must be in [0,1], got %g", o.hangRate)
+	case o.defaultMaxTokens < 1:
+		return nil, fmt.Errorf("-default-max-tokens must be >= 1, got %d", o.defaultMaxTokens)
+	case o.eosMean < 0:
+		return nil, fmt.Errorf("-eos-mean-tokens must be >= 0, got %d", o.eosMean)
+	}
+	return o, nil
+}
+
+func parseCodes(s string) ([]int, error) {
+	var codes []int
+	for _, part := range strings.Split(s, ",") {
+		c, err := strconv.Atoi(strings.TrimSpace(part))
+		if err != nil || c < 400 || c > 599 {
+			return nil, fmt.Errorf("-error-codes: %q is not an HTTP error status", part)
+		}
+		codes = append(codes, c)
+	}
+	return codes, nil
+}
+
+func parseLoRAs(mods []string) ([]lora, error) {
+	var out []lora
+	seen := map[string]bool{}
+	for _, m := range mods {
+		name, path, _ := strings.Cut(m, "=")
+		if name == "" {
+			return nil, fmt.Errorf("-lora-modules: empty adapter name in %q", m)
+		}
+		if seen[name] {
+			return nil, fmt.Errorf("-lora-modules: adapter %q given twice", name)
+		}
+		seen[name] = true
+		if path == "" {
+			path = name
+		}
+		out = append(out, lora{name: name, path: path})
+	}
+	return out, nil
+}
+
+func run(args []string) error {
+	o, err := parseFlags(args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return fmt.Errorf("-log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	codes, err := parseCodes(o.errorCodes)
+	if err != nil {
+		return err
+	}
+	loras, err := parseLoRAs(o.loraModules)
+	if err != nil {
+		return err
+	}
+	eng, err := sim.New(o.cfg, sim.RealClock{})
+	if err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+
+	ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.port)))
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	s := &server{
+		eng:         eng,
+		log:         log,
+		servedBy:    ln.Addr().String(),
+		served:      o.served,
+		loraEnabled: o.enableLoRA,
+		defaultMax:  o.defaultMaxTokens,
+		eosMean:     o.eosMean,
+		faults: faults{errorRate: o.errorRate, errorCodes: codes, hangAfter: o.hangAfter,
+			hangRate: o.hangRate, crashAfter: o.crashAfter},
+		readyAt: time.Now().Add(o.startupDelay),
+		quit:    make(chan struct{}),
+		exit:    os.Exit,
+		rng:     rand.New(rand.NewPCG(o.seed, o.seed^0x9e3779b97f4a7c15)),
+		loras:   loras,
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	engCtx, stopEngine := context.WithCancel(context.Background())
+	engDone := make(chan struct{})
+	go func() { eng.Run(engCtx); close(engDone) }()
+	defer func() { stopEngine(); <-engDone }()
+
+	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	cfg := eng.Config()
+	log.Info("vllm-sim listening", "addr", s.servedBy, "models", o.served, "loras", len(loras),
+		"max_num_seqs", cfg.MaxNumSeqs, "num_gpu_blocks", cfg.NumGPUBlocks, "prefix_caching", cfg.EnablePrefixCaching,
+		"time_scale", cfg.TimeScale)
+
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down")
+	close(s.quit) // hanging requests drop their connections
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
+}

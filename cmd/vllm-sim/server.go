@@ -1,0 +1,565 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchyard/switchyard/cmd/vllm-sim/sim"
+)
+
+// maxBody caps request bodies.
+const maxBody = 16 << 20
+
+// faults configures failure injection; zero values disable each fault.
+type faults struct {
+	errorRate  float64
+	errorCodes []int
+	hangAfter  int     // requests after the first hangAfter never get an answer
+	hangRate   float64 // fraction of requests that never get an answer
+	crashAfter int     // the process exits when request crashAfter+1 arrives
+}
+
+// server is the OpenAI-compatible HTTP front of one simulated vLLM.
+type server struct {
+	eng          *sim.Engine
+	log          *slog.Logger
+	servedBy     string   // our listen address, sent as x-served-by
+	served       []string // base model names
+	loraEnabled  bool
+	defaultMax   int
+	eosMean      int
+	faults       faults
+	readyAt      time.Time
+	quit         chan struct{} // closed when shutdown starts
+	exit         func(code int)
+	nextID       atomic.Uint64
+	inferenceNum atomic.Int64
+
+	mu    sync.Mutex
+	rng   *rand.Rand
+	loras []lora // load order
+}
+
+type lora struct{ name, path string }
+
+func (s *server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/completions", s.handleCompletions)
+	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
+	mux.HandleFunc("GET /v1/models", s.handleModels)
+	mux.HandleFunc("POST /v1/load_lora_adapter", s.handleLoadLoRA)
+	mux.HandleFunc("POST /v1/unload_lora_adapter", s.handleUnloadLoRA)
+	mux.HandleFunc("GET /health", s.handleHealth)
+	mux.HandleFunc("GET /metrics", s.handleMetrics)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("x-served-by", s.servedBy)
+		if time.Now().Before(s.readyAt) {
+			writeError(w, http.StatusServiceUnavailable, "server is starting up")
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+func (s *server) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	w.WriteHeader(http.StatusOK)
+}
+
+func (s *server) handleMetrics(w http.ResponseWriter, _ *http.Request) {
+	var buf bytes.Buffer
+	if err := s.eng.WriteMetrics(&buf); err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	_, _ = w.Write(buf.Bytes())
+}
+
+func (s *server) handleModels(w http.ResponseWriter, _ *http.Request) {
+	type modelCard struct {
+		ID          string  `json:"id"`
+		Object      string  `json:"object"`
+		Created     int64   `json:"created"`
+		OwnedBy     string  `json:"owned_by"`
+		Root        string  `json:"root"`
+		Parent      *string `json:"parent"`
+		MaxModelLen int     `json:"max_model_len"`
+	}
+	now := time.Now().Unix()
+	base := s.served[0]
+	var cards []modelCard
+	for _, name := range s.served {
+		cards = append(cards, modelCard{ID: name, Object: "model", Created: now, OwnedBy: "vllm", Root: base, MaxModelLen: s.eng.Config().MaxModelLen})
+	}
+	s.mu.Lock()
+	for _, l := range s.loras {
+		cards = append(cards, modelCard{ID: l.name, Object: "model", Created: now, OwnedBy: "vllm", Root: l.path, Parent: &base, MaxModelLen: s.eng.Config().MaxModelLen})
+	}
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": cards})
+}
+
+type loraRequest struct {
+	Name string `json:"lora_name"`
+	Path string `json:"lora_path"`
+}
+
+func (s *server) handleLoadLoRA(w http.ResponseWriter, r *http.Request) {
+	var req loraRequest
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	switch {
+	case !s.loraEnabled:
+		writeError(w, http.StatusBadRequest, "LoRA is not enabled; start the server with -enable-lora or -lora-modules")
+		return
+	case req.Name == "":
+		writeError(w, http.StatusBadRequest, "lora_name must be set")
+		return
+	case slices.Contains(s.served, req.Name):
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%q is a base model name", req.Name))
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slices.ContainsFunc(s.loras, func(l lora) bool { return l.name == req.Name }) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("The lora adapter '%s' has already been loaded.", req.Name))
+		return
+	}
+	s.loras = append(s.loras, lora{name: req.Name, path: req.Path})
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	fmt.Fprintf(w, "Success: LoRA adapter '%s' added successfully.", req.Name)
+}
+
+func (s *server) handleUnloadLoRA(w http.ResponseWriter, r *http.Request) {
+	var req loraRequest
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	if req.Name == "" {
+		writeError(w, http.StatusBadRequest, "lora_name must be set")
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := slices.IndexFunc(s.loras, func(l lora) bool { return l.name == req.Name })
+	if i < 0 {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("The lora adapter '%s' cannot be found.", req.Name))
+		return
+	}
+	s.loras = slices.Delete(s.loras, i, i+1)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	fmt.Fprintf(w, "Success: LoRA adapter '%s' removed successfully.", req.Name)
+}
+
+// resolveModel maps a request's model to the adapter to run ("" = base);
+// ok is false for an unknown model.
+func (s *server) resolveModel(name string) (adapter string, ok bool) {
+	if slices.Contains(s.served, name) {
+		return "", true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slices.ContainsFunc(s.loras, func(l lora) bool { return l.name == name }) {
+		return name, true
+	}
+	return "", false
+}
+
+// genRequest is the union of the completion and chat request fields we use.
+type genRequest struct {
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            []chatMessage   `json:"messages"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	MinTokens           int             `json:"min_tokens"`
+	IgnoreEOS           bool            `json:"ignore_eos"`
+	N                   *int            `json:"n"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+func (s *server) handleCompletions(w http.ResponseWriter, r *http.Request) {
+	s.generate(w, r, false)
+}
+
+func (s *server) handleChat(w http.ResponseWriter, r *http.Request) {
+	s.generate(w, r, true)
+}
+
+// injectFault applies the failure flags to an inference request; true means
+// the request has been dealt with.
+func (s *server) injectFault(w http.ResponseWriter, r *http.Request) bool {
+	n := s.inferenceNum.Add(1)
+	f := s.faults
+	if f.crashAfter > 0 && n > int64(f.crashAfter) {
+		s.log.Error("crash-after reached, exiting", "requests", n-1)
+		s.exit(3)
+	}
+	s.mu.Lock()
+	hang := (f.hangAfter > 0 && n > int64(f.hangAfter)) || (f.hangRate > 0 && s.rng.Float64() < f.hangRate)
+	fail := 0
+	if !hang && f.errorRate > 0 && s.rng.Float64() < f.errorRate {
+		fail = f.errorCodes[s.rng.IntN(len(f.errorCodes))]
+	}
+	s.mu.Unlock()
+	if hang {
+		s.log.Debug("injected hang", "request", n)
+		select {
+		case <-r.Context().Done():
+		case <-s.quit:
+		}
+		panic(http.ErrAbortHandler) // drop the connection without an answer
+	}
+	if fail != 0 {
+		writeError(w, fail, "injected failure")
+		return true
+	}
+	return false
+}
+
+func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
+	if s.injectFault(w, r) {
+		return
+	}
+	var req genRequest
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	modelName := req.Model
+	if modelName == "" {
+		modelName = s.served[0]
+	}
+	adapter, ok := s.resolveModel(modelName)
+	if !ok {
+		writeErrorType(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", modelName))
+		return
+	}
+	if req.N != nil && *req.N != 1 {
+		writeError(w, http.StatusBadRequest, "vllm-sim supports only n=1")
+		return
+	}
+	var text string
+	var toks []uint32
+	var err error
+	if chat {
+		text, err = renderMessages(req.Messages)
+	} else {
+		text, toks, err = parsePrompt(req.Prompt)
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if toks == nil {
+		toks = sim.Tokenize(text)
+	}
+	maxTokens := s.defaultMax
+	if req.MaxTokens != nil {
+		maxTokens = *req.MaxTokens
+	}
+	if chat && req.MaxCompletionTokens != nil {
+		maxTokens = *req.MaxCompletionTokens
+	}
+	if maxTokens < 1 {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("max_tokens must be at least 1, got %d", maxTokens))
+		return
+	}
+	if req.MinTokens < 0 || req.MinTokens > maxTokens {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("min_tokens must be between 0 and max_tokens (%d), got %d", maxTokens, req.MinTokens))
+		return
+	}
+	stopAfter := 0
+	if s.eosMean > 0 && !req.IgnoreEOS {
+		stopAfter = max(naturalLength(toks, s.eosMean), req.MinTokens)
+	}
+	h, err := s.eng.Submit(r.Context(), sim.Request{Prompt: toks, MaxTokens: maxTokens, StopAfter: stopAfter, LoRA: adapter})
+	if errors.Is(err, sim.ErrInvalidRequest) {
+		writeError(w, http.StatusBadRequest, strings.TrimPrefix(err.Error(), sim.ErrInvalidRequest.Error()+": "))
+		return
+	}
+	if err != nil {
+		return // client went away during the frontend latency
+	}
+	defer h.Cancel() // no-op once finished; frees the request if the client left
+
+	rs := response{id: s.newID(chat), model: modelName, created: time.Now().Unix(), chat: chat}
+	if req.Stream {
+		includeUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+		s.stream(w, r, h, rs, includeUsage)
+		return
+	}
+	var out strings.Builder
+	for {
+		select {
+		case ev := <-h.Events:
+			out.WriteString(ev.Text)
+			if ev.Done {
+				writeJSON(w, http.StatusOK, rs.full(out.String(), ev))
+				return
+			}
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+func (s *server) stream(w http.ResponseWriter, r *http.Request, h *sim.Handle, rs response, includeUsage bool) {
+	flusher, _ := w.(http.Flusher)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	send := func(v any) bool {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return false
+		}
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+			return false
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return true
+	}
+	if rs.chat && !send(rs.chunk(map[string]any{"role": "assistant", "content": ""}, nil)) {
+		return
+	}
+	for {
+		select {
+		case ev := <-h.Events:
+			var delta any = map[string]any{"content": ev.Text}
+			if !rs.chat {
+				delta = ev.Text
+			}
+			var reason any
+			if ev.Done {
+				reason = ev.FinishReason
+			}
+			if !send(rs.chunk(delta, reason)) {
+				return
+			}
+			if !ev.Done {
+				continue
+			}
+			if includeUsage && !send(rs.usageChunk(ev.Usage)) {
+				return
+			}
+			_, _ = io.WriteString(w, "data: [DONE]\n\n")
+			if flusher != nil {
+				flusher.Flush()
+			}
+			return
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+func (s *server) newID(chat bool) string {
+	prefix := "cmpl-"
+	if chat {
+		prefix = "chatcmpl-"
+	}
+	return fmt.Sprintf("%s%016x", prefix, s.nextID.Add(1))
+}
+
+// naturalLength is where the simulated model would emit EOS for a prompt:
+// deterministic, uniform in [1, 2*mean-1].
+func naturalLength(toks []uint32, mean int) int {
+	h := fnv.New32a()
+	var b [4]byte
+	for _, t := range toks {
+		b[0], b[1], b[2], b[3] = byte(t), byte(t>>8), byte(t>>16), byte(t>>24)
+		_, _ = h.Write(b[:])
+	}
+	return 1 + int(h.Sum32()%uint32(2*mean-1))
+}
+
+// parsePrompt accepts a string, a one-element string array, a token id
+// array, or a one-element array of token id arrays.
+func parsePrompt(raw json.RawMessage) (string, []uint32, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil, errors.New("prompt is required")
+	}
+	var str string
+	if json.Unmarshal(raw, &str) == nil {
+		return str, nil, nil
+	}
+	var strs []string
+	if json.Unmarshal(raw, &strs) == nil {
+		if len(strs) != 1 {
+			return "", nil, fmt.Errorf("vllm-sim supports one prompt per request, got %d", len(strs))
+		}
+		return strs[0], nil, nil
+	}
+	var ids []uint32
+	if json.Unmarshal(raw, &ids) == nil {
+		return "", ids, nil
+	}
+	var idss [][]uint32
+	if json.Unmarshal(raw, &idss) == nil && len(idss) == 1 {
+		return "", idss[0], nil
+	}
+	return "", nil, errors.New("prompt must be a string, a list with one string, or a list of token ids")
+}
+
+// renderMessages applies the chat template; content may be a string or a
+// list of {"type":"text","text":...} parts.
+func renderMessages(msgs []chatMessage) (string, error) {
+	if len(msgs) == 0 {
+		return "", errors.New("messages must not be empty")
+	}
+	out := make([]sim.Message, 0, len(msgs))
+	for i, m := range msgs {
+		if m.Role == "" {
+			return "", fmt.Errorf("messages[%d].role is required", i)
+		}
+		var content string
+		if len(m.Content) > 0 && string(m.Content) != "null" {
+			if err := json.Unmarshal(m.Content, &content); err != nil {
+				var parts []struct {
+					Type string `json:"type"`
+					Text string `json:"text"`
+				}
+				if err := json.Unmarshal(m.Content, &parts); err != nil {
+					return "", fmt.Errorf("messages[%d].content must be a string or a list of parts", i)
+				}
+				var texts []string
+				for _, p := range parts {
+					if p.Type == "text" {
+						texts = append(texts, p.Text)
+					}
+				}
+				content = strings.Join(texts, " ")
+			}
+		}
+		out = append(out, sim.Message{Role: m.Role, Content: content})
+	}
+	return sim.RenderChat(out), nil
+}
+
+// response builds the JSON bodies of one request's answer.
+type response struct {
+	id      string
+	model   string
+	created int64
+	chat    bool
+}
+
+type usageJSON struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+func toUsage(u sim.Usage) usageJSON {
+	out := usageJSON{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.PromptTokens + u.CompletionTokens}
+	out.PromptTokensDetails.CachedTokens = u.CachedTokens
+	return out
+}
+
+func (rs response) object(chunk bool) string {
+	switch {
+	case rs.chat && chunk:
+		return "chat.completion.chunk"
+	case rs.chat:
+		return "chat.completion"
+	default:
+		return "text_completion"
+	}
+}
+
+func (rs response) full(text string, last sim.Event) map[string]any {
+	choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": last.FinishReason, "stop_reason": nil}
+	if rs.chat {
+		choice["message"] = map[string]any{"role": "assistant", "content": text}
+	} else {
+		choice["text"] = text
+	}
+	return map[string]any{
+		"id": rs.id, "object": rs.object(false), "created": rs.created, "model": rs.model,
+		"choices": []any{choice}, "usage": toUsage(last.Usage),
+	}
+}
+
+func (rs response) chunk(delta any, finishReason any) map[string]any {
+	choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": finishReason}
+	if rs.chat {
+		choice["delta"] = delta
+	} else {
+		choice["text"] = delta
+	}
+	return map[string]any{"id": rs.id, "object": rs.object(true), "created": rs.created, "model": rs.model, "choices": []any{choice}}
+}
+
+func (rs response) usageChunk(u sim.Usage) map[string]any {
+	return map[string]any{"id": rs.id, "object": rs.object(true), "created": rs.created, "model": rs.model,
+		"choices": []any{}, "usage": toUsage(u)}
+}
+
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, "request body too large")
+			return false
+		}
+		writeError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(b)
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	typ := map[int]string{
+		http.StatusBadRequest:            "BadRequestError",
+		http.StatusNotFound:              "NotFoundError",
+		http.StatusRequestEntityTooLarge: "BadRequestError",
+		http.StatusTooManyRequests:       "RateLimitError",
+		http.StatusServiceUnavailable:    "ServiceUnavailableError",
+	}[code]
+	if typ == "" {
+		typ = "InternalServerError"
+	}
+	writeErrorType(w, code, typ, msg)
+}
+
+func writeErrorType(w http.ResponseWriter, code int, typ, msg string) {
+	writeJSON(w, code, map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": code}})
+}
