@@ -1,0 +1,88 @@
+// Package envoy owns the Envoy bootstrap configuration that points a plain
+// Envoy at switchyard's ADS server. The YAML file is runnable as is; Bootstrap
+// renders it with other addresses for tests, the demo and cmd/switchyard.
+package envoy
+
+import (
+	_ "embed"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+//go:embed bootstrap.yaml
+var bootstrapYAML string
+
+// Template returns the bootstrap file exactly as shipped.
+func Template() string { return bootstrapYAML }
+
+// Params are the values Bootstrap fills in. Zero values keep the file's
+// defaults.
+type Params struct {
+	NodeID      string // default "envoy-1"
+	NodeCluster string // default "switchyard"
+	XDSHost     string // IP or DNS name of switchyard's xDS server (default 127.0.0.1)
+	XDSPort     int    // default 18000
+	AdminHost   string // default 127.0.0.1
+	AdminPort   int    // default 9901
+}
+
+var marker = regexp.MustCompile(`^(\s*[a-z_]+:\s*)(\S+)(\s*# @([a-z_]+))\s*$`)
+
+// Bootstrap renders the bootstrap with p applied. Every parameter the file
+// marks must exist, so a renamed marker fails loudly instead of silently
+// keeping a default.
+func Bootstrap(p Params) (string, error) {
+	values := map[string]string{}
+	set := func(key, v string) {
+		if v != "" {
+			values[key] = v
+		}
+	}
+	port := func(n int) string {
+		if n == 0 {
+			return ""
+		}
+		return strconv.Itoa(n)
+	}
+	set("node_id", p.NodeID)
+	set("node_cluster", p.NodeCluster)
+	set("xds_host", p.XDSHost)
+	set("xds_port", port(p.XDSPort))
+	set("admin_host", p.AdminHost)
+	set("admin_port", port(p.AdminPort))
+	for _, n := range []int{p.XDSPort, p.AdminPort} {
+		if n < 0 || n > 65535 {
+			return "", fmt.Errorf("envoy bootstrap: port %d out of range", n)
+		}
+	}
+
+	seen := map[string]bool{}
+	lines := strings.Split(bootstrapYAML, "\n")
+	for i, line := range lines {
+		m := marker.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		seen[m[4]] = true
+		if v, ok := values[m[4]]; ok {
+			lines[i] = m[1] + quote(v) + m[3]
+		}
+	}
+	for k := range values {
+		if !seen[k] {
+			return "", fmt.Errorf("envoy bootstrap: no %q parameter in bootstrap.yaml", k)
+		}
+	}
+	return strings.Join(lines, "\n"), nil
+}
+
+// quote returns v as a YAML scalar, quoting anything that is not a plain
+// name, address or number.
+func quote(v string) string {
+	if regexp.MustCompile(`^[A-Za-z0-9._:-]+$`).MatchString(v) && !strings.HasPrefix(v, ":") {
+		return v
+	}
+	return strconv.Quote(v)
+}

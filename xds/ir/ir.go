@@ -1,0 +1,495 @@
+// Package ir owns the intermediate model between switchyard's registry state
+// and Envoy resources. Build turns a registry.State plus Options into plain,
+// sorted, fully defaulted structs; it never imports Envoy protos, so every
+// routing decision (which routes exist, in what order, which pool fails open)
+// is made here and can be tested without Envoy. The translator package turns
+// a Config into Envoy resources.
+package ir
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/switchyard/switchyard/registry"
+)
+
+// Well-known names shared with the picker (the wire contract in the team
+// brief). Changing any of them breaks the picker <-> Envoy contract.
+const (
+	// PoolHeader is the request header the picker sets to the chosen pool.
+	PoolHeader = "x-switchyard-pool"
+	// LBNamespace is the dynamic metadata namespace override_host reads.
+	LBNamespace = "envoy.lb"
+	// SubsetHintNamespace carries the subset hint to the picker.
+	SubsetHintNamespace = "envoy.lb.subset_hint"
+	// DestinationKey is the metadata key holding the picked "ip:port" list.
+	DestinationKey = "x-gateway-destination-endpoint"
+	// ServedKey is the metadata key Envoy fills with the host it served from.
+	ServedKey = "x-gateway-destination-endpoint-served"
+	// PickerCluster is the Envoy cluster name of the picker's gRPC server.
+	PickerCluster = "switchyard/picker"
+	// PickerHealthService is the gRPC health service Envoy checks on the
+	// picker; it turns SERVING once the picker has pool state.
+	PickerHealthService = "envoy.service.ext_proc.v3.ExternalProcessor"
+)
+
+// Sentinel errors returned (wrapped, joined) by Build and Validate.
+var (
+	ErrBadAddress    = errors.New("invalid ip:port address")
+	ErrDuplicateName = errors.New("duplicate name")
+	ErrEmptyName     = errors.New("empty name")
+)
+
+// ClusterName returns the Envoy cluster name of a pool.
+func ClusterName(pool string) string { return "pool/" + pool }
+
+// ListenerName returns the Envoy listener name of a registry listener.
+func ListenerName(listener string) string { return "listener/" + listener }
+
+// RouteConfigName returns the RDS route configuration name of a listener.
+func RouteConfigName(listener string) string { return "listener/" + listener + "/routes" }
+
+// Options are the translation settings that do not come from the registry.
+// Zero values mean the documented default.
+type Options struct {
+	// PickerAddr is the picker's ext_proc gRPC address as Envoy reaches it,
+	// "ip:port" (default 127.0.0.1:9002).
+	PickerAddr string
+	// PickerConnectTimeout bounds connecting to the picker (default 1s).
+	PickerConnectTimeout time.Duration
+	// PickerHealthInterval is how often Envoy health-checks the picker
+	// (default 1s); a dead picker is noticed within about one interval.
+	PickerHealthInterval time.Duration
+	// PickerHealthTimeout bounds one health check (default 500ms).
+	PickerHealthTimeout time.Duration
+	// MessageTimeout bounds ext_proc messages that are not part of a
+	// full-duplex body exchange (default 10s). Envoy applies no message
+	// timeout to FULL_DUPLEX_STREAMED bodies.
+	MessageTimeout time.Duration
+	// UpstreamConnectTimeout bounds connecting to a model server (default 2s).
+	UpstreamConnectTimeout time.Duration
+	// MaxRequests raises each pool cluster's circuit breakers (connections,
+	// pending and active requests; default 100000).
+	MaxRequests uint32
+	// NumRetries is how often a request is retried on another endpoint when
+	// no byte reached the first one (default 2; see DisableRetries).
+	NumRetries uint32
+	// DisableRetries turns retries off entirely.
+	DisableRetries bool
+	// Listener holds the defaults for every listener.
+	Listener ListenerOptions
+	// PerListener overrides Listener for the listener of that name; zero
+	// fields fall back to Listener.
+	PerListener map[string]ListenerOptions
+}
+
+// ListenerOptions are per-listener settings.
+type ListenerOptions struct {
+	// StreamIdleTimeout resets a stream that moved no byte for this long
+	// (default 5m). LLM streams send a chunk per token, so this only fires
+	// for stuck requests.
+	StreamIdleTimeout time.Duration
+	// RouteTimeout bounds a whole upstream request including the streamed
+	// response; 0 (the default) means no limit, because LLM generations
+	// can legitimately run for many minutes.
+	RouteTimeout time.Duration
+	// AccessLog writes one stdout access-log line per request.
+	AccessLog bool
+}
+
+// Defaults for Options.
+const (
+	DefaultPickerAddr             = "127.0.0.1:9002"
+	DefaultPickerConnectTimeout   = time.Second
+	DefaultPickerHealthInterval   = time.Second
+	DefaultPickerHealthTimeout    = 500 * time.Millisecond
+	DefaultMessageTimeout         = 10 * time.Second
+	DefaultUpstreamConnectTimeout = 2 * time.Second
+	DefaultMaxRequests            = 100000
+	DefaultNumRetries             = 2
+	DefaultStreamIdleTimeout      = 5 * time.Minute
+)
+
+// WithDefaults returns o with every zero field set to its default.
+func (o Options) WithDefaults() Options {
+	if o.PickerAddr == "" {
+		o.PickerAddr = DefaultPickerAddr
+	}
+	if o.PickerConnectTimeout <= 0 {
+		o.PickerConnectTimeout = DefaultPickerConnectTimeout
+	}
+	if o.PickerHealthInterval <= 0 {
+		o.PickerHealthInterval = DefaultPickerHealthInterval
+	}
+	if o.PickerHealthTimeout <= 0 {
+		o.PickerHealthTimeout = DefaultPickerHealthTimeout
+	}
+	if o.MessageTimeout <= 0 {
+		o.MessageTimeout = DefaultMessageTimeout
+	}
+	if o.UpstreamConnectTimeout <= 0 {
+		o.UpstreamConnectTimeout = DefaultUpstreamConnectTimeout
+	}
+	if o.MaxRequests == 0 {
+		o.MaxRequests = DefaultMaxRequests
+	}
+	if o.NumRetries == 0 {
+		o.NumRetries = DefaultNumRetries
+	}
+	if o.DisableRetries {
+		o.NumRetries = 0
+	}
+	if o.Listener.StreamIdleTimeout <= 0 {
+		o.Listener.StreamIdleTimeout = DefaultStreamIdleTimeout
+	}
+	return o
+}
+
+// listener returns the effective settings for one listener.
+func (o Options) listener(name string) ListenerOptions {
+	l := o.Listener
+	if p, ok := o.PerListener[name]; ok {
+		if p.StreamIdleTimeout > 0 {
+			l.StreamIdleTimeout = p.StreamIdleTimeout
+		}
+		if p.RouteTimeout > 0 {
+			l.RouteTimeout = p.RouteTimeout
+		}
+		if p.AccessLog {
+			l.AccessLog = true
+		}
+	}
+	return l
+}
+
+// Config is the whole intermediate model: everything Envoy needs, sorted.
+type Config struct {
+	Picker    Picker
+	Listeners []Listener // sorted by Name
+	Pools     []Pool     // sorted by Name
+	// FailOpenPool is the pool that receives requests the picker did not
+	// process (picker unreachable), or "" when every pool fails closed.
+	FailOpenPool string
+	// Warnings are non-fatal translation notes worth logging.
+	Warnings []string
+}
+
+// Picker is the picker's gRPC cluster and the ext_proc filter settings.
+type Picker struct {
+	ClusterName    string
+	Address        Address
+	ConnectTimeout time.Duration
+	HealthInterval time.Duration
+	HealthTimeout  time.Duration
+	HealthService  string
+	MessageTimeout time.Duration
+}
+
+// Address is a resolved socket address.
+type Address struct {
+	IP   string // textual IP, IPv6 without brackets
+	Port uint32
+}
+
+// String returns the "ip:port" form ("[v6]:port" for IPv6).
+func (a Address) String() string {
+	return net.JoinHostPort(a.IP, strconv.FormatUint(uint64(a.Port), 10))
+}
+
+// Listener is one Envoy listener with its route table.
+type Listener struct {
+	Name            string // "listener/<registry name>"
+	RouteConfigName string
+	StatPrefix      string
+	Address         Address
+	// FailureModeAllow lets requests continue without the picker when the
+	// ext_proc stream cannot be opened; true only when FailOpenPool is set.
+	FailureModeAllow  bool
+	StreamIdleTimeout time.Duration
+	AccessLog         bool
+	Routes            []Route // in match order
+}
+
+// Route is one route of a listener, matched in order.
+type Route struct {
+	Name string
+	// PoolHeader, when set, requires header x-switchyard-pool == PoolHeader.
+	PoolHeader string
+	// Picked selects on whether the picker set envoy.lb destination
+	// metadata: PickedYes requires it, PickedNo requires its absence,
+	// PickedAny ignores it.
+	Picked Picked
+	// Cluster is the target cluster; empty means Direct is answered.
+	Cluster string
+	Timeout time.Duration // 0 = none
+	Retry   *Retry
+	Direct  *DirectResponse
+}
+
+// Picked is a route's condition on the picker's destination metadata.
+type Picked int
+
+// Picked values.
+const (
+	PickedAny Picked = iota
+	PickedYes
+	PickedNo
+)
+
+// Retry is a route's retry policy.
+type Retry struct {
+	// On is Envoy's retry_on list. Only conditions where the upstream
+	// cannot have started work are used, since LLM POSTs are not idempotent.
+	On                       string
+	NumRetries               uint32
+	HostSelectionMaxAttempts int64
+}
+
+// DirectResponse is a response Envoy answers itself.
+type DirectResponse struct {
+	Status      uint32
+	ContentType string
+	Body        string
+}
+
+// Pool is one pool's Envoy cluster and its EDS endpoints.
+type Pool struct {
+	Name           string
+	ClusterName    string
+	FailOpen       bool
+	ConnectTimeout time.Duration
+	MaxRequests    uint32
+	Endpoints      []Address // sorted by String()
+}
+
+// RetryOn is the retry_on list of pool routes: connection failures and
+// resets before any request byte was written, plus HTTP/2 refused streams.
+// None of these can have reached the model server's scheduler.
+const RetryOn = "connect-failure,refused-stream,reset-before-request"
+
+// NoPoolBody is the JSON body of the 404 answered when no pool matched.
+const NoPoolBody = `{"error":{"type":"not_found_error","code":404,"message":"no model pool matched this request"}}`
+
+// HealthFunc reports whether the picker considers endpoint addr of pool
+// unhealthy. A nil HealthFunc treats every endpoint as healthy.
+type HealthFunc func(pool, addr string) bool
+
+// Build translates s into a Config. Unhealthy endpoints (per health) and
+// draining endpoints are left out of EDS, except that a pool whose every
+// non-draining endpoint is unhealthy keeps them all: a picker that cannot
+// scrape metrics must not black-hole a pool. Errors are joined; on error
+// the returned Config must not be used.
+func Build(s *registry.State, o Options, health HealthFunc) (*Config, error) {
+	o = o.WithDefaults()
+	var errs []error
+	cfg := &Config{}
+
+	pickerAddr, err := ParseAddress(o.PickerAddr)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("picker address: %w", err))
+	}
+	cfg.Picker = Picker{
+		ClusterName:    PickerCluster,
+		Address:        pickerAddr,
+		ConnectTimeout: o.PickerConnectTimeout,
+		HealthInterval: o.PickerHealthInterval,
+		HealthTimeout:  o.PickerHealthTimeout,
+		HealthService:  PickerHealthService,
+		MessageTimeout: o.MessageTimeout,
+	}
+	if s == nil {
+		s = registry.Empty()
+	}
+
+	for _, name := range s.PoolNames() {
+		p := s.Pools[name]
+		if name == "" {
+			errs = append(errs, fmt.Errorf("pool: %w", ErrEmptyName))
+			continue
+		}
+		pool := Pool{
+			Name:           name,
+			ClusterName:    ClusterName(name),
+			FailOpen:       p.FailureMode == registry.FailOpen,
+			ConnectTimeout: o.UpstreamConnectTimeout,
+			MaxRequests:    o.MaxRequests,
+		}
+		var healthy, unhealthy []Address
+		for _, ep := range p.Endpoints {
+			a, err := ParseAddress(ep.Address)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("pool %q endpoint: %w", name, err))
+				continue
+			}
+			if a.String() != ep.Address {
+				// override_host compares strings: the picker names this
+				// endpoint ep.Address, Envoy knows it as a.String().
+				cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("pool %q endpoint %q is not in canonical form %q; picks of it will not match", name, ep.Address, a.String()))
+			}
+			if ep.Draining {
+				continue
+			}
+			if health != nil && health(name, ep.Address) {
+				unhealthy = append(unhealthy, a)
+				continue
+			}
+			healthy = append(healthy, a)
+		}
+		if len(healthy) == 0 && len(unhealthy) > 0 {
+			cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("pool %q: all %d endpoints are unhealthy; keeping them in EDS", name, len(unhealthy)))
+			healthy = unhealthy
+		}
+		pool.Endpoints, err = sortAddresses(healthy)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pool %q: %w", name, err))
+		}
+		cfg.Pools = append(cfg.Pools, pool)
+	}
+
+	cfg.FailOpenPool, cfg.Warnings = failOpenPool(s, cfg.Pools, cfg.Warnings)
+
+	seen := map[string]bool{}
+	for _, l := range s.Listeners {
+		if l.Name == "" {
+			errs = append(errs, fmt.Errorf("listener: %w", ErrEmptyName))
+			continue
+		}
+		if seen[l.Name] {
+			errs = append(errs, fmt.Errorf("listener %q: %w", l.Name, ErrDuplicateName))
+			continue
+		}
+		seen[l.Name] = true
+		a, err := ParseAddress(l.Address)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("listener %q: %w", l.Name, err))
+			continue
+		}
+		lo := o.listener(l.Name)
+		cfg.Listeners = append(cfg.Listeners, Listener{
+			Name:              ListenerName(l.Name),
+			RouteConfigName:   RouteConfigName(l.Name),
+			StatPrefix:        l.Name,
+			Address:           a,
+			FailureModeAllow:  cfg.FailOpenPool != "",
+			StreamIdleTimeout: lo.StreamIdleTimeout,
+			AccessLog:         lo.AccessLog,
+			Routes:            routes(cfg, o, lo),
+		})
+	}
+	sort.Slice(cfg.Listeners, func(i, j int) bool { return cfg.Listeners[i].Name < cfg.Listeners[j].Name })
+
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// failOpenPool picks the pool that serves requests the picker never saw:
+// Routing.DefaultPool if it fails open, else the only fail-open pool. With
+// several fail-open pools and no fail-open default there is no way to tell
+// which one a request belongs to without the picker, so none is chosen.
+func failOpenPool(s *registry.State, pools []Pool, warnings []string) (string, []string) {
+	var open []string
+	for _, p := range pools {
+		if p.FailOpen {
+			open = append(open, p.Name)
+		}
+	}
+	if d := s.Routing.DefaultPool; d != "" {
+		if p, ok := s.Pools[d]; ok && p.FailureMode == registry.FailOpen {
+			return d, warnings
+		}
+	}
+	switch len(open) {
+	case 0:
+		return "", warnings
+	case 1:
+		return open[0], warnings
+	default:
+		return "", append(warnings, fmt.Sprintf("pools %v fail open but none is the default pool; without the picker their requests fail closed", open))
+	}
+}
+
+// routes builds a listener's route table:
+//  1. one route per pool, matching x-switchyard-pool AND the picker's
+//     envoy.lb destination metadata, so a client-sent header alone never
+//     selects a pool;
+//  2. when a pool fails open, a route sending requests without picker
+//     metadata (the picker was unreachable) to that pool, where the
+//     cluster's fallback policy balances them;
+//  3. a catch-all 404 JSON answer.
+func routes(cfg *Config, o Options, lo ListenerOptions) []Route {
+	var retry *Retry
+	if o.NumRetries > 0 {
+		retry = &Retry{On: RetryOn, NumRetries: o.NumRetries, HostSelectionMaxAttempts: 5}
+	}
+	var rs []Route
+	for _, p := range cfg.Pools {
+		rs = append(rs, Route{
+			Name:       p.ClusterName,
+			PoolHeader: p.Name,
+			Picked:     PickedYes,
+			Cluster:    p.ClusterName,
+			Timeout:    lo.RouteTimeout,
+			Retry:      retry,
+		})
+	}
+	if cfg.FailOpenPool != "" {
+		rs = append(rs, Route{
+			Name:    "fail-open/" + cfg.FailOpenPool,
+			Picked:  PickedNo,
+			Cluster: ClusterName(cfg.FailOpenPool),
+			Timeout: lo.RouteTimeout,
+			Retry:   retry,
+		})
+	}
+	rs = append(rs, Route{
+		Name:   "no-pool",
+		Direct: &DirectResponse{Status: 404, ContentType: "application/json", Body: NoPoolBody},
+	})
+	return rs
+}
+
+// sortAddresses sorts by the "ip:port" string (the name Envoy and the
+// picker use) and rejects duplicates.
+func sortAddresses(as []Address) ([]Address, error) {
+	type keyed struct {
+		key string
+		a   Address
+	}
+	ks := make([]keyed, len(as))
+	for i, a := range as {
+		ks[i] = keyed{a.String(), a}
+	}
+	sort.Slice(ks, func(i, j int) bool { return ks[i].key < ks[j].key })
+	out := make([]Address, len(ks))
+	var errs []error
+	for i, k := range ks {
+		if i > 0 && k.key == ks[i-1].key {
+			errs = append(errs, fmt.Errorf("endpoint %s: %w", k.key, ErrDuplicateName))
+		}
+		out[i] = k.a
+	}
+	return out, errors.Join(errs...)
+}
+
+// ParseAddress parses "ip:port" or "[v6]:port" into an Address. Host names
+// are rejected: EDS endpoints and override_host need literal IPs.
+func ParseAddress(s string) (Address, error) {
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return Address{}, fmt.Errorf("%q: %w", s, ErrBadAddress)
+	}
+	if ap.Port() == 0 {
+		return Address{}, fmt.Errorf("%q: port 0: %w", s, ErrBadAddress)
+	}
+	if ap.Addr().Zone() != "" {
+		return Address{}, fmt.Errorf("%q: IPv6 zones are not supported: %w", s, ErrBadAddress)
+	}
+	return Address{IP: ap.Addr().String(), Port: uint32(ap.Port())}, nil
+}

@@ -1,0 +1,301 @@
+// Package xds owns switchyard's xDS control plane: it follows the registry
+// (and the picker's endpoint health), translates every new state through
+// xds/ir and xds/translator into Envoy resources, and serves them to Envoy
+// over ADS from a go-control-plane snapshot cache. It tracks every
+// connected Envoy node and counts ACKs and NACKs for status and metrics.
+package xds
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/switchyard/switchyard/registry"
+	"github.com/switchyard/switchyard/xds/ir"
+	"github.com/switchyard/switchyard/xds/translator"
+)
+
+// DefaultNodeKey is the snapshot key every Envoy node is served from.
+const DefaultNodeKey = "switchyard"
+
+// Options configure a Server. Zero values mean defaults.
+type Options struct {
+	// Translation holds the picker address, timeouts and per-listener
+	// settings (see ir.Options for defaults).
+	Translation ir.Options
+	// Health, when set, withholds endpoints the picker considers unhealthy
+	// from EDS and re-translates whenever it changes.
+	Health HealthView
+	// Versions hands out snapshot versions (default NewBootVersions(now)).
+	// The store can supply a persisted counter instead.
+	Versions VersionSource
+}
+
+// Server translates registry states into snapshots and serves them over
+// ADS. Create it with NewServer, Register it on a gRPC server, and Run it.
+type Server struct {
+	view     registry.View
+	opts     Options
+	log      *slog.Logger
+	cache    cachev3.SnapshotCache
+	xds      serverv3.Server
+	ctx      context.Context
+	cancel   context.CancelFunc
+	tracker  *tracker
+	mu       sync.Mutex
+	stats    Stats
+	last     translator.Resources
+	synced   chan struct{} // closed and replaced on every snapshot attempt
+	nodeKey  string
+	versions VersionSource
+}
+
+// Stats are the server's counters and current snapshot, for metrics and
+// the status page.
+type Stats struct {
+	// Version is the version of the snapshot being served ("" before the
+	// first one).
+	Version string
+	// RegistryVersion is the registry state version the last snapshot
+	// attempt (successful or not) was built from.
+	RegistryVersion uint64
+	// Attempts counts translations attempted (one per registry or health
+	// change).
+	Attempts uint64
+	// Snapshots counts snapshots set in the cache.
+	Snapshots uint64
+	// Unchanged counts translations that produced the resources already
+	// being served (no new version was pushed).
+	Unchanged uint64
+	// Failures counts translations, validations or consistency checks that
+	// failed; the previous snapshot kept being served.
+	Failures uint64
+	// LastError is the most recent failure ("" after a success).
+	LastError string
+	// ACKs and NACKs count Envoy's replies over every node and type.
+	ACKs, NACKs uint64
+	// Warnings are the last translation's non-fatal notes.
+	Warnings []string
+}
+
+// NewServer returns a Server following view. logger may be nil.
+func NewServer(view registry.View, opts Options, logger *slog.Logger) *Server {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	logger = logger.With("component", "xds")
+	versions := opts.Versions
+	if versions == nil {
+		versions = NewBootVersions(time.Now())
+	}
+	s := &Server{
+		view:     view,
+		opts:     opts,
+		log:      logger,
+		synced:   make(chan struct{}),
+		nodeKey:  DefaultNodeKey,
+		versions: versions,
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.tracker = newTracker(logger)
+	s.cache = cachev3.NewSnapshotCache(true, constantHash(s.nodeKey), cacheLogger{logger})
+	s.xds = serverv3.NewServer(s.ctx, s.cache, s.tracker.callbacks())
+	return s
+}
+
+// Register adds the ADS service to g. Envoy must use ADS (as
+// envoy/bootstrap.yaml does): the snapshot cache runs in ADS mode.
+func (s *Server) Register(g *grpc.Server) {
+	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, s.xds)
+}
+
+// Run translates the current registry state, pushes it, and repeats on
+// every registry or health change until ctx ends. States with Version 0
+// (nothing published yet) are never served, so a restarting switchyard
+// does not wipe the configuration its Envoys hold. It always returns nil
+// after ctx ends; translation failures are logged and counted, never fatal.
+// Call Run once: when it returns, the ADS streams are closed.
+func (s *Server) Run(ctx context.Context) error {
+	defer s.cancel()
+	for {
+		state, changed := s.view.Current()
+		var healthChanged <-chan struct{}
+		if s.opts.Health != nil {
+			healthChanged = s.opts.Health.Changed()
+		}
+		s.sync(ctx, state)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-healthChanged:
+		}
+	}
+}
+
+// Stats returns a copy of the server's counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	st := s.stats
+	st.Warnings = append([]string(nil), s.stats.Warnings...)
+	s.mu.Unlock()
+	acks, nacks := s.tracker.totals()
+	st.ACKs, st.NACKs = acks, nacks
+	return st
+}
+
+// Nodes returns every Envoy node seen since start, sorted by ID.
+func (s *Server) Nodes() []NodeStatus { return s.tracker.snapshot() }
+
+// Synced returns a channel closed after the next snapshot attempt, so
+// callers can wait for a registry change to be translated.
+func (s *Server) Synced() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.synced
+}
+
+// sync translates state and, if it differs from what is served, sets a new
+// snapshot. On any failure the previous snapshot stays in place.
+func (s *Server) sync(ctx context.Context, state *registry.State) {
+	var health ir.HealthFunc
+	if s.opts.Health != nil {
+		health = s.opts.Health.Unhealthy
+	}
+	err := s.trySync(ctx, state, health)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.RegistryVersion = state.Version
+	s.stats.Attempts++
+	if err != nil {
+		s.stats.Failures++
+		s.stats.LastError = err.Error()
+		s.log.Error("xDS snapshot not updated; Envoy keeps the previous configuration",
+			"registry_version", state.Version, "serving", s.stats.Version, "err", err)
+	} else {
+		s.stats.LastError = ""
+	}
+	close(s.synced)
+	s.synced = make(chan struct{})
+}
+
+func (s *Server) trySync(ctx context.Context, state *registry.State, health ir.HealthFunc) error {
+	if state.Version == 0 {
+		// Nothing published yet (e.g. right after a restart, before the
+		// sources loaded). Serving the empty state would make connected
+		// Envoys drop every listener; serving nothing lets them keep
+		// their last configuration until real state arrives.
+		s.log.Info("xDS waiting for the first registry state")
+		return nil
+	}
+	cfg, err := ir.Build(state, s.opts.Translation, health)
+	if err != nil {
+		return fmt.Errorf("translate registry version %d: %w", state.Version, err)
+	}
+	res, err := translator.Translate(cfg)
+	if err != nil {
+		return fmt.Errorf("build Envoy resources for registry version %d: %w", state.Version, err)
+	}
+	s.mu.Lock()
+	if !slices.Equal(s.stats.Warnings, cfg.Warnings) {
+		for _, w := range cfg.Warnings {
+			s.log.Warn("xDS translation", "registry_version", state.Version, "warning", w)
+		}
+	}
+	s.stats.Warnings = cfg.Warnings
+	unchanged := s.last != nil && equalResources(s.last, res)
+	if unchanged {
+		s.stats.Unchanged++
+	}
+	s.mu.Unlock()
+	if unchanged {
+		return nil
+	}
+	version := s.versions.Next()
+	snap, err := cachev3.NewSnapshot(version, map[resource.Type][]types.Resource(res))
+	if err != nil {
+		return fmt.Errorf("snapshot %s: %w", version, err)
+	}
+	if err := snap.Consistent(); err != nil {
+		return fmt.Errorf("snapshot %s inconsistent: %w", version, err)
+	}
+	if err := s.cache.SetSnapshot(ctx, s.nodeKey, snap); err != nil {
+		return fmt.Errorf("set snapshot %s: %w", version, err)
+	}
+	s.mu.Lock()
+	s.last = res
+	s.stats.Version = version
+	s.stats.Snapshots++
+	s.mu.Unlock()
+	s.log.Info("xDS snapshot set", "version", version, "registry_version", state.Version,
+		"listeners", len(res[resource.ListenerType]), "clusters", len(res[resource.ClusterType]),
+		"endpoints", countEndpoints(cfg))
+	return nil
+}
+
+func countEndpoints(cfg *ir.Config) int {
+	n := 0
+	for _, p := range cfg.Pools {
+		n += len(p.Endpoints)
+	}
+	return n
+}
+
+func equalResources(a, b translator.Resources) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for typ, la := range a {
+		lb, ok := b[typ]
+		if !ok || len(la) != len(lb) {
+			return false
+		}
+		for i := range la {
+			if !proto.Equal(la[i], lb[i]) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// constantHash serves every node from one snapshot key.
+type constantHash string
+
+func (h constantHash) ID(*corev3.Node) string { return string(h) }
+
+// cacheLogger adapts slog to go-control-plane's logger at debug level
+// (warnings and errors keep their level).
+type cacheLogger struct{ l *slog.Logger }
+
+func (c cacheLogger) Debugf(f string, a ...any) { c.l.Debug(fmt.Sprintf(f, a...)) }
+func (c cacheLogger) Infof(f string, a ...any)  { c.l.Debug(fmt.Sprintf(f, a...)) }
+func (c cacheLogger) Warnf(f string, a ...any)  { c.l.Warn(fmt.Sprintf(f, a...)) }
+func (c cacheLogger) Errorf(f string, a ...any) { c.l.Error(fmt.Sprintf(f, a...)) }
+
+// shortType turns a type URL into its message name ("Cluster").
+func shortType(typeURL string) string {
+	if i := strings.LastIndexByte(typeURL, '.'); i >= 0 {
+		return typeURL[i+1:]
+	}
+	return typeURL
+}
+
+// sortNodes orders node statuses by ID.
+func sortNodes(ns []NodeStatus) {
+	sort.Slice(ns, func(i, j int) bool { return ns[i].ID < ns[j].ID })
+}

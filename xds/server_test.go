@@ -1,0 +1,219 @@
+package xds
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/genproto/googleapis/rpc/status"
+
+	"github.com/switchyard/switchyard/internal/testutil"
+	"github.com/switchyard/switchyard/registry"
+)
+
+// runServer runs a Server without gRPC until the test ends.
+func runServer(t *testing.T, view registry.View, opts Options) *Server {
+	t.Helper()
+	srv := NewServer(view, opts, testLogger(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = srv.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return srv
+}
+
+func waitRegistryVersion(t *testing.T, srv *Server, v uint64) Stats {
+	t.Helper()
+	var st Stats
+	testutil.Eventually(t, 5*time.Second, fmt.Sprintf("registry version %d translated", v), func() error {
+		st = srv.Stats()
+		if st.RegistryVersion != v {
+			return fmt.Errorf("at registry version %d", st.RegistryVersion)
+		}
+		return nil
+	})
+	return st
+}
+
+func servedEndpoints(t *testing.T, srv *Server, cluster string) []string {
+	t.Helper()
+	snap, err := srv.cache.GetSnapshot(DefaultNodeKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cla, ok := snap.GetResources(resource.EndpointType)[cluster].(*endpointv3.ClusterLoadAssignment)
+	if !ok {
+		t.Fatalf("no ClusterLoadAssignment %q", cluster)
+	}
+	var out []string
+	for _, l := range cla.GetEndpoints() {
+		for _, e := range l.GetLbEndpoints() {
+			sa := e.GetEndpoint().GetAddress().GetSocketAddress()
+			out = append(out, fmt.Sprintf("%s:%d", sa.GetAddress(), sa.GetPortValue()))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestServerKeepsLastSnapshotOnBadState(t *testing.T) {
+	good := newState(1, "127.0.0.1:8080", pool("llama", registry.FailClosed, "10.0.0.1:8000"))
+	pub := registry.NewPublisher(good)
+	srv := runServer(t, pub, Options{})
+	first := waitRegistryVersion(t, srv, 1)
+	if first.Version == "" || first.Snapshots != 1 {
+		t.Fatalf("first stats = %+v", first)
+	}
+
+	bad := newState(2, "not-an-address", pool("llama", registry.FailClosed, "10.0.0.2:8000"))
+	pub.Publish(bad)
+	st := waitRegistryVersion(t, srv, 2)
+	if st.Failures != 1 || st.Version != first.Version || !strings.Contains(st.LastError, "not-an-address") {
+		t.Fatalf("after bad state: %+v", st)
+	}
+	if got := servedEndpoints(t, srv, "pool/llama"); strings.Join(got, ",") != "10.0.0.1:8000" {
+		t.Fatalf("served endpoints = %v, want the last good ones", got)
+	}
+
+	pub.Publish(newState(3, "127.0.0.1:8080", pool("llama", registry.FailClosed, "10.0.0.2:8000")))
+	st = waitRegistryVersion(t, srv, 3)
+	if st.Version == first.Version || st.LastError != "" || st.Snapshots != 2 {
+		t.Fatalf("after recovery: %+v", st)
+	}
+}
+
+func TestServerSkipsUnchangedResources(t *testing.T) {
+	pub := registry.NewPublisher(newState(1, "127.0.0.1:8080", pool("llama", registry.FailClosed, "10.0.0.1:8000")))
+	srv := runServer(t, pub, Options{})
+	first := waitRegistryVersion(t, srv, 1)
+	// A new registry version whose Envoy-visible content is identical
+	// (only the scrape path changed) must not push a new xDS version.
+	p := pool("llama", registry.FailClosed, "10.0.0.1:8000")
+	p.MetricsPath = "/other"
+	pub.Publish(newState(2, "127.0.0.1:8080", p))
+	st := waitRegistryVersion(t, srv, 2)
+	if st.Version != first.Version || st.Unchanged != 1 || st.Snapshots != 1 {
+		t.Fatalf("stats = %+v", st)
+	}
+}
+
+func TestServerWithholdsUnhealthyEndpoints(t *testing.T) {
+	h := NewHealthSet()
+	pub := registry.NewPublisher(newState(1, "127.0.0.1:8080", pool("llama", registry.FailClosed, "10.0.0.1:8000", "10.0.0.2:8000")))
+	srv := runServer(t, pub, Options{Health: h})
+	waitRegistryVersion(t, srv, 1)
+	if got := servedEndpoints(t, srv, "pool/llama"); len(got) != 2 {
+		t.Fatalf("endpoints = %v", got)
+	}
+	h.Set("llama", "10.0.0.2:8000", true)
+	testutil.Eventually(t, 5*time.Second, "unhealthy endpoint withheld", func() error {
+		if got := servedEndpoints(t, srv, "pool/llama"); strings.Join(got, ",") != "10.0.0.1:8000" {
+			return fmt.Errorf("endpoints = %v", got)
+		}
+		return nil
+	})
+	h.Set("llama", "10.0.0.2:8000", false)
+	testutil.Eventually(t, 5*time.Second, "recovered endpoint served again", func() error {
+		if got := servedEndpoints(t, srv, "pool/llama"); len(got) != 2 {
+			return fmt.Errorf("endpoints = %v", got)
+		}
+		return nil
+	})
+}
+
+func TestBootVersionsNeverRepeat(t *testing.T) {
+	boot := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	a := NewBootVersions(boot)
+	b := NewBootVersions(boot.Add(time.Millisecond)) // a restart
+	seen := map[string]bool{}
+	for i := 0; i < 100; i++ {
+		for _, v := range []string{a.Next(), b.Next()} {
+			if seen[v] {
+				t.Fatalf("version %q repeated", v)
+			}
+			seen[v] = true
+		}
+	}
+}
+
+func TestTrackerClassifiesACKAndNACK(t *testing.T) {
+	tr := newTracker(testLogger(t))
+	cb := tr.callbacks()
+	ctx := context.Background()
+	const cds = resource.ClusterType
+	node := &corev3.Node{Id: "edge-1", Cluster: "fleet"}
+	if err := cb.OnStreamOpen(ctx, 7, ""); err != nil {
+		t.Fatal(err)
+	}
+	// Initial request: neither ACK nor NACK.
+	_ = cb.OnStreamRequest(7, &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: cds})
+	cb.OnStreamResponse(ctx, 7, nil, &discoveryv3.DiscoveryResponse{TypeUrl: cds, VersionInfo: "v1", Nonce: "n1"})
+	_ = cb.OnStreamRequest(7, &discoveryv3.DiscoveryRequest{TypeUrl: cds, VersionInfo: "v1", ResponseNonce: "n1"})
+	cb.OnStreamResponse(ctx, 7, nil, &discoveryv3.DiscoveryResponse{TypeUrl: cds, VersionInfo: "v2", Nonce: "n2"})
+	// A stale nonce is ignored.
+	_ = cb.OnStreamRequest(7, &discoveryv3.DiscoveryRequest{TypeUrl: cds, VersionInfo: "v1", ResponseNonce: "n1"})
+	_ = cb.OnStreamRequest(7, &discoveryv3.DiscoveryRequest{TypeUrl: cds, VersionInfo: "v1", ResponseNonce: "n2",
+		ErrorDetail: &status.Status{Message: "bad cluster"}})
+
+	acks, nacks := tr.totals()
+	if acks != 1 || nacks != 1 {
+		t.Fatalf("acks=%d nacks=%d, want 1 and 1", acks, nacks)
+	}
+	nodes := tr.snapshot()
+	if len(nodes) != 1 {
+		t.Fatalf("nodes = %+v", nodes)
+	}
+	n := nodes[0]
+	if n.ID != "edge-1" || n.Cluster != "fleet" || n.Streams != 1 || n.Acked["Cluster"] != "v1" || n.LastNACK != "bad cluster" {
+		t.Fatalf("node = %+v", n)
+	}
+	cb.OnStreamClosed(7, node)
+	if got := tr.snapshot()[0].Streams; got != 0 {
+		t.Fatalf("streams after close = %d", got)
+	}
+}
+
+func TestServerWaitsForFirstRegistryState(t *testing.T) {
+	pub := registry.NewPublisher(nil) // Empty(), version 0
+	srv := runServer(t, pub, Options{})
+	testutil.Eventually(t, 5*time.Second, "first attempt", func() error {
+		if srv.Stats().Attempts == 0 {
+			return fmt.Errorf("no attempt yet")
+		}
+		return nil
+	})
+	if _, err := srv.cache.GetSnapshot(DefaultNodeKey); err == nil || srv.Stats().Version != "" {
+		t.Fatalf("served a snapshot for the unpublished empty state: %+v", srv.Stats())
+	}
+	pub.Publish(newState(1, "127.0.0.1:8080"))
+	if st := waitRegistryVersion(t, srv, 1); st.Version == "" || st.Snapshots != 1 {
+		t.Fatalf("stats = %+v", st)
+	}
+}
+
+func TestHealthSetWakesOnlyOnChange(t *testing.T) {
+	h := NewHealthSet()
+	ch := h.Changed()
+	h.Set("p", "10.0.0.1:80", false) // already healthy: no change
+	select {
+	case <-ch:
+		t.Fatal("woke without a change")
+	default:
+	}
+	h.Set("p", "10.0.0.1:80", true)
+	select {
+	case <-ch:
+	default:
+		t.Fatal("no wake-up after a change")
+	}
+	if !h.Unhealthy("p", "10.0.0.1:80") || h.Unhealthy("q", "10.0.0.1:80") {
+		t.Fatal("wrong answers")
+	}
+}

@@ -1,0 +1,397 @@
+// Package translator owns the last translation stage: it turns an ir.Config
+// into Envoy v3 resources (listeners, routes, clusters, endpoints) for the
+// snapshot cache. It is the only switchyard package that builds Envoy
+// protos; it makes no routing decisions of its own. Every resource is
+// checked with its generated Validate() before it is returned.
+package translator
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	streamv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	leastrequestv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/least_request/v3"
+	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
+	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	metadatav3 "github.com/envoyproxy/go-control-plane/envoy/type/metadata/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/switchyard/switchyard/xds/ir"
+)
+
+// Resources are Envoy resources keyed by xDS type URL, each list sorted by
+// resource name.
+type Resources map[resource.Type][]types.Resource
+
+// ProcessingMode is the ext_proc processing mode switchyard configures. It
+// is the single place to change what Envoy sends the picker: headers and
+// trailers in both directions, bodies as full-duplex streams (the Endpoint
+// Picker Protocol requires FULL_DUPLEX_STREAMED, and Envoy requires the
+// matching trailer mode to be SEND).
+func ProcessingMode() *extprocv3.ProcessingMode {
+	return &extprocv3.ProcessingMode{
+		RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
+		RequestBodyMode:     extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		RequestTrailerMode:  extprocv3.ProcessingMode_SEND,
+		ResponseHeaderMode:  extprocv3.ProcessingMode_SEND,
+		ResponseBodyMode:    extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		ResponseTrailerMode: extprocv3.ProcessingMode_SEND,
+	}
+}
+
+// Extension names used in the generated config.
+const (
+	hcmFilterName      = "envoy.filters.network.http_connection_manager"
+	extProcFilterName  = "envoy.filters.http.ext_proc"
+	routerFilterName   = "envoy.filters.http.router"
+	overrideHostPolicy = "envoy.load_balancing_policies.override_host"
+	leastRequestPolicy = "envoy.load_balancing_policies.least_request"
+	previousHostsName  = "envoy.retry_host_predicates.previous_hosts"
+	httpProtocolKey    = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+	stdoutAccessLog    = "envoy.access_loggers.stdout"
+)
+
+// Translate builds every resource for cfg. It returns all problems joined;
+// on error the Resources must not be published.
+func Translate(cfg *ir.Config) (Resources, error) {
+	t := &translation{res: Resources{}}
+	t.add(resource.ClusterType, t.pickerCluster(cfg.Picker))
+	for _, p := range cfg.Pools {
+		t.add(resource.ClusterType, t.poolCluster(p))
+		t.add(resource.EndpointType, loadAssignment(p))
+	}
+	for _, l := range cfg.Listeners {
+		t.add(resource.ListenerType, t.listener(cfg.Picker, l))
+		t.add(resource.RouteType, t.routeConfig(l))
+	}
+	for _, list := range t.res {
+		sort.Slice(list, func(i, j int) bool { return resourceName(list[i]) < resourceName(list[j]) })
+	}
+	if err := errors.Join(t.errs...); err != nil {
+		return nil, err
+	}
+	return t.res, nil
+}
+
+type translation struct {
+	res  Resources
+	errs []error
+}
+
+type validator interface{ Validate() error }
+
+// add validates r and appends it under typ.
+func (t *translation) add(typ resource.Type, r types.Resource) {
+	if r == nil {
+		return
+	}
+	if v, ok := r.(validator); ok {
+		if err := v.Validate(); err != nil {
+			t.errs = append(t.errs, fmt.Errorf("%s %q: %w", typ, resourceName(r), err))
+			return
+		}
+	}
+	t.res[typ] = append(t.res[typ], r)
+}
+
+// any packs m, recording a failure.
+func (t *translation) any(m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil {
+		t.errs = append(t.errs, fmt.Errorf("pack %T: %w", m, err))
+	}
+	return a
+}
+
+func resourceName(r types.Resource) string {
+	if n, ok := r.(interface{ GetName() string }); ok {
+		return n.GetName()
+	}
+	if c, ok := r.(*endpointv3.ClusterLoadAssignment); ok {
+		return c.GetClusterName()
+	}
+	return ""
+}
+
+func dur(d time.Duration) *durationpb.Duration { return durationpb.New(d) }
+
+func socket(a ir.Address) *corev3.Address {
+	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+		Address:       a.IP,
+		PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: a.Port},
+	}}}
+}
+
+func adsSource() *corev3.ConfigSource {
+	return &corev3.ConfigSource{
+		ResourceApiVersion:    corev3.ApiVersion_V3,
+		ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+	}
+}
+
+// pickerCluster is the picker's gRPC cluster: HTTP/2, actively health
+// checked with the ext_proc gRPC health service, and with a panic threshold
+// of 0 so that a dead picker has no host at all and ext_proc fails when it
+// opens the stream, before any request body is sent.
+func (t *translation) pickerCluster(p ir.Picker) *clusterv3.Cluster {
+	h2 := &httpv3.HttpProtocolOptions{
+		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+			ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
+				Http2ProtocolOptions: &corev3.Http2ProtocolOptions{},
+			},
+		}},
+	}
+	return &clusterv3.Cluster{
+		Name:                 p.ClusterName,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
+		ConnectTimeout:       dur(p.ConnectTimeout),
+		LoadAssignment: &endpointv3.ClusterLoadAssignment{
+			ClusterName: p.ClusterName,
+			Endpoints: []*endpointv3.LocalityLbEndpoints{{
+				LbEndpoints: []*endpointv3.LbEndpoint{lbEndpoint(p.Address)},
+			}},
+		},
+		TypedExtensionProtocolOptions: map[string]*anypb.Any{httpProtocolKey: t.any(h2)},
+		HealthChecks: []*corev3.HealthCheck{{
+			Timeout:            dur(p.HealthTimeout),
+			Interval:           dur(p.HealthInterval),
+			NoTrafficInterval:  dur(p.HealthInterval),
+			UnhealthyThreshold: wrapperspb.UInt32(1),
+			HealthyThreshold:   wrapperspb.UInt32(1),
+			HealthChecker: &corev3.HealthCheck_GrpcHealthCheck_{GrpcHealthCheck: &corev3.HealthCheck_GrpcHealthCheck{
+				ServiceName: p.HealthService,
+			}},
+		}},
+		CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{
+			HealthyPanicThreshold: &typev3.Percent{Value: 0},
+		},
+		// Eject the picker on its first local-origin failure (connection
+		// refused, reset, connect timeout), so a crashed picker stops being
+		// tried at once instead of at the next health check: with no host
+		// left, ext_proc fails when opening the stream, which is what makes
+		// fail-open work. gRPC errors the picker returns on purpose never
+		// eject it (consecutive 5xx enforcement is off).
+		OutlierDetection: &clusterv3.OutlierDetection{
+			SplitExternalLocalOriginErrors:         true,
+			ConsecutiveLocalOriginFailure:          wrapperspb.UInt32(1),
+			EnforcingConsecutiveLocalOriginFailure: wrapperspb.UInt32(100),
+			EnforcingConsecutive_5Xx:               wrapperspb.UInt32(0),
+			EnforcingSuccessRate:                   wrapperspb.UInt32(0),
+			Interval:                               dur(p.HealthInterval),
+			BaseEjectionTime:                       dur(p.HealthInterval),
+			MaxEjectionTime:                        dur(5 * p.HealthInterval),
+			MaxEjectionPercent:                     wrapperspb.UInt32(100),
+		},
+	}
+}
+
+// poolCluster is a pool's EDS cluster using override_host: the host comes
+// only from the picker's envoy.lb metadata (never a client header), the
+// served host is written back to envoy.lb, and least_request balances when
+// no metadata is present (fail-open traffic).
+func (t *translation) poolCluster(p ir.Pool) *clusterv3.Cluster {
+	oh := &overridehostv3.OverrideHost{
+		OverrideHostSources: []*overridehostv3.OverrideHost_OverrideHostSource{{
+			Metadata: metadataKey(ir.LBNamespace, ir.DestinationKey),
+		}},
+		SelectedHostKey: metadataKey(ir.LBNamespace, ir.ServedKey),
+		FallbackPolicy: &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
+			TypedExtensionConfig: &corev3.TypedExtensionConfig{
+				Name:        leastRequestPolicy,
+				TypedConfig: t.any(&leastrequestv3.LeastRequest{}),
+			},
+		}}},
+	}
+	h1 := &httpv3.HttpProtocolOptions{
+		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+			ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{
+				HttpProtocolOptions: &corev3.Http1ProtocolOptions{},
+			},
+		}},
+	}
+	limit := wrapperspb.UInt32(p.MaxRequests)
+	return &clusterv3.Cluster{
+		Name:                 p.ClusterName,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig:     &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsSource()},
+		ConnectTimeout:       dur(p.ConnectTimeout),
+		LoadBalancingPolicy: &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
+			TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: overrideHostPolicy, TypedConfig: t.any(oh)},
+		}}},
+		CircuitBreakers: &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{
+			Priority:           corev3.RoutingPriority_DEFAULT,
+			MaxConnections:     limit,
+			MaxPendingRequests: limit,
+			MaxRequests:        limit,
+			MaxRetries:         limit,
+		}}},
+		TypedExtensionProtocolOptions: map[string]*anypb.Any{httpProtocolKey: t.any(h1)},
+	}
+}
+
+func metadataKey(namespace, key string) *metadatav3.MetadataKey {
+	return &metadatav3.MetadataKey{
+		Key:  namespace,
+		Path: []*metadatav3.MetadataKey_PathSegment{{Segment: &metadatav3.MetadataKey_PathSegment_Key{Key: key}}},
+	}
+}
+
+func lbEndpoint(a ir.Address) *endpointv3.LbEndpoint {
+	return &endpointv3.LbEndpoint{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: socket(a)}}}
+}
+
+// loadAssignment is a pool's EDS resource; an empty pool has no endpoints
+// (requests routed to it get 503 no healthy upstream).
+func loadAssignment(p ir.Pool) *endpointv3.ClusterLoadAssignment {
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: p.ClusterName}
+	if len(p.Endpoints) == 0 {
+		return cla
+	}
+	loc := &endpointv3.LocalityLbEndpoints{}
+	for _, a := range p.Endpoints {
+		loc.LbEndpoints = append(loc.LbEndpoints, lbEndpoint(a))
+	}
+	cla.Endpoints = []*endpointv3.LocalityLbEndpoints{loc}
+	return cla
+}
+
+// extProc is the picker filter of every listener.
+func (t *translation) extProc(p ir.Picker, l ir.Listener) *extprocv3.ExternalProcessor {
+	return &extprocv3.ExternalProcessor{
+		GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{
+			ClusterName: p.ClusterName,
+		}}},
+		FailureModeAllow:  l.FailureModeAllow,
+		ProcessingMode:    ProcessingMode(),
+		MessageTimeout:    dur(p.MessageTimeout),
+		AllowModeOverride: false,
+		StatusOnError:     &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable},
+		MetadataOptions: &extprocv3.MetadataOptions{
+			ForwardingNamespaces: &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{ir.LBNamespace, ir.SubsetHintNamespace}},
+			ReceivingNamespaces:  &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{ir.LBNamespace}},
+		},
+	}
+}
+
+func (t *translation) listener(p ir.Picker, l ir.Listener) *listenerv3.Listener {
+	hcm := &hcmv3.HttpConnectionManager{
+		CodecType:  hcmv3.HttpConnectionManager_AUTO,
+		StatPrefix: l.StatPrefix,
+		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
+			ConfigSource:    adsSource(),
+			RouteConfigName: l.RouteConfigName,
+		}},
+		StreamIdleTimeout: dur(l.StreamIdleTimeout),
+		// Headers must arrive promptly (slow-loris protection); bodies and
+		// streamed responses are governed by the stream idle timeout.
+		RequestHeadersTimeout: dur(10 * time.Second),
+		// Envoy is the edge: judge clients by their connection address,
+		// never by a client-sent x-forwarded-for, and count no address as
+		// internal. Every request is then external, so Envoy strips the
+		// x-envoy-* headers a client could use to force retries of
+		// non-idempotent LLM POSTs or change timeouts.
+		UseRemoteAddress:      wrapperspb.Bool(true),
+		InternalAddressConfig: &hcmv3.HttpConnectionManager_InternalAddressConfig{},
+		HttpFilters: []*hcmv3.HttpFilter{
+			{Name: extProcFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: t.any(t.extProc(p, l))}},
+			{Name: routerFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: t.any(&routerv3.Router{})}},
+		},
+	}
+	if l.AccessLog {
+		hcm.AccessLog = []*accesslogv3.AccessLog{{
+			Name:       stdoutAccessLog,
+			ConfigType: &accesslogv3.AccessLog_TypedConfig{TypedConfig: t.any(&streamv3.StdoutAccessLog{})},
+		}}
+	}
+	addr := socket(l.Address)
+	if l.Address.IP == "::" {
+		// "[::]:port" means every address: accept IPv4 clients too.
+		addr.GetSocketAddress().Ipv4Compat = true
+	}
+	return &listenerv3.Listener{
+		Name:    l.Name,
+		Address: addr,
+		FilterChains: []*listenerv3.FilterChain{{
+			Filters: []*listenerv3.Filter{{
+				Name:       hcmFilterName,
+				ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: t.any(hcm)},
+			}},
+		}},
+	}
+}
+
+func (t *translation) routeConfig(l ir.Listener) *routev3.RouteConfiguration {
+	vh := &routev3.VirtualHost{Name: l.Name, Domains: []string{"*"}}
+	for _, r := range l.Routes {
+		vh.Routes = append(vh.Routes, t.route(r))
+	}
+	return &routev3.RouteConfiguration{Name: l.RouteConfigName, VirtualHosts: []*routev3.VirtualHost{vh}}
+}
+
+func (t *translation) route(r ir.Route) *routev3.Route {
+	m := &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}}
+	if r.PoolHeader != "" {
+		m.Headers = []*routev3.HeaderMatcher{{
+			Name: ir.PoolHeader,
+			HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
+				MatchPattern: &matcherv3.StringMatcher_Exact{Exact: r.PoolHeader},
+			}},
+		}}
+	}
+	if r.Picked != ir.PickedAny {
+		m.DynamicMetadata = []*matcherv3.MetadataMatcher{{
+			Filter: ir.LBNamespace,
+			Path:   []*matcherv3.MetadataMatcher_PathSegment{{Segment: &matcherv3.MetadataMatcher_PathSegment_Key{Key: ir.DestinationKey}}},
+			Value:  &matcherv3.ValueMatcher{MatchPattern: &matcherv3.ValueMatcher_PresentMatch{PresentMatch: true}},
+			Invert: r.Picked == ir.PickedNo,
+		}}
+	}
+	out := &routev3.Route{Name: r.Name, Match: m}
+	if r.Direct != nil {
+		out.Action = &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{
+			Status: r.Direct.Status,
+			Body:   &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: r.Direct.Body}},
+		}}
+		out.ResponseHeadersToAdd = []*corev3.HeaderValueOption{{
+			Header:       &corev3.HeaderValue{Key: "content-type", Value: r.Direct.ContentType},
+			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+		}}
+		return out
+	}
+	ra := &routev3.RouteAction{
+		ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: r.Cluster},
+		Timeout:          dur(r.Timeout),
+	}
+	if r.Retry != nil {
+		ra.RetryPolicy = &routev3.RetryPolicy{
+			RetryOn:    r.Retry.On,
+			NumRetries: wrapperspb.UInt32(r.Retry.NumRetries),
+			RetryHostPredicate: []*routev3.RetryPolicy_RetryHostPredicate{{
+				Name:       previousHostsName,
+				ConfigType: &routev3.RetryPolicy_RetryHostPredicate_TypedConfig{TypedConfig: t.any(&previoushostsv3.PreviousHostsPredicate{})},
+			}},
+			HostSelectionRetryMaxAttempts: r.Retry.HostSelectionMaxAttempts,
+		}
+	}
+	out.Action = &routev3.Route_Route{Route: ra}
+	return out
+}

@@ -1,0 +1,224 @@
+package translator
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/switchyard/switchyard/registry"
+	"github.com/switchyard/switchyard/xds/ir"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/out golden files")
+
+func vllmPool(name string, mode registry.FailureMode, addrs ...string) *registry.Pool {
+	p := &registry.Pool{Name: name, Engine: registry.EngineVLLM, FailureMode: mode, MetricsPath: "/metrics"}
+	for _, a := range addrs {
+		p.Endpoints = append(p.Endpoints, registry.Endpoint{Address: a, Source: "file"})
+	}
+	return p
+}
+
+func state(listeners []registry.Listener, pools ...*registry.Pool) *registry.State {
+	s := registry.Empty()
+	s.Listeners = listeners
+	for _, p := range pools {
+		s.Pools[p.Name] = p
+	}
+	return s
+}
+
+var oneListener = []registry.Listener{{Name: "public", Address: "0.0.0.0:8080"}}
+
+// goldenCases maps a case name to its input. Outputs live in
+// testdata/out/<case>.<type>.json.
+func goldenCases() map[string]struct {
+	state  *registry.State
+	opts   ir.Options
+	health ir.HealthFunc
+} {
+	type tc = struct {
+		state  *registry.State
+		opts   ir.Options
+		health ir.HealthFunc
+	}
+	draining := vllmPool("llama", registry.FailClosed, "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000")
+	draining.Endpoints[1].Draining = true
+	failOpenDefault := state(oneListener,
+		vllmPool("llama", registry.FailOpen, "10.0.0.1:8000"),
+		vllmPool("qwen", registry.FailClosed, "10.0.1.1:8000"))
+	failOpenDefault.Routing.DefaultPool = "llama"
+	return map[string]tc{
+		"single-pool": {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000", "10.0.0.2:8000"))},
+		"multi-pool": {
+			state: state([]registry.Listener{{Name: "public", Address: "0.0.0.0:8080"}, {Name: "internal", Address: "127.0.0.1:8081"}},
+				vllmPool("llama", registry.FailClosed, "10.0.0.1:8000", "10.0.0.2:8000"),
+				vllmPool("qwen", registry.FailClosed, "10.0.1.1:8000")),
+			opts: ir.Options{PickerAddr: "10.1.0.5:9002", PerListener: map[string]ir.ListenerOptions{"internal": {AccessLog: true, RouteTimeout: 600_000_000_000}}},
+		},
+		"fail-open-pool": {state: failOpenDefault},
+		"ipv6-endpoint":  {state: state([]registry.Listener{{Name: "public", Address: "[::]:8080"}}, vllmPool("llama", registry.FailClosed, "[2001:db8::1]:8000", "10.0.0.1:8000"))},
+		"draining":       {state: state(oneListener, draining)},
+		"empty-pool":     {state: state(oneListener, vllmPool("llama", registry.FailClosed))},
+		"unhealthy":      {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000", "10.0.0.2:8000")), health: func(pool, addr string) bool { return addr == "10.0.0.2:8000" }},
+		"no-retries":     {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), opts: ir.Options{DisableRetries: true}},
+		"empty-state":    {state: registry.Empty()},
+		"all-unhealthy":  {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), health: func(string, string) bool { return true }},
+		"two-fail-open":  {state: state(oneListener, vllmPool("a", registry.FailOpen, "10.0.0.1:8000"), vllmPool("b", registry.FailOpen, "10.0.0.2:8000"))},
+	}
+}
+
+var typeSuffix = map[resource.Type]string{
+	resource.ListenerType: "listeners",
+	resource.RouteType:    "routes",
+	resource.ClusterType:  "clusters",
+	resource.EndpointType: "endpoints",
+}
+
+// render turns resources into stable, indented JSON (protojson output is
+// deliberately unstable, so it is re-encoded through encoding/json).
+func render(t *testing.T, list []types.Resource) []byte {
+	t.Helper()
+	var out []any
+	for _, r := range list {
+		b, err := protojson.Marshal(r)
+		if err != nil {
+			t.Fatalf("marshal: %v", err)
+		}
+		var v any
+		if err := json.Unmarshal(b, &v); err != nil {
+			t.Fatalf("unmarshal: %v", err)
+		}
+		out = append(out, v)
+	}
+	b, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(b, '\n')
+}
+
+func TestGolden(t *testing.T) {
+	want := map[string]bool{}
+	for name, c := range goldenCases() {
+		for _, suffix := range typeSuffix {
+			want[name+"."+suffix+".json"] = true
+		}
+		t.Run(name, func(t *testing.T) {
+			cfg, err := ir.Build(c.state, c.opts, c.health)
+			if err != nil {
+				t.Fatalf("build: %v", err)
+			}
+			res, err := Translate(cfg)
+			if err != nil {
+				t.Fatalf("translate: %v", err)
+			}
+			for typ, suffix := range typeSuffix {
+				got := render(t, res[typ])
+				path := filepath.Join("testdata", "out", name+"."+suffix+".json")
+				if *update {
+					if err := os.WriteFile(path, got, 0o644); err != nil {
+						t.Fatal(err)
+					}
+					continue
+				}
+				exp, err := os.ReadFile(path)
+				if err != nil {
+					t.Fatalf("read golden (run with -update): %v", err)
+				}
+				if !bytes.Equal(got, exp) {
+					t.Errorf("%s differs from golden; rerun with -update and review the diff\n--- got ---\n%s", path, got)
+				}
+			}
+		})
+	}
+	// Prune outputs of cases that no longer exist.
+	files, _ := filepath.Glob(filepath.Join("testdata", "out", "*.json"))
+	for _, f := range files {
+		if want[filepath.Base(f)] {
+			continue
+		}
+		if *update {
+			_ = os.Remove(f)
+		} else {
+			t.Errorf("orphaned golden file %s (run with -update to prune)", f)
+		}
+	}
+}
+
+func TestTranslateIsDeterministic(t *testing.T) {
+	c := goldenCases()["multi-pool"]
+	var first [][]byte
+	for i := 0; i < 5; i++ {
+		cfg, err := ir.Build(c.state, c.opts, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := Translate(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cur [][]byte
+		for _, typ := range []resource.Type{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType} {
+			cur = append(cur, render(t, res[typ]))
+		}
+		if first == nil {
+			first = cur
+			continue
+		}
+		for j := range cur {
+			if !bytes.Equal(cur[j], first[j]) {
+				t.Fatalf("run %d differs from run 0", i)
+			}
+		}
+	}
+}
+
+func TestResourcesSortedByName(t *testing.T) {
+	c := goldenCases()["multi-pool"]
+	cfg, err := ir.Build(c.state, c.opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Translate(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantClusters := []string{"pool/llama", "pool/qwen", "switchyard/picker"}
+	var got []string
+	for _, r := range res[resource.ClusterType] {
+		got = append(got, resourceName(r))
+	}
+	if strings.Join(got, ",") != strings.Join(wantClusters, ",") {
+		t.Fatalf("clusters = %v, want %v", got, wantClusters)
+	}
+	for typ, list := range res {
+		if !sort.SliceIsSorted(list, func(i, j int) bool { return resourceName(list[i]) < resourceName(list[j]) }) {
+			t.Errorf("%s not sorted", typ)
+		}
+	}
+}
+
+func TestTranslateRejectsInvalidResource(t *testing.T) {
+	// A listener port above 65535 passes the IR (uint32) but fails the
+	// generated proto validation, which must surface as an error.
+	cfg := &ir.Config{
+		Picker: ir.Picker{ClusterName: ir.PickerCluster, Address: ir.Address{IP: "127.0.0.1", Port: 9002}, ConnectTimeout: 1, HealthInterval: 1, HealthTimeout: 1, MessageTimeout: 1},
+		Listeners: []ir.Listener{{
+			Name: "listener/x", RouteConfigName: "listener/x/routes", StatPrefix: "x",
+			Address: ir.Address{IP: "127.0.0.1", Port: 70000},
+		}},
+	}
+	if _, err := Translate(cfg); err == nil || !strings.Contains(err.Error(), "listener/x") {
+		t.Fatalf("err = %v, want a validation error naming listener/x", err)
+	}
+}
