@@ -1,0 +1,571 @@
+package prefix
+
+import (
+	"math/bits"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Defaults for Config fields left zero.
+const (
+	// DefaultCapacity is an endpoint's LRU size in blocks when its KV block
+	// count is unknown (a 16-token block Llama-3-8B on one H100 has ~28k).
+	DefaultCapacity = 16384
+	// DefaultMaxCapacity clamps any endpoint's LRU size.
+	DefaultMaxCapacity = 1 << 18
+	// MaxEndpoints is how many endpoints one Index tracks at once.
+	MaxEndpoints = 1 << 16
+)
+
+const (
+	shardBits = 6
+	numShards = 1 << shardBits
+)
+
+// Config sizes an Index.
+type Config struct {
+	// DefaultCapacity is the per-endpoint LRU size (blocks) until
+	// SetCapacity is called for it; 0 means DefaultCapacity.
+	DefaultCapacity int
+	// MaxCapacity clamps every endpoint's capacity; 0 means
+	// DefaultMaxCapacity.
+	MaxCapacity int
+}
+
+// Hit says an endpoint likely holds the first Blocks blocks of a prompt.
+type Hit struct {
+	Endpoint string
+	Blocks   int
+}
+
+// Index is an approximate prefix-cache model for a set of endpoints that
+// share one Hasher configuration (normally one pool). All methods are safe
+// for concurrent use. Match takes only read locks on hash shards; Add locks
+// one endpoint and the shards of the hashes it inserts or evicts.
+type Index struct {
+	cfg    Config
+	shards [numShards]shard
+
+	mu      sync.Mutex // serialises endpoint creation and removal
+	table   atomic.Pointer[epTable]
+	freeIDs []uint16
+	nextID  int
+
+	scratch sync.Pool // *matchScratch
+}
+
+type shard struct {
+	mu sync.RWMutex
+	// m maps a block hash to the bitset of endpoint ids 0..255 holding it;
+	// over holds the bits of ids >= 256 (words 4 and up), only for indexes
+	// that ever had that many endpoints. Both are pointer-free or small,
+	// so the garbage collector does not scan the big map.
+	m    table[holders]
+	over map[uint64][]uint64
+	_    [32]byte // keep neighbouring shards' locks on separate cache lines
+}
+
+const holderWords = 4
+
+// holders is the set of endpoint ids below 256 whose LRU holds a block.
+type holders [holderWords]uint64
+
+func (h *holders) empty() bool { return h[0]|h[1]|h[2]|h[3] == 0 }
+
+type epTable struct {
+	byName map[string]*endpoint
+	byID   []*endpoint // nil where free
+}
+
+// endpoint is one endpoint's LRU of block hashes: a map from hash to slot
+// and an intrusive doubly linked list over a slot array (head = most
+// recently used).
+type endpoint struct {
+	name string
+	id   uint16
+
+	mu         sync.Mutex
+	removed    bool
+	capacity   int
+	slots      table[int32] // hash -> node index
+	nodes      []lruNode
+	head, tail int32
+}
+
+type lruNode struct {
+	hash       uint64
+	prev, next int32
+}
+
+// NewIndex returns an empty Index.
+func NewIndex(cfg Config) *Index {
+	if cfg.MaxCapacity <= 0 {
+		cfg.MaxCapacity = DefaultMaxCapacity
+	}
+	if cfg.DefaultCapacity <= 0 {
+		cfg.DefaultCapacity = DefaultCapacity
+	}
+	cfg.DefaultCapacity = min(cfg.DefaultCapacity, cfg.MaxCapacity)
+	x := &Index{cfg: cfg}
+	for i := range x.shards {
+		x.shards[i].m = newTable[holders](0)
+	}
+	x.table.Store(&epTable{byName: map[string]*endpoint{}})
+	x.scratch.New = func() any { return &matchScratch{} }
+	return x
+}
+
+func (x *Index) shardOf(h uint64) *shard { return &x.shards[h>>(64-shardBits)] }
+
+func (x *Index) addHolder(h uint64, id uint16) {
+	s := x.shardOf(h)
+	w, bit := int(id/64), uint64(1)<<(id%64)
+	s.mu.Lock()
+	if w < holderWords {
+		if v, ok := s.m.get(h); ok {
+			v[w] |= bit
+		} else {
+			var v holders
+			v[w] = bit
+			s.m.put(h, v)
+		}
+	} else {
+		if s.over == nil {
+			s.over = map[uint64][]uint64{}
+		}
+		o := s.over[h]
+		for len(o) <= w-holderWords {
+			o = append(o, 0)
+		}
+		o[w-holderWords] |= bit
+		s.over[h] = o
+		if _, ok := s.m.get(h); !ok {
+			s.m.put(h, holders{}) // presence marker: the hash is held
+		}
+	}
+	s.mu.Unlock()
+}
+
+func (x *Index) dropHolder(h uint64, id uint16) {
+	s := x.shardOf(h)
+	w, bit := int(id/64), uint64(1)<<(id%64)
+	s.mu.Lock()
+	v, ok := s.m.get(h)
+	if ok {
+		if w < holderWords {
+			v[w] &^= bit
+		} else if o := s.over[h]; w-holderWords < len(o) {
+			o[w-holderWords] &^= bit
+		}
+		if v.empty() && overEmpty(s.over[h]) {
+			s.m.del(h)
+			delete(s.over, h)
+		}
+	}
+	s.mu.Unlock()
+}
+
+func overEmpty(o []uint64) bool {
+	for _, w := range o {
+		if w != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// lookup returns the live endpoint called name, creating it if create is
+// set; nil if absent (or the Index is full).
+func (x *Index) lookup(name string, create bool) *endpoint {
+	if ep := x.table.Load().byName[name]; ep != nil || !create {
+		return ep
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	old := x.table.Load()
+	if ep := old.byName[name]; ep != nil {
+		return ep
+	}
+	var id uint16
+	switch {
+	case len(x.freeIDs) > 0:
+		id = x.freeIDs[len(x.freeIDs)-1]
+		x.freeIDs = x.freeIDs[:len(x.freeIDs)-1]
+	case x.nextID < MaxEndpoints:
+		id = uint16(x.nextID)
+		x.nextID++
+	default:
+		return nil
+	}
+	ep := &endpoint{name: name, id: id, capacity: x.cfg.DefaultCapacity, slots: newTable[int32](min(x.cfg.DefaultCapacity, 1024)), head: -1, tail: -1}
+	next := &epTable{byName: make(map[string]*endpoint, len(old.byName)+1), byID: make([]*endpoint, max(len(old.byID), int(id)+1))}
+	for k, v := range old.byName {
+		next.byName[k] = v
+	}
+	copy(next.byID, old.byID)
+	next.byName[name] = ep
+	next.byID[id] = ep
+	x.table.Store(next)
+	return ep
+}
+
+// Add records that the blocks hashes (a prompt's chain, root first) were
+// just routed to endpoint, making them its most recently used entries, the
+// root most recent of all so that prompt tails are evicted first, as a
+// server's cache does. New endpoints get the default capacity.
+func (x *Index) Add(endpoint string, hashes []uint64) {
+	if len(hashes) == 0 {
+		return
+	}
+	for {
+		ep := x.lookup(endpoint, true)
+		if ep == nil {
+			return // index full
+		}
+		ep.mu.Lock()
+		if ep.removed {
+			ep.mu.Unlock()
+			continue // raced with Remove; use the fresh endpoint
+		}
+		for i := len(hashes) - 1; i >= 0; i-- {
+			x.touch(ep, hashes[i])
+		}
+		ep.mu.Unlock()
+		return
+	}
+}
+
+// touch makes h ep's most recent entry, evicting its least recent one if
+// full. ep.mu must be held.
+func (x *Index) touch(ep *endpoint, h uint64) {
+	if s, ok := ep.slots.get(h); ok {
+		ep.moveToFront(*s)
+		return
+	}
+	var s int32
+	if ep.slots.n >= ep.capacity {
+		s = ep.tail
+		old := ep.nodes[s].hash
+		ep.unlink(s)
+		ep.slots.del(old)
+		x.dropHolder(old, ep.id)
+	} else {
+		s = int32(len(ep.nodes))
+		ep.nodes = append(ep.nodes, lruNode{})
+	}
+	ep.nodes[s].hash = h
+	ep.slots.put(h, s)
+	ep.pushFront(s)
+	x.addHolder(h, ep.id)
+}
+
+func (ep *endpoint) unlink(s int32) {
+	n := &ep.nodes[s]
+	if n.prev >= 0 {
+		ep.nodes[n.prev].next = n.next
+	} else {
+		ep.head = n.next
+	}
+	if n.next >= 0 {
+		ep.nodes[n.next].prev = n.prev
+	} else {
+		ep.tail = n.prev
+	}
+	n.prev, n.next = -1, -1
+}
+
+func (ep *endpoint) pushFront(s int32) {
+	n := &ep.nodes[s]
+	n.prev = -1
+	n.next = ep.head
+	if ep.head >= 0 {
+		ep.nodes[ep.head].prev = s
+	}
+	ep.head = s
+	if ep.tail < 0 {
+		ep.tail = s
+	}
+}
+
+func (ep *endpoint) moveToFront(s int32) {
+	if ep.head == s {
+		return
+	}
+	ep.unlink(s)
+	ep.pushFront(s)
+}
+
+// compact rebuilds ep's slot array in LRU order so it holds exactly its
+// entries (after shrinking). ep.mu must be held.
+func (ep *endpoint) compact() {
+	hashes := make([]uint64, 0, ep.slots.n)
+	for s := ep.head; s >= 0; s = ep.nodes[s].next {
+		hashes = append(hashes, ep.nodes[s].hash)
+	}
+	ep.nodes = make([]lruNode, len(hashes))
+	ep.slots = newTable[int32](len(hashes))
+	ep.head, ep.tail = -1, -1
+	for i := len(hashes) - 1; i >= 0; i-- {
+		s := int32(i)
+		ep.nodes[s].hash = hashes[i]
+		ep.slots.put(hashes[i], s)
+		ep.pushFront(s)
+	}
+}
+
+// SetCapacity sizes endpoint's LRU to blocks (clamped to MaxCapacity;
+// <= 0 means the default), creating the endpoint if needed and evicting its
+// least recent entries if it shrinks. Callers pass the server's KV block
+// count (vLLM num_gpu_blocks) once known.
+func (x *Index) SetCapacity(endpoint string, blocks int) {
+	if blocks <= 0 {
+		blocks = x.cfg.DefaultCapacity
+	}
+	blocks = min(blocks, x.cfg.MaxCapacity)
+	for {
+		ep := x.lookup(endpoint, true)
+		if ep == nil {
+			return
+		}
+		ep.mu.Lock()
+		if ep.removed {
+			ep.mu.Unlock()
+			continue
+		}
+		if ep.capacity != blocks {
+			shrunk := blocks < len(ep.nodes)
+			ep.capacity = blocks
+			for ep.slots.n > blocks {
+				s := ep.tail
+				h := ep.nodes[s].hash
+				ep.unlink(s)
+				ep.slots.del(h)
+				x.dropHolder(h, ep.id)
+			}
+			if shrunk {
+				ep.compact()
+			}
+		}
+		ep.mu.Unlock()
+		return
+	}
+}
+
+// Remove forgets the endpoint called name and everything routed to it. It is a no-op for
+// an unknown endpoint.
+func (x *Index) Remove(name string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	old := x.table.Load()
+	ep := old.byName[name]
+	if ep == nil {
+		return
+	}
+	ep.mu.Lock()
+	for s := ep.head; s >= 0; s = ep.nodes[s].next {
+		x.dropHolder(ep.nodes[s].hash, ep.id)
+	}
+	ep.removed = true
+	ep.slots, ep.nodes = table[int32]{}, nil
+	ep.head, ep.tail = -1, -1
+	ep.mu.Unlock()
+
+	next := &epTable{byName: make(map[string]*endpoint, len(old.byName)), byID: append([]*endpoint(nil), old.byID...)}
+	for k, v := range old.byName {
+		if k != name {
+			next.byName[k] = v
+		}
+	}
+	next.byID[ep.id] = nil
+	x.table.Store(next)
+	x.freeIDs = append(x.freeIDs, ep.id)
+}
+
+// Endpoints returns the tracked endpoint names, sorted.
+func (x *Index) Endpoints() []string {
+	t := x.table.Load()
+	out := make([]string, 0, len(t.byName))
+	for n := range t.byName {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+type matchScratch struct {
+	active []uint64 // bitset of endpoint ids still matching
+	next   []uint64
+	hits   []idHit
+	byID   []int32 // MatchInto's per-id counts, all zero between uses
+}
+
+type idHit struct {
+	id     uint16
+	blocks int
+}
+
+// match computes, for each endpoint holding hashes[0], how many leading
+// hashes it holds (stopping at its first miss), into sc.hits. It walks the
+// chain once, intersecting the set of still-matching endpoints with each
+// block's holders, a few word ANDs per block.
+func (x *Index) match(hashes []uint64, sc *matchScratch) {
+	sc.hits = sc.hits[:0]
+	if len(hashes) == 0 {
+		return
+	}
+	words := max(holderWords, (len(x.table.Load().byID)+63)/64)
+	if cap(sc.active) < words {
+		sc.active = make([]uint64, words)
+		sc.next = make([]uint64, words)
+	}
+	active, next := sc.active[:words], sc.next[:words]
+	if !x.holdersInto(hashes[0], active) {
+		return
+	}
+	for i := 1; i < len(hashes); i++ {
+		any := x.holdersInto(hashes[i], next)
+		alive := false
+		for w := range active {
+			n := next[w] & active[w]
+			// Endpoints that dropped out matched exactly i blocks.
+			for gone := active[w] &^ n; gone != 0; gone &= gone - 1 {
+				sc.hits = append(sc.hits, idHit{id: uint16(w*64 + bits.TrailingZeros64(gone)), blocks: i})
+			}
+			active[w] = n
+			alive = alive || n != 0
+		}
+		if !any || !alive {
+			return
+		}
+	}
+	for w := range active {
+		for rest := active[w]; rest != 0; rest &= rest - 1 {
+			sc.hits = append(sc.hits, idHit{id: uint16(w*64 + bits.TrailingZeros64(rest)), blocks: len(hashes)})
+		}
+	}
+}
+
+// holdersInto overwrites dst with the holder bitset of h and reports
+// whether any endpoint holds it.
+func (x *Index) holdersInto(h uint64, dst []uint64) bool {
+	s := x.shardOf(h)
+	s.mu.RLock()
+	var v holders
+	p, ok := s.m.get(h)
+	if ok {
+		v = *p
+	}
+	copy(dst, v[:])
+	if len(dst) > holderWords {
+		rest := dst[holderWords:]
+		o := s.over[h]
+		n := copy(rest, o)
+		clear(rest[n:])
+	}
+	s.mu.RUnlock()
+	return ok
+}
+
+// Match appends to dst, for every endpoint holding at least the first
+// block, the number of leading blocks of hashes it likely holds (the
+// longest matched prefix: counting stops at an endpoint's first miss), and
+// returns the extended slice in no particular order. With a dst of enough
+// capacity it does not allocate.
+func (x *Index) Match(hashes []uint64, dst []Hit) []Hit {
+	sc := x.scratch.Get().(*matchScratch)
+	x.match(hashes, sc)
+	t := x.table.Load()
+	for _, h := range sc.hits {
+		if int(h.id) < len(t.byID) && t.byID[h.id] != nil {
+			dst = append(dst, Hit{Endpoint: t.byID[h.id].name, Blocks: h.blocks})
+		}
+	}
+	x.scratch.Put(sc)
+	return dst
+}
+
+// MatchInto sets out[i] to the number of leading blocks of hashes that
+// endpoints[i] likely holds (0 if none or unknown). out must be at least as
+// long as endpoints. It does not allocate; scorers can use it directly.
+func (x *Index) MatchInto(hashes []uint64, endpoints []string, out []int) {
+	clear(out[:len(endpoints)])
+	sc := x.scratch.Get().(*matchScratch)
+	x.match(hashes, sc)
+	if len(sc.hits) > 0 {
+		t := x.table.Load()
+		// Spread the hits by endpoint id, then read them back by name.
+		if len(sc.byID) < len(t.byID) {
+			sc.byID = make([]int32, len(t.byID))
+		}
+		for _, h := range sc.hits {
+			if int(h.id) < len(sc.byID) {
+				sc.byID[h.id] = int32(h.blocks)
+			}
+		}
+		for i, name := range endpoints {
+			if ep := t.byName[name]; ep != nil && int(ep.id) < len(sc.byID) {
+				out[i] = int(sc.byID[ep.id])
+			}
+		}
+		for _, h := range sc.hits {
+			if int(h.id) < len(sc.byID) {
+				sc.byID[h.id] = 0
+			}
+		}
+	}
+	x.scratch.Put(sc)
+}
+
+// EndpointStats describes one endpoint's LRU.
+type EndpointStats struct {
+	Entries  int
+	Capacity int
+}
+
+// Stats reports an Index's size.
+type Stats struct {
+	Endpoints int
+	// Entries is the total number of per-endpoint LRU entries.
+	Entries int
+	// Blocks is the number of distinct block hashes held by any endpoint.
+	Blocks int
+	// Bytes is the size of the index's arrays (hash tables, LRU nodes,
+	// overflow bitsets), excluding small fixed overheads.
+	Bytes       int64
+	PerEndpoint map[string]EndpointStats
+}
+
+// Stats returns the Index's current size. It briefly locks each shard and
+// endpoint in turn, so it is meant for metrics, not the hot path.
+func (x *Index) Stats() Stats {
+	const (
+		lruSlot    = int(unsafe.Sizeof(int32(0)))
+		lruNode    = int64(unsafe.Sizeof(lruNode{}))
+		globalSlot = int(unsafe.Sizeof(holders{}))
+		// A Go map entry of the rare overflow bitsets, roughly.
+		overEntry = 48
+	)
+	t := x.table.Load()
+	st := Stats{Endpoints: len(t.byName), PerEndpoint: make(map[string]EndpointStats, len(t.byName))}
+	for name, ep := range t.byName {
+		ep.mu.Lock()
+		es := EndpointStats{Entries: ep.slots.n, Capacity: ep.capacity}
+		st.Bytes += ep.slots.bytes(lruSlot) + int64(cap(ep.nodes))*lruNode
+		ep.mu.Unlock()
+		st.PerEndpoint[name] = es
+		st.Entries += es.Entries
+	}
+	for i := range x.shards {
+		s := &x.shards[i]
+		s.mu.RLock()
+		st.Blocks += s.m.n
+		st.Bytes += s.m.bytes(globalSlot)
+		for _, o := range s.over {
+			st.Bytes += overEntry + int64(cap(o))*8
+		}
+		s.mu.RUnlock()
+	}
+	return st
+}

@@ -1,0 +1,581 @@
+package prefix
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// block returns a 64-character block made of c.
+func block(c byte) string { return strings.Repeat(string(c), 64) }
+
+func hits(x *Index, hashes []uint64) map[string]int {
+	out := map[string]int{}
+	for _, h := range x.Match(hashes, nil) {
+		out[h.Endpoint] = h.Blocks
+	}
+	return out
+}
+
+func TestHasherBlocks(t *testing.T) {
+	t.Parallel()
+	h := NewHasher(HashConfig{})
+	if h.BlockChars() != 64 || h.MaxBlocks() != 256 {
+		t.Fatalf("defaults: %d chars, %d blocks", h.BlockChars(), h.MaxBlocks())
+	}
+	if got := NewHasher(HashConfig{BlockTokens: 32, CharsPerToken: 3.5}).BlockChars(); got != 112 {
+		t.Errorf("32 tokens * 3.5 chars = %d, want 112", got)
+	}
+
+	shared := block('a') + block('b') + block('c')
+	p1 := shared + block('d') + "tail"
+	p2 := shared + block('e') + block('f')
+	h1 := h.Hash(nil, "m", p1)
+	h2 := h.Hash(nil, "m", p2)
+	if len(h1) != 4 || len(h2) != 5 {
+		t.Fatalf("block counts %d, %d; want 4 (partial tail ignored), 5", len(h1), len(h2))
+	}
+	if !slices.Equal(h1[:3], h2[:3]) || h1[3] == h2[3] {
+		t.Fatalf("shared prefix not reflected: %x vs %x", h1, h2)
+	}
+	if got := h.Hash(nil, "m", block('a')[:63]); len(got) != 0 {
+		t.Errorf("a 63-char prompt has %d blocks, want 0", len(got))
+	}
+
+	// Chain property: the same block after a different parent hashes
+	// differently.
+	x := h.Hash(nil, "m", block('a')+block('z'))
+	y := h.Hash(nil, "m", block('b')+block('z'))
+	if x[1] == y[1] {
+		t.Error("block hash ignores its parent")
+	}
+	// The model seeds the chain.
+	if other := h.Hash(nil, "adapter-1", p1); other[0] == h1[0] {
+		t.Error("model name does not change the hashes")
+	}
+	// Appends to dst and is deterministic across Hashers.
+	dst := h.Hash([]uint64{7}, "m", p1)
+	if dst[0] != 7 || !slices.Equal(dst[1:], NewHasher(HashConfig{}).Hash(nil, "m", p1)) {
+		t.Error("Hash must append deterministically")
+	}
+	// A different seed changes hashes and the fingerprint.
+	hs := NewHasher(HashConfig{Seed: 42})
+	if hs.Hash(nil, "m", p1)[0] == h1[0] || hs.Fingerprint() == h.Fingerprint() {
+		t.Error("seed ignored")
+	}
+	if NewHasher(HashConfig{BlockTokens: 8}).Fingerprint() == h.Fingerprint() {
+		t.Error("fingerprint ignores block size")
+	}
+	// Pin the algorithm: persisted hashes depend on it. Change the
+	// Fingerprint version if this value changes.
+	if got := h.Hash(nil, "", block('a'))[0]; got != 0x4a3a509f142b1111 {
+		t.Errorf("hash of one 'a' block = %#x; algorithm changed?", got)
+	}
+}
+
+func TestHasherMaxBlocks(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("x", 64*300)
+	if n := len(NewHasher(HashConfig{}).Hash(nil, "m", long)); n != 256 {
+		t.Errorf("default cap: %d blocks", n)
+	}
+	if n := len(NewHasher(HashConfig{MaxBlocks: 10}).Hash(nil, "m", long)); n != 10 {
+		t.Errorf("cap 10: %d blocks", n)
+	}
+}
+
+func TestHashSpread(t *testing.T) {
+	t.Parallel()
+	// Blocks differing in one byte, at any position, never collide, and
+	// the shard index (top bits) is spread.
+	h := NewHasher(HashConfig{})
+	seen := map[uint64]bool{}
+	shards := map[uint64]int{}
+	base := []byte(block('q'))
+	for pos := 0; pos < 64; pos++ {
+		for c := 0; c < 64; c++ {
+			b := bytes.Clone(base)
+			b[pos] = byte(c)
+			v := h.Hash(nil, "m", string(b))[0]
+			if seen[v] {
+				t.Fatalf("collision at pos %d byte %d", pos, c)
+			}
+			seen[v] = true
+			shards[v>>(64-shardBits)]++
+		}
+	}
+	if len(shards) != numShards {
+		t.Errorf("only %d of %d shards used", len(shards), numShards)
+	}
+}
+
+func TestMatchLongestPrefix(t *testing.T) {
+	t.Parallel()
+	h := NewHasher(HashConfig{})
+	x := NewIndex(Config{})
+	shared := block('a') + block('b') + block('c')
+	p1 := h.Hash(nil, "m", shared+block('d'))
+	p2 := h.Hash(nil, "m", shared+block('e')+block('f'))
+
+	x.Add("10.0.0.1:8000", p1)
+	if got := hits(x, p2); !reflect.DeepEqual(got, map[string]int{"10.0.0.1:8000": 3}) {
+		t.Fatalf("two prompts sharing 3 blocks: %v", got)
+	}
+	if got := hits(x, p1); got["10.0.0.1:8000"] != 4 {
+		t.Fatalf("same prompt: %v", got)
+	}
+	// B holds blocks 0 and 2 but not 1: the match stops at the first miss.
+	x.Add("10.0.0.2:8000", p1[:1])
+	x.Add("10.0.0.2:8000", p1[2:3])
+	// C holds block 1 only: without the root it matches nothing.
+	x.Add("10.0.0.3:8000", p1[1:2])
+	want := map[string]int{"10.0.0.1:8000": 4, "10.0.0.2:8000": 1}
+	if got := hits(x, p1); !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %v want %v", got, want)
+	}
+	// The chain property end to end: block 'z' after a different parent.
+	x.Add("10.0.0.4:8000", h.Hash(nil, "m", block('y')+block('z')))
+	if got := hits(x, h.Hash(nil, "m", block('a')+block('z'))); got["10.0.0.4:8000"] != 0 || got["10.0.0.1:8000"] != 1 {
+		t.Fatalf("chain: %v", got)
+	}
+
+	out := make([]int, 3)
+	x.MatchInto(p1, []string{"10.0.0.2:8000", "unknown:1", "10.0.0.1:8000"}, out)
+	if !slices.Equal(out, []int{1, 0, 4}) {
+		t.Fatalf("MatchInto = %v", out)
+	}
+	if got := x.Match(nil, nil); len(got) != 0 {
+		t.Fatalf("empty query: %v", got)
+	}
+}
+
+func TestLRUEvictionAndCapacity(t *testing.T) {
+	t.Parallel()
+	x := NewIndex(Config{DefaultCapacity: 4})
+	const ep = "e:1"
+	a := []uint64{1, 2, 3} // a chain: root 1
+	b := []uint64{10, 11}
+	x.Add(ep, a)
+	// Root most recent: 1, 2, 3.
+	if got := x.Export(0).Endpoints[0].Hashes; !slices.Equal(got, []uint64{1, 2, 3}) {
+		t.Fatalf("order after first add: %v", got)
+	}
+	x.Add(ep, b) // inserting 10 at capacity evicts 3, the least recent.
+	if got := x.Export(0).Endpoints[0].Hashes; !slices.Equal(got, []uint64{10, 11, 1, 2}) {
+		t.Fatalf("order after second add: %v", got)
+	}
+	if got := hits(x, a); got[ep] != 2 {
+		t.Fatalf("after evicting the tail block: %v", got)
+	}
+	x.Add(ep, []uint64{2}) // touch 2: 2, 10, 11, 1
+	x.Add(ep, []uint64{20})
+	if got := x.Export(0).Endpoints[0].Hashes; !slices.Equal(got, []uint64{20, 2, 10, 11}) {
+		t.Fatalf("order after touch: %v", got)
+	}
+	if got := hits(x, a); len(got) != 0 {
+		t.Fatalf("root evicted, yet matched: %v", got)
+	}
+	st := x.Stats()
+	if st.Entries != 4 || st.PerEndpoint[ep] != (EndpointStats{Entries: 4, Capacity: 4}) || st.Blocks != 4 || st.Bytes <= 0 {
+		t.Fatalf("stats %+v", st)
+	}
+
+	// Shrinking evicts the least recent entries.
+	x.SetCapacity(ep, 2)
+	if got := x.Export(0).Endpoints[0].Hashes; !slices.Equal(got, []uint64{20, 2}) {
+		t.Fatalf("after shrink: %v", got)
+	}
+	if got := hits(x, []uint64{10}); len(got) != 0 {
+		t.Fatalf("evicted block still matched: %v", got)
+	}
+	x.Add(ep, []uint64{30, 31, 32})
+	if st := x.Stats(); st.Entries != 2 || st.Blocks != 2 {
+		t.Fatalf("capacity not enforced: %+v", st)
+	}
+	// Growing keeps entries and allows more.
+	x.SetCapacity(ep, 1000)
+	x.Add(ep, []uint64{40, 41, 42})
+	if got := x.Export(0).Endpoints[0].Hashes; !slices.Equal(got, []uint64{40, 41, 42, 30, 31}) {
+		t.Fatalf("after grow: %v", got)
+	}
+	// Capacity is clamped.
+	y := NewIndex(Config{MaxCapacity: 8})
+	y.SetCapacity(ep, 1<<20)
+	if c := y.Stats().PerEndpoint[ep].Capacity; c != 8 {
+		t.Fatalf("clamped capacity %d", c)
+	}
+}
+
+func TestRemove(t *testing.T) {
+	t.Parallel()
+	x := NewIndex(Config{})
+	chain := []uint64{100, 101, 102}
+	x.Add("a", chain)
+	x.Add("b", chain[:2])
+	x.Remove("a")
+	x.Remove("never-added")
+	if got := hits(x, chain); !reflect.DeepEqual(got, map[string]int{"b": 2}) {
+		t.Fatalf("after Remove: %v", got)
+	}
+	st := x.Stats()
+	if st.Endpoints != 1 || st.Entries != 2 || st.Blocks != 2 {
+		t.Fatalf("stats after remove %+v", st)
+	}
+	if !slices.Equal(x.Endpoints(), []string{"b"}) {
+		t.Fatalf("endpoints %v", x.Endpoints())
+	}
+	// A new endpoint reuses the freed id without inheriting anything.
+	x.Add("c", []uint64{200})
+	if got := hits(x, chain); !reflect.DeepEqual(got, map[string]int{"b": 2}) {
+		t.Fatalf("new endpoint inherited entries: %v", got)
+	}
+	x.Add("a", chain[:1])
+	if got := hits(x, chain); !reflect.DeepEqual(got, map[string]int{"a": 1, "b": 2}) {
+		t.Fatalf("re-added endpoint: %v", got)
+	}
+	checkInvariants(t, x)
+}
+
+func TestManyEndpointsOverflowBits(t *testing.T) {
+	t.Parallel()
+	// Ids from 256 up live in the overflow bitsets; exercise both.
+	x := NewIndex(Config{DefaultCapacity: 8})
+	chain := []uint64{1, 2, 3, 4}
+	want := map[string]int{}
+	for i := range 300 {
+		name := fmt.Sprintf("ep%03d", i)
+		n := 1 + i%4
+		x.Add(name, chain[:n])
+		want[name] = n
+	}
+	if got := hits(x, chain); !reflect.DeepEqual(got, want) {
+		t.Fatalf("300 endpoints: %d hits, mismatch", len(got))
+	}
+	checkInvariants(t, x)
+	for i := 0; i < 300; i += 2 {
+		x.Remove(fmt.Sprintf("ep%03d", i))
+		delete(want, fmt.Sprintf("ep%03d", i))
+	}
+	if got := hits(x, chain); !reflect.DeepEqual(got, want) {
+		t.Fatalf("after removing half: %d hits, mismatch", len(got))
+	}
+	checkInvariants(t, x)
+	for i := 1; i < 300; i += 2 {
+		x.Remove(fmt.Sprintf("ep%03d", i))
+	}
+	if st := x.Stats(); st.Blocks != 0 || st.Entries != 0 {
+		t.Fatalf("empty index keeps %+v", st)
+	}
+	checkInvariants(t, x)
+}
+
+// checkInvariants verifies that the global hash -> holders map is exactly
+// the union of the endpoint LRUs and that capacities hold.
+func checkInvariants(t *testing.T, x *Index) {
+	t.Helper()
+	want := map[uint64][]uint16{}
+	tbl := x.table.Load()
+	for name, ep := range tbl.byName {
+		ep.mu.Lock()
+		if ep.slots.n > ep.capacity {
+			t.Errorf("%s: %d entries > capacity %d", name, ep.slots.n, ep.capacity)
+		}
+		n := 0
+		for s := ep.head; s >= 0; s = ep.nodes[s].next {
+			n++
+			want[ep.nodes[s].hash] = append(want[ep.nodes[s].hash], ep.id)
+		}
+		if n != ep.slots.n {
+			t.Errorf("%s: list has %d nodes, map %d", name, n, ep.slots.n)
+		}
+		ep.mu.Unlock()
+		if tbl.byID[ep.id] != ep {
+			t.Errorf("%s: id table mismatch", name)
+		}
+	}
+	got := map[uint64][]uint16{}
+	for i := range x.shards {
+		sh := &x.shards[i]
+		sh.m.each(func(h uint64, v *holders) {
+			words := append(slices.Clone(v[:]), sh.over[h]...)
+			var ids []uint16
+			for w, word := range words {
+				for b := 0; b < 64; b++ {
+					if word&(1<<b) != 0 {
+						ids = append(ids, uint16(w*64+b))
+					}
+				}
+			}
+			if len(ids) == 0 {
+				t.Errorf("hash %x kept with no holders", h)
+			}
+			got[h] = ids
+		})
+		for h := range sh.over {
+			if _, ok := sh.m.get(h); !ok {
+				t.Errorf("overflow bits for %x without a main entry", h)
+			}
+		}
+	}
+	for h := range want {
+		slices.Sort(want[h])
+		slices.Sort(got[h])
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("global index differs from endpoint LRUs:\n got %v\nwant %v", got, want)
+	}
+}
+
+func TestConcurrentUse(t *testing.T) {
+	t.Parallel()
+	x := NewIndex(Config{DefaultCapacity: 64})
+	h := NewHasher(HashConfig{BlockTokens: 1, CharsPerToken: 8})
+	prompts := make([][]uint64, 20)
+	for i := range prompts {
+		p := fmt.Sprintf("system prompt shared by all!%08d", i%4) + strings.Repeat(fmt.Sprintf("%08d", i), 10)
+		prompts[i] = h.Hash(nil, "m", p)
+	}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(g), 1))
+			var dst []Hit
+			out := make([]int, 3)
+			for i := range 2000 {
+				ep := fmt.Sprintf("ep%d", r.IntN(6))
+				p := prompts[r.IntN(len(prompts))]
+				switch op := r.IntN(100); {
+				case op < 45:
+					x.Add(ep, p)
+				case op < 90:
+					dst = x.Match(p, dst[:0])
+					for _, hit := range dst {
+						if hit.Blocks < 1 || hit.Blocks > len(p) {
+							t.Errorf("impossible hit %+v", hit)
+						}
+					}
+					x.MatchInto(p, []string{"ep0", "ep1", "ep2"}, out)
+				case op < 94:
+					x.SetCapacity(ep, 16+r.IntN(64))
+				case op < 97:
+					x.Remove(ep)
+				default:
+					_ = x.Stats()
+					_ = x.Export(0)
+				}
+				_ = i
+			}
+		}()
+	}
+	wg.Wait()
+	checkInvariants(t, x)
+}
+
+func TestExportImportRoundTrip(t *testing.T) {
+	t.Parallel()
+	h := NewHasher(HashConfig{})
+	x := NewIndex(Config{DefaultCapacity: 50})
+	r := rand.New(rand.NewPCG(1, 2))
+	var queries [][]uint64
+	for i := range 40 {
+		var sb strings.Builder
+		for range 1 + r.IntN(8) {
+			sb.WriteString(block(byte('a' + r.IntN(3))))
+		}
+		p := h.Hash(nil, "m", sb.String())
+		queries = append(queries, p)
+		x.Add(fmt.Sprintf("10.0.0.%d:8000", i%5), p)
+	}
+	x.SetCapacity("10.0.0.1:8000", 7)
+	d := x.Export(h.Fingerprint())
+	b, err := d.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Dump
+	if err := back.UnmarshalBinary(b); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, d) {
+		t.Fatalf("binary round trip changed the dump")
+	}
+	if back.Fingerprint != h.Fingerprint() {
+		t.Fatal("fingerprint lost")
+	}
+	y := NewIndex(Config{})
+	y.Import(back)
+	if got := y.Export(h.Fingerprint()); !reflect.DeepEqual(got, d) {
+		t.Fatalf("import/export changed LRU order or capacity:\n got %+v\nwant %+v", got, d)
+	}
+	for _, q := range queries {
+		if a, b := hits(x, q), hits(y, q); !reflect.DeepEqual(a, b) {
+			t.Fatalf("match differs after import: %v vs %v", a, b)
+		}
+	}
+	checkInvariants(t, y)
+
+	for _, bad := range [][]byte{nil, []byte("XXXX\x01"), b[:len(b)-3], append([]byte("SYPX\x09"), b[5:]...)} {
+		var d Dump
+		if err := d.UnmarshalBinary(bad); !errors.Is(err, ErrBadDump) {
+			t.Errorf("corrupt dump %q...: err = %v", bad[:min(len(bad), 6)], err)
+		}
+	}
+}
+
+// --- benchmarks ---
+
+func prompt8k(seed int) string {
+	r := rand.New(rand.NewPCG(uint64(seed), 7))
+	words := []string{"the ", "model ", "server ", "cache ", "prefix ", "token ", "route ", "envoy ", "picker ", "block "}
+	var sb strings.Builder
+	for sb.Len() < 32<<10 {
+		sb.WriteString(words[r.IntN(len(words))])
+	}
+	return sb.String()[:32<<10]
+}
+
+func BenchmarkHash8kTokens(b *testing.B) {
+	p := prompt8k(1)
+	for _, maxBlocks := range []int{DefaultMaxBlocks, 512} {
+		b.Run(fmt.Sprintf("maxBlocks=%d", maxBlocks), func(b *testing.B) {
+			h := NewHasher(HashConfig{MaxBlocks: maxBlocks})
+			dst := make([]uint64, 0, 512)
+			b.SetBytes(int64(min(len(p), maxBlocks*h.BlockChars())))
+			b.ReportAllocs()
+			for b.Loop() {
+				dst = h.Hash(dst[:0], "llama", p)
+			}
+		})
+	}
+}
+
+// populated100 returns an index of 100 endpoints that each served 40 8k
+// prompts sharing a 2k-token system prompt, plus a query prompt sharing it.
+//
+// Each endpoint's LRU holds 4096 blocks (less than the 5248 routed to it),
+// so the index is in its steady state: every new block evicts one.
+func populated100(b *testing.B) (*Index, Hasher, []string, string) {
+	h := NewHasher(HashConfig{})
+	x := NewIndex(Config{DefaultCapacity: 4096})
+	system := prompt8k(0)[:8<<10]
+	eps := make([]string, 100)
+	var hs []uint64
+	for i := range eps {
+		eps[i] = fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250)
+		for j := range 40 {
+			hs = h.Hash(hs[:0], "llama", system+prompt8k(i*100 + j)[8<<10:])
+			x.Add(eps[i], hs)
+		}
+	}
+	return x, h, eps, system + prompt8k(999999)[8<<10:]
+}
+
+func BenchmarkMatch100Endpoints(b *testing.B) {
+	x, h, _, q := populated100(b)
+	hs := h.Hash(nil, "llama", q)
+	dst := make([]Hit, 0, 128)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		dst = x.Match(hs, dst[:0])
+	}
+	if len(dst) != 100 || dst[0].Blocks != 128 {
+		b.Fatalf("unexpected hits %d %+v", len(dst), dst[0])
+	}
+}
+
+// BenchmarkHashMatchInto100Endpoints is the part of a scheduling decision
+// on the request's critical path: hash an 8k-token prompt and score 100
+// endpoints by name.
+func BenchmarkHashMatchInto100Endpoints(b *testing.B) {
+	x, h, eps, q := populated100(b)
+	hs := make([]uint64, 0, 512)
+	out := make([]int, len(eps))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		hs = h.Hash(hs[:0], "llama", q)
+		x.MatchInto(hs, eps, out)
+	}
+	if out[0] != 128 {
+		b.Fatalf("matched %d blocks", out[0])
+	}
+}
+
+// BenchmarkHashMatchAdd100Endpoints is the per-request prefix work of a
+// scheduling decision: hash an 8k-token prompt, score 100 endpoints,
+// record the pick.
+func BenchmarkHashMatchAdd100Endpoints(b *testing.B) {
+	x, h, eps, _ := populated100(b)
+	system := prompt8k(0)[:8<<10]
+	queries := make([]string, 64)
+	for i := range queries {
+		queries[i] = system + prompt8k(5000000 + i)[8<<10:]
+	}
+	hs := make([]uint64, 0, 512)
+	out := make([]int, len(eps))
+	b.ReportAllocs()
+	b.ResetTimer()
+	i := 0
+	for b.Loop() {
+		hs = h.Hash(hs[:0], "llama", queries[i%len(queries)])
+		x.MatchInto(hs, eps, out)
+		best := 0
+		for j, n := range out {
+			if n > out[best] {
+				best = j
+			}
+		}
+		x.Add(eps[(best+i)%len(eps)], hs)
+		i++
+	}
+}
+
+func BenchmarkParallelMatchAdd(b *testing.B) {
+	x, h, eps, q := populated100(b)
+	hs := h.Hash(nil, "llama", q)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		dst := make([]Hit, 0, 128)
+		i := 0
+		for pb.Next() {
+			dst = x.Match(hs, dst[:0])
+			x.Add(eps[i%len(eps)], hs)
+			i++
+		}
+	})
+}
+
+// BenchmarkAddAtCapacity records 8k-token prompts (128 shared, 128 new
+// blocks each) into a full LRU, so every new block evicts one.
+func BenchmarkAddAtCapacity(b *testing.B) {
+	h := NewHasher(HashConfig{})
+	x := NewIndex(Config{DefaultCapacity: 4096})
+	system := prompt8k(0)[:8<<10]
+	queries := make([][]uint64, 256)
+	for i := range queries {
+		queries[i] = h.Hash(nil, "llama", system+prompt8k(1000 + i)[8<<10:])
+	}
+	for _, q := range queries {
+		x.Add("ep", q) // fill: 128 + 256*128 blocks > capacity
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	i := 0
+	for b.Loop() {
+		x.Add("ep", queries[i%len(queries)])
+		i++
+	}
+	if st := x.Stats(); st.Entries != 4096 {
+		b.Fatalf("entries %d", st.Entries)
+	}
+}
