@@ -2,6 +2,13 @@
 // from (HCL files, Consul) and merges every source into one immutable,
 // versioned State. Consumers (the picker, the xDS translator) only ever read
 // a *State and wait for the next one; they never mutate it.
+//
+// Data flows one way: each Source sends its full contribution as an Update;
+// the Manager merges the latest Update of every source (Merge), checks the
+// result (Validate), and publishes it with Version+1 through a Publisher,
+// which consumers read as a View. A source that fails to refresh, or a
+// merged state that does not validate, never replaces the last good state.
+// The HCL file source lives in registry/hclfile.
 package registry
 
 import (
@@ -60,8 +67,8 @@ type Pool struct {
 	MetricsPath string
 	// Scheduling is the pool's scheduler configuration; nil means defaults.
 	Scheduling *Scheduling
-	// DeclRange is where the pool was declared, for diagnostics ("" if not
-	// from a file).
+	// DeclRange is where the pool was declared ("file:line:column"), for
+	// diagnostics ("" if not from a file).
 	DeclRange string
 }
 
@@ -103,6 +110,9 @@ type Model struct {
 	// Targets, when non-empty, rewrite the request's model to one of these
 	// names chosen by weight.
 	Targets []Target
+	// DeclRange is where the model was declared ("file:line:column"), for
+	// diagnostics ("" if not from a file).
+	DeclRange string
 }
 
 // Sheddable reports whether requests for this model may be shed with 429.
@@ -112,6 +122,9 @@ func (m *Model) Sheddable() bool { return m.Priority < 0 }
 type Listener struct {
 	Name    string
 	Address string // "ip:port"
+	// DeclRange is where the listener was declared ("file:line:column"),
+	// for diagnostics ("" if not from a file).
+	DeclRange string
 }
 
 // Routing holds settings that apply to every request.

@@ -1,0 +1,65 @@
+// Command switchyard is the xDS control plane and endpoint picker for plain
+// Envoy fleets serving LLMs.
+//
+//	switchyard serve    -config PATH [flags]   run the control plane
+//	switchyard validate -config PATH           check configuration files
+//	switchyard version                         print the version
+//
+// main only parses the command line and wires packages together; every
+// behaviour lives in the packages it calls.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		// After the first signal, restore the default behaviour so that a
+		// second Ctrl-C kills a shutdown that hangs.
+		<-ctx.Done()
+		stop()
+	}()
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+const usage = `switchyard: xDS control plane and endpoint picker for Envoy fleets serving LLMs.
+
+Usage:
+  switchyard serve    -config PATH [flags]   run the control plane and picker
+  switchyard validate -config PATH           check configuration files and exit
+  switchyard version                         print the version and exit
+
+Run "switchyard COMMAND -h" for the flags of a command.
+`
+
+// run executes one command and returns the process exit code: 0 on
+// success, 1 on failure, 2 on a usage error.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "serve":
+		return serveCmd(ctx, args[1:], stdout, stderr)
+	case "validate":
+		return validateCmd(args[1:], stdout, stderr)
+	case "version":
+		return versionCmd(args[1:], stdout, stderr)
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "switchyard: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+}

@@ -1,0 +1,201 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/switchyard/switchyard/internal/testutil"
+)
+
+// runBinary runs the built switchyard in this package's directory and
+// returns its exit code, stdout and stderr.
+func runBinary(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	cmd := exec.Command(testutil.Binary(t, "switchyard"), args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, stdout.String(), stderr.String()
+	case errors.As(err, &exit):
+		return exit.ExitCode(), stdout.String(), stderr.String()
+	default:
+		t.Fatalf("run %v: %v", args, err)
+		return 0, "", ""
+	}
+}
+
+func TestValidateCommand(t *testing.T) {
+	t.Parallel()
+	root := testutil.RepoRoot(t)
+	cases := []struct {
+		desc   string
+		args   []string
+		code   int
+		stdout string
+		stderr []string
+	}{
+		{desc: "single pool", args: []string{"validate", "-config", filepath.Join(root, "examples/single-pool.hcl")},
+			stdout: "ok: 1 pool, 1 model, 1 listener\n"},
+		{desc: "multi pool", args: []string{"validate", "-config", filepath.Join(root, "examples/multi-pool.hcl")},
+			stdout: "ok: 2 pools, 4 models, 1 listener\n"},
+		{desc: "demo directory", args: []string{"validate", "-config", filepath.Join(root, "examples/demo")},
+			stdout: "ok: 1 pool, 4 models, 1 listener\n"},
+		{desc: "bad file", args: []string{"validate", "-config", "testdata/bad.hcl"}, code: 1, stderr: []string{
+			"Error: Unknown pool\n\n  on testdata/bad.hcl line 4, in model \"chat\":\n   4:   pool = \"lama\"\n",
+			`Pool "lama" is not defined (defined pools: "llama").`,
+			"Error: Invalid address\n\n  on testdata/bad.hcl line 8, in listener \"public\":\n   8:   address = \"localhost:8080\"\n",
+			"testdata/bad.hcl:4:10: error: Unknown pool: Pool \"lama\" is not defined",
+			"testdata/bad.hcl:8:13: error: Invalid address: \"localhost:8080\": \"localhost\" is not an IP address",
+			"2 errors\n",
+		}},
+		{desc: "directory without hcl", args: []string{"validate", "-config", "testdata/../../../registry/hclfile/testdata/nohcl"}, code: 1,
+			stderr: []string{"Error: No configuration files", "contains no *.hcl files", "1 error\n"}},
+		{desc: "missing config flag", args: []string{"validate"}, code: 2, stderr: []string{"-config is required", "Usage: switchyard validate"}},
+		{desc: "stray argument", args: []string{"validate", "-config", "x.hcl", "extra"}, code: 2, stderr: []string{"unexpected arguments"}},
+		{desc: "unknown command", args: []string{"frobnicate"}, code: 2, stderr: []string{`unknown command "frobnicate"`, "Usage:"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			code, stdout, stderr := runBinary(t, tc.args...)
+			if code != tc.code {
+				t.Errorf("exit code %d, want %d\nstdout: %s\nstderr: %s", code, tc.code, stdout, stderr)
+			}
+			if tc.code == 0 && stdout != tc.stdout {
+				t.Errorf("stdout = %q, want %q", stdout, tc.stdout)
+			}
+			if missing := testutil.ContainsAll(stderr, tc.stderr...); len(missing) > 0 {
+				t.Errorf("stderr lacks %q:\n%s", missing, stderr)
+			}
+		})
+	}
+}
+
+func TestHelpListsEveryFlag(t *testing.T) {
+	t.Parallel()
+	code, stdout, _ := runBinary(t, "-h")
+	if code != 0 || testutil.ContainsAll(stdout, "serve", "validate", "version") != nil {
+		t.Errorf("switchyard -h: exit %d\n%s", code, stdout)
+	}
+	code, _, stderr := runBinary(t, "serve", "-h")
+	if code != 0 {
+		t.Errorf("serve -h exit code %d", code)
+	}
+	if missing := testutil.ContainsAll(stderr, "-config path", "-extproc-addr address", "127.0.0.1:9002",
+		"-xds-addr address", "127.0.0.1:18000", "-admin-addr address", "127.0.0.1:9090",
+		"-log-level level", "-log-format format", "SIGHUP"); len(missing) > 0 {
+		t.Errorf("serve -h lacks %q:\n%s", missing, stderr)
+	}
+	code, _, stderr = runBinary(t, "validate", "-h")
+	if code != 0 || !strings.Contains(stderr, "-config path") {
+		t.Errorf("validate -h: exit %d\n%s", code, stderr)
+	}
+}
+
+func TestVersionCommand(t *testing.T) {
+	t.Parallel()
+	code, stdout, _ := runBinary(t, "version")
+	if code != 0 || !strings.HasPrefix(stdout, "switchyard devel") || !strings.Contains(stdout, "go1.") {
+		t.Errorf("version: exit %d, %q", code, stdout)
+	}
+}
+
+func TestVersionLdflagsOverride(t *testing.T) {
+	// Not parallel: it sets the package-level ldflags variable.
+	old := version
+	version = "v9.8.7"
+	defer func() { version = old }()
+	var out bytes.Buffer
+	if code := run(context.Background(), []string{"version"}, &out, &out); code != 0 || !strings.HasPrefix(out.String(), "switchyard v9.8.7 (") {
+		t.Fatalf("version: %d %q", code, out.String())
+	}
+}
+
+func TestServeRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	code, _, stderr := runBinary(t, "serve", "-config", "testdata/bad.hcl")
+	if code != 1 || !strings.Contains(stderr, "testdata/bad.hcl:4:10: error: Unknown pool") {
+		t.Errorf("exit %d, stderr:\n%s", code, stderr)
+	}
+	code, _, stderr = runBinary(t, "serve", "-config", "testdata/bad.hcl", "-log-format", "xml")
+	if code != 2 || !strings.Contains(stderr, `bad -log-format "xml"`) {
+		t.Errorf("exit %d, stderr:\n%s", code, stderr)
+	}
+}
+
+// TestServe runs the binary: it publishes the configuration, applies edits,
+// survives a bad edit, reloads on SIGHUP and shuts down cleanly on SIGTERM.
+func TestServe(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cfg := func(port int) string {
+		return fmt.Sprintf("listener \"l\" {\n  address = \"127.0.0.1:8080\"\n}\npool \"p\" {\n  endpoints = [\"127.0.0.1:%d\"]\n}\nmodel \"m\" {\n  pool = \"p\"\n}\n", port)
+	}
+	file := testutil.WriteFile(t, dir, "switchyard.hcl", cfg(8001))
+	p := testutil.Start(t, "switchyard", testutil.Binary(t, "switchyard"), "serve", "-config", dir,
+		"-log-format", "json", "-log-level", "debug", "-extproc-addr", testutil.FreeAddr(t), "-xds-addr", testutil.FreeAddr(t), "-admin-addr", testutil.FreeAddr(t))
+	waitOutput := func(what string, want ...string) {
+		t.Helper()
+		testutil.Eventually(t, 10*time.Second, what, func() error {
+			if p.Exited() {
+				return errors.New("switchyard exited:\n" + p.Output())
+			}
+			if missing := testutil.ContainsAll(p.Output(), want...); len(missing) > 0 {
+				return fmt.Errorf("output lacks %q", missing)
+			}
+			return nil
+		})
+	}
+	waitOutput("version 1 published", `"msg":"registry state published","version":1,"pools":1,"models":1,"listeners":1`)
+
+	testutil.WriteFile(t, dir, "bad.hcl", "model \"x\" {\n  pool = \"nope\"\n}\n")
+	waitOutput("bad edit reported", `"msg":"registry source refresh failed; keeping its last good contribution"`,
+		filepath.Join(dir, "bad.hcl")+`:2:10: error: Unknown pool`)
+	if err := os.Remove(filepath.Join(dir, "bad.hcl")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte(cfg(8002)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitOutput("good edit published", `"msg":"registry state published","version":2`)
+
+	// The reload re-reads identical content, which must not make a version.
+	unchanged := strings.Count(p.Output(), `"msg":"registry state unchanged","version":2`)
+	if err := p.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitOutput("SIGHUP handled", `"msg":"SIGHUP: reloading configuration"`, `"msg":"reloading configuration"`)
+	testutil.Eventually(t, 10*time.Second, "reload applied", func() error {
+		if n := strings.Count(p.Output(), `"msg":"registry state unchanged","version":2`); n <= unchanged {
+			return fmt.Errorf("no unchanged-state log after SIGHUP")
+		}
+		return nil
+	})
+
+	if err := p.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("switchyard did not exit after SIGTERM")
+	}
+	if code := p.Cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM\n%s", code, p.Output())
+	}
+	if out := p.Output(); !strings.Contains(out, `"msg":"shut down"`) || strings.Contains(out, `"version":3`) {
+		t.Fatalf("unexpected output:\n%s", out)
+	}
+}

@@ -1,0 +1,199 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/switchyard/switchyard/registry"
+	"github.com/switchyard/switchyard/registry/hclfile"
+)
+
+// shutdownGrace is how long serve waits for components to stop after the
+// shutdown signal before giving up on them.
+const shutdownGrace = 15 * time.Second
+
+// serveFlags are the serve command's settings.
+type serveFlags struct {
+	config      string
+	extprocAddr string
+	xdsAddr     string
+	adminAddr   string
+	logLevel    string
+	logFormat   string
+}
+
+func (f *serveFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.config, "config", "", "configuration `path`: an HCL file, or a directory whose *.hcl files are merged (required); re-read on change and on SIGHUP")
+	fs.StringVar(&f.extprocAddr, "extproc-addr", "127.0.0.1:9002", "`address` of the picker's ext_proc gRPC server that Envoy calls for every request")
+	fs.StringVar(&f.xdsAddr, "xds-addr", "127.0.0.1:18000", "`address` of the xDS (ADS) gRPC server Envoy fetches its configuration from")
+	fs.StringVar(&f.adminAddr, "admin-addr", "127.0.0.1:9090", "`address` of the admin HTTP server (status page, /metrics, health)")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
+	fs.StringVar(&f.logFormat, "log-format", "text", "log `format`: text or json")
+}
+
+func serveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f serveFlags
+	f.register(fs)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: switchyard serve -config PATH [flags]
+
+Runs the control plane: loads the configuration, serves Envoy its listeners,
+clusters and endpoints over xDS, and picks an endpoint for every request
+over ext_proc. Configuration changes (file edits, SIGHUP) are applied
+without restarting; a bad change is logged and the last good configuration
+stays in force. SIGINT or SIGTERM shut down gracefully.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if code, done := parseFlags(fs, args); done {
+		return code
+	}
+	if f.config == "" {
+		fmt.Fprintln(stderr, "serve: -config is required")
+		fs.Usage()
+		return 2
+	}
+	logger, err := newLogger(stderr, f.logLevel, f.logFormat)
+	if err != nil {
+		fmt.Fprintf(stderr, "serve: %v\n", err)
+		return 2
+	}
+
+	// Refuse to start on a bad configuration: print it like validate does.
+	cfg, diags := hclfile.Load(f.config)
+	if diags.HasErrors() {
+		writeDiagnostics(stderr, cfg.Files, diags)
+		return 1
+	}
+	logger.Info("configuration loaded", "path", f.config, "summary", cfg.State.Summary())
+
+	a := newApp(f, logger)
+	if err := a.run(ctx); err != nil {
+		logger.Error("serve failed", "err", err)
+		return 1
+	}
+	logger.Info("shut down")
+	return 0
+}
+
+// app is one running switchyard: the registry and everything that consumes
+// it. Consumers read a.view and never talk to the sources.
+type app struct {
+	flags   serveFlags
+	log     *slog.Logger
+	pub     *registry.Publisher
+	view    registry.View
+	manager *registry.Manager
+	files   *hclfile.Source
+}
+
+func newApp(f serveFlags, logger *slog.Logger) *app {
+	pub := registry.NewPublisher(nil)
+	files := hclfile.NewSource(f.config, hclfile.WithLogger(logger))
+	mgr := registry.NewManager(pub, registry.WithLogger(logger))
+	// The only source so far; AddSource cannot fail on a fresh manager.
+	_ = mgr.AddSource(hclfile.SourceName, files)
+	return &app{flags: f, log: logger, pub: pub, view: pub, manager: mgr, files: files}
+}
+
+// component is one long-running part of serve. run must return when ctx is
+// cancelled (nil is then a clean stop); any return before that, error or
+// not, shuts the whole process down.
+type component struct {
+	name string
+	run  func(ctx context.Context) error
+}
+
+// components lists what serve runs. New servers (picker, xDS, admin) are
+// added here; each gets a.view to follow registry states and the address
+// from a.flags.
+func (a *app) components() []component {
+	return []component{
+		{"registry", a.manager.Run},
+		{"sighup", a.reloadOnSIGHUP},
+	}
+}
+
+// run runs every component until ctx is cancelled or one of them stops.
+func (a *app) run(ctx context.Context) error {
+	return runComponents(ctx, a.log, a.components())
+}
+
+func runComponents(ctx context.Context, logger *slog.Logger, comps []component) error {
+	g, gctx := errgroup.WithContext(ctx)
+	for _, c := range comps {
+		g.Go(func() error {
+			err := c.run(gctx)
+			if gctx.Err() == nil {
+				if err == nil {
+					err = errors.New("stopped unexpectedly")
+				}
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
+			if err != nil && !errors.Is(err, context.Canceled) {
+				logger.Warn("component stopped with error", "component", c.name, "err", err)
+			}
+			return nil
+		})
+	}
+	done := make(chan error, 1)
+	go func() { done <- g.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-gctx.Done():
+	}
+	logger.Info("shutting down")
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(shutdownGrace):
+		return fmt.Errorf("components did not stop within %v", shutdownGrace)
+	}
+}
+
+// reloadOnSIGHUP re-reads the configuration on every SIGHUP.
+func (a *app) reloadOnSIGHUP(ctx context.Context) error {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGHUP)
+	defer signal.Stop(ch)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ch:
+			a.log.Info("SIGHUP: reloading configuration")
+			a.manager.Reload()
+		}
+	}
+}
+
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("bad -log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	default:
+		return nil, fmt.Errorf("bad -log-format %q: want text or json", format)
+	}
+}

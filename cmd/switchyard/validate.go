@@ -1,0 +1,67 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/switchyard/switchyard/registry/hclfile"
+)
+
+func validateCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	config := fs.String("config", "", "configuration `path`: an HCL file, or a directory whose *.hcl files are merged (required)")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: switchyard validate -config PATH
+
+Checks the configuration without starting anything. Every problem is printed
+with its file, line and column and a source snippet. Exits 0 and prints a
+one-line summary when the configuration is valid, 1 otherwise.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if code, done := parseFlags(fs, args); done {
+		return code
+	}
+	if *config == "" {
+		fmt.Fprintln(stderr, "validate: -config is required")
+		fs.Usage()
+		return 2
+	}
+	cfg, diags := hclfile.Load(*config)
+	writeDiagnostics(stderr, cfg.Files, diags)
+	if diags.HasErrors() {
+		return 1
+	}
+	fmt.Fprintf(stdout, "ok: %s\n", cfg.State.Summary())
+	return 0
+}
+
+// writeDiagnostics prints diags the way HCL tools do (summary, location,
+// source snippet, detail), then one compact "file:line:column: ..." line per
+// diagnostic for editors and grep.
+func writeDiagnostics(w io.Writer, files map[string]*hcl.File, diags hcl.Diagnostics) {
+	if len(diags) == 0 {
+		return
+	}
+	tw := hcl.NewDiagnosticTextWriter(w, files, 0, false)
+	_ = tw.WriteDiagnostics(diags)
+	fmt.Fprintln(w, hclfile.FormatDiagnostics(diags))
+	n := 0
+	for _, d := range diags {
+		if d.Severity == hcl.DiagError {
+			n++
+		}
+	}
+	switch n {
+	case 0:
+	case 1:
+		fmt.Fprintln(w, "1 error")
+	default:
+		fmt.Fprintf(w, "%d errors\n", n)
+	}
+}

@@ -1,0 +1,38 @@
+# Demo: three vllm-sim processes on 127.0.0.1:8001..8003 serve
+# meta-llama/Llama-3.1-8B-Instruct and the LoRA adapter "sql-lora".
+
+pool "llama" {
+  engine    = "vllm"
+  endpoints = ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"]
+
+  scheduling {
+    profile         = "default"
+    scrape_interval = "50ms"
+  }
+}
+
+model "meta-llama/Llama-3.1-8B-Instruct" {
+  pool = "llama"
+}
+
+# A LoRA adapter loaded on the same servers.
+model "sql-lora" {
+  pool = "llama"
+}
+
+# "llama-v2" is a candidate model name the simulators also answer to.
+model "llama-v2" {
+  pool = "llama"
+}
+
+# Clients ask for "chat": 90% go to the base model, 10% to "llama-v2".
+model "chat" {
+  pool = "llama"
+
+  target "meta-llama/Llama-3.1-8B-Instruct" {
+    weight = 90
+  }
+  target "llama-v2" {
+    weight = 10
+  }
+}

@@ -1,0 +1,85 @@
+// Package hclfile owns switchyard's HCL configuration format: it parses a
+// file, or every *.hcl file in a directory merged as one, into a
+// registry.Update, reporting every problem as an hcl.Diagnostic with
+// file:line:column; and it provides Source, the registry.Source that
+// re-reads the files on change, on Reload (SIGHUP) and periodically.
+//
+// # Schema
+//
+// Top level: any number of listener, pool and model blocks, and at most one
+// routing block, spread over any number of files. Names must be unique
+// across all files.
+//
+//	listener "NAME" {
+//	  address = "0.0.0.0:8080"   # required; ip:port Envoy listens on
+//	}
+//
+//	routing {                     # optional, at most one
+//	  default_pool = "llama"      # optional; requests for unknown models and
+//	                              # header-only requests go to this pool
+//	                              # instead of getting a 404. Default: none.
+//	}
+//
+//	pool "NAME" {
+//	  endpoints    = ["127.0.0.1:8001", "[::1]:8002"]  # optional; model
+//	                              # servers as ip:port or [ipv6]:port literals
+//	                              # (no hostnames, port 1-65535, not 0.0.0.0);
+//	                              # stored canonicalised. Default: none (e.g.
+//	                              # Consul supplies them).
+//	  engine       = "vllm"       # vllm (default) | sglang | trtllm-serve |
+//	                              # triton-tensorrt-llm: metrics dialect
+//	  failure_mode = "fail_closed" # fail_closed (default): 5xx when the
+//	                              # picker is down; fail_open: Envoy's own
+//	                              # load balancing keeps serving
+//	  metrics_path = "/metrics"   # default "/metrics"; absolute HTTP path
+//
+//	  scheduling {                # optional, at most one; every attribute
+//	                              # optional, unset means the picker default
+//	    profile         = "default"   # default | round-robin | random |
+//	                                  # least-queue | least-request
+//	    picker          = "max-score" # max-score | weighted-random
+//	    scrape_interval = "50ms"      # Go duration, at least 1ms
+//	    queue_threshold = 5           # whole number >= 0: queue length at
+//	                                  # which an endpoint counts as saturated
+//	    kv_threshold    = 0.8         # 0..1: KV-cache use at which an
+//	                                  # endpoint counts as saturated
+//	    session_header  = "x-session-id" # header for session affinity
+//	                                  # (lower-cased)
+//	    scorers = { queue = 1, kv_cache = 1, prefix = 2 } # scorer weight
+//	                                  # overrides (>= 0); names are the picker's
+//	    metrics = { waiting = "vllm:num_requests_waiting" } # metric name
+//	                                  # overrides; keys: waiting, running,
+//	                                  # kv_usage, lora_info, cache_config
+//	  }
+//
+//	  endpoint "127.0.0.1:8003" { # optional, any number: an endpoint with
+//	                              # settings; same rules as endpoints entries,
+//	                              # and an address may appear only once in
+//	                              # the list and blocks together
+//	    draining     = true       # default false: no new requests, removed
+//	                              # from EDS
+//	    metrics_path = "/m"       # default: the pool's metrics_path
+//	    models       = ["sql-lora"] # default none: models and LoRA adapters
+//	                              # this endpoint advertises
+//	  }
+//	}
+//
+//	model "NAME" {                # NAME is the client-visible model name
+//	  pool     = "llama"          # required; a pool declared in the files
+//	  priority = 0                # default 0; whole number; < 0 marks the
+//	                              # model's requests sheddable (429 under load)
+//
+//	  target "OTHER" {            # optional, any number: rewrite requests to
+//	                              # OTHER, chosen by weight. OTHER may not be
+//	                              # NAME itself, must be unique within the
+//	                              # model, and when OTHER is itself a model it
+//	                              # must use the same pool.
+//	    weight = 90               # default 1; whole number >= 0; the weights
+//	                              # of a model must sum to more than 0
+//	  }
+//	}
+//
+// Values are literals: variables and functions are not available. Every
+// unknown attribute or block is an error. A configuration without a
+// listener block is valid but draws a warning.
+package hclfile

@@ -1,0 +1,266 @@
+package hclfile
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hclparse"
+	"github.com/switchyard/switchyard/registry"
+)
+
+// SourceName is the name the file source's endpoints carry in
+// registry.Endpoint.Source.
+const SourceName = "file"
+
+// Config is the result of loading configuration files.
+type Config struct {
+	// Files holds every file that was parsed, keyed by the name used in
+	// diagnostics, so callers can print source snippets
+	// (hcl.NewDiagnosticTextWriter).
+	Files map[string]*hcl.File
+	// Update is the files' contribution to the registry. It is only
+	// meaningful when the diagnostics have no errors.
+	Update registry.Update
+	// State is Update merged on its own (Version 0), for summaries.
+	State *registry.State
+}
+
+// Load reads the configuration at path: one HCL file, or every *.hcl file
+// directly inside a directory (in name order, hidden files skipped), merged
+// as if they were one file. The diagnostics name file:line:column for every
+// problem found; all problems are reported, not just the first. A directory
+// without *.hcl files is an error.
+func Load(path string) (*Config, hcl.Diagnostics) {
+	files, diags := ListFiles(path)
+	if diags.HasErrors() {
+		return &Config{Files: map[string]*hcl.File{}}, diags
+	}
+	srcs := make([]Input, 0, len(files))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Cannot read configuration file",
+				Detail: fmt.Sprintf("Reading %s: %s.", f, err)})
+			continue
+		}
+		srcs = append(srcs, Input{Name: f, Src: b})
+	}
+	if diags.HasErrors() {
+		return &Config{Files: map[string]*hcl.File{}}, diags
+	}
+	return Parse(srcs)
+}
+
+// ListFiles returns the files Load would read for path.
+func ListFiles(path string) ([]string, hcl.Diagnostics) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Cannot read configuration",
+			Detail: fmt.Sprintf("%s.", err)}}
+	}
+	if !fi.IsDir() {
+		return []string{path}, nil
+	}
+	entries, err := os.ReadDir(path)
+	if err != nil {
+		return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Cannot read configuration directory",
+			Detail: fmt.Sprintf("%s.", err)}}
+	}
+	var files []string
+	for _, e := range entries {
+		if isConfigName(e.Name()) && !e.IsDir() {
+			files = append(files, filepath.Join(path, e.Name()))
+		}
+	}
+	sort.Strings(files)
+	if len(files) == 0 {
+		return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "No configuration files",
+			Detail: fmt.Sprintf("Directory %s contains no *.hcl files.", path)}}
+	}
+	return files, nil
+}
+
+func isConfigName(name string) bool {
+	return strings.HasSuffix(name, ".hcl") && !strings.HasPrefix(name, ".")
+}
+
+// Input is one configuration file's name (used in diagnostics) and content.
+type Input struct {
+	Name string
+	Src  []byte
+}
+
+// Parse decodes the given files as one configuration; see Load.
+func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
+	parser := hclparse.NewParser()
+	d := newDecoder()
+	for _, in := range inputs {
+		f, diags := parser.ParseHCL(in.Src, in.Name)
+		d.diags = append(d.diags, diags...)
+		if f == nil || diags.HasErrors() {
+			continue
+		}
+		d.file(f.Body)
+	}
+	cfg := &Config{Files: parser.Files()}
+
+	u := registry.Update{
+		Source: SourceName,
+		Pools:  d.pools,
+		Models: d.models,
+	}
+	for _, name := range d.listenerOrder {
+		u.Listeners = append(u.Listeners, *d.listeners[name])
+	}
+	u.Routing = d.routing
+	if len(inputs) > 0 && len(d.declared) == 0 && !d.diags.HasErrors() {
+		// Most likely a file caught half-written (truncated) or emptied by
+		// mistake: refuse rather than withdraw every pool.
+		d.diags = append(d.diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Empty configuration",
+			Detail: "The configuration declares no listener, routing, pool or model block."})
+	}
+	s, _, mergeErr := registry.Merge([]registry.Update{u})
+	d.validation(errors.Join(mergeErr, registry.Validate(s)))
+	if len(u.Listeners) == 0 && !d.diags.HasErrors() {
+		d.diags = append(d.diags, &hcl.Diagnostic{Severity: hcl.DiagWarning, Summary: "No listener",
+			Detail: "No listener block is defined, so Envoy gets no listener and serves no client traffic."})
+	}
+	cfg.Update = u
+	cfg.State = s
+	sortDiagnostics(d.diags)
+	return cfg, d.diags
+}
+
+// validation turns registry.Validate problems into diagnostics at the
+// attribute that caused them, skipping objects that already have a decode
+// error (their values were not usable).
+func (d *decoder) validation(err error) {
+	for _, ve := range registry.ValidationErrors(err) {
+		obj := loc{kind: ve.Kind, name: ve.Name, pool: ve.Pool}
+		if d.tainted[obj] || d.tainted[obj.with(ve.Field)] {
+			continue
+		}
+		r := d.rangeFor(obj, ve.Field)
+		msg := strings.TrimPrefix(ve.Msg, ve.Err.Error()+": ")
+		d.diags = append(d.diags, &hcl.Diagnostic{
+			Severity: hcl.DiagError,
+			Summary:  summaryFor(ve),
+			Detail:   capitalize(msg) + ".",
+			Subject:  r,
+		})
+	}
+}
+
+func (d *decoder) rangeFor(obj loc, field string) *hcl.Range {
+	for f := field; ; {
+		k := obj
+		k.field = f
+		if r, ok := d.ranges[k]; ok {
+			return r.Ptr()
+		}
+		if f == "" {
+			break
+		}
+		if i := strings.LastIndexByte(f, '.'); i >= 0 {
+			f = f[:i]
+		} else {
+			f = ""
+		}
+	}
+	if obj.kind == registry.KindEndpoint {
+		if r, ok := d.ranges[loc{kind: registry.KindPool, name: obj.pool}]; ok {
+			return r.Ptr()
+		}
+	}
+	return nil
+}
+
+func summaryFor(ve *registry.ValidationError) string {
+	switch {
+	case errors.Is(ve, registry.ErrUnknownPool):
+		return "Unknown pool"
+	case errors.Is(ve, registry.ErrDuplicate):
+		return "Duplicate " + ve.Kind
+	case errors.Is(ve, registry.ErrUnknownEngine):
+		return "Unknown engine"
+	case errors.Is(ve, registry.ErrUnknownFailureMode):
+		return "Unknown failure_mode"
+	case errors.Is(ve, registry.ErrBadMetricsPath):
+		return "Invalid metrics_path"
+	case errors.Is(ve, registry.ErrBadScheduling):
+		return "Invalid scheduling"
+	case errors.Is(ve, registry.ErrBadWeights):
+		return "Invalid target weights"
+	case errors.Is(ve, registry.ErrSelfTarget):
+		return "Model targets itself"
+	case errors.Is(ve, registry.ErrBadAddress):
+		return "Invalid address"
+	default:
+		return "Invalid configuration"
+	}
+}
+
+// sortDiagnostics orders diagnostics by file and position; those without a
+// position come first.
+func sortDiagnostics(diags hcl.Diagnostics) {
+	sort.SliceStable(diags, func(i, j int) bool {
+		a, b := diags[i].Subject, diags[j].Subject
+		switch {
+		case a == nil || b == nil:
+			return a == nil && b != nil
+		case a.Filename != b.Filename:
+			return a.Filename < b.Filename
+		default:
+			return a.Start.Byte < b.Start.Byte
+		}
+	})
+}
+
+// FormatDiagnostics renders diagnostics one per line as
+// "file:line:column: error: summary: detail", the compact form used in logs
+// and error strings.
+func FormatDiagnostics(diags hcl.Diagnostics) string {
+	lines := make([]string, 0, len(diags))
+	for _, diag := range diags {
+		sev := "error"
+		if diag.Severity == hcl.DiagWarning {
+			sev = "warning"
+		}
+		var b strings.Builder
+		if diag.Subject != nil {
+			b.WriteString(pos(*diag.Subject))
+			b.WriteString(": ")
+		}
+		b.WriteString(sev)
+		b.WriteString(": ")
+		b.WriteString(diag.Summary)
+		if diag.Detail != "" {
+			b.WriteString(": ")
+			b.WriteString(strings.TrimSuffix(diag.Detail, "."))
+		}
+		lines = append(lines, b.String())
+	}
+	return strings.Join(lines, "\n")
+}
+
+// DiagnosticsError is the error a failed load produces: it keeps the
+// diagnostics (errors and warnings) and the parsed files for snippets.
+type DiagnosticsError struct {
+	Diags hcl.Diagnostics
+	Files map[string]*hcl.File
+}
+
+func (e *DiagnosticsError) Error() string {
+	var errs hcl.Diagnostics
+	for _, d := range e.Diags {
+		if d.Severity == hcl.DiagError {
+			errs = append(errs, d)
+		}
+	}
+	return strings.ReplaceAll(FormatDiagnostics(errs), "\n", "; ")
+}

@@ -1,0 +1,5 @@
+pool "llama" {}
+
+routing {
+  default_pool = "lama"
+}

@@ -1,0 +1,11 @@
+pool "a" {
+  scheduling {
+    scrape_interval = "fast"
+  }
+}
+
+pool "b" {
+  scheduling {
+    scrape_interval = "100us"
+  }
+}

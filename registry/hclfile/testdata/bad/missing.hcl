@@ -1,0 +1,5 @@
+listener "l" {}
+
+model "m" {
+  priority = 1
+}

@@ -1,0 +1,9 @@
+pool "llama" {
+  scheduling {
+    kv_threshold    = 1.5
+    queue_threshold = -1
+    scorers         = { queue = -1, prefix = 2 }
+    metrics         = { queue_len = "x" }
+  }
+  scheduling {}
+}

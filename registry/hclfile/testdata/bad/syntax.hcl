@@ -1,0 +1,3 @@
+pool "llama" {
+  endpoints = ["127.0.0.1:8001"
+}

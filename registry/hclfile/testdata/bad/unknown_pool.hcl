@@ -1,0 +1,5 @@
+pool "llama" {}
+
+model "chat" {
+  pool = "lama"
+}

@@ -1,0 +1,3 @@
+pool "llama" {
+  engine = var.engine
+}

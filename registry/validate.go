@@ -1,0 +1,360 @@
+package registry
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Sentinel errors wrapped by the problems Validate reports; test with
+// errors.Is.
+var (
+	ErrUnknownPool        = errors.New("unknown pool")
+	ErrDuplicate          = errors.New("duplicate definition")
+	ErrUnknownEngine      = errors.New("unknown engine")
+	ErrUnknownFailureMode = errors.New("unknown failure_mode")
+	ErrBadMetricsPath     = errors.New("bad metrics_path")
+	ErrBadScheduling      = errors.New("bad scheduling")
+	ErrBadWeights         = errors.New("bad target weights")
+	ErrSelfTarget         = errors.New("model targets itself")
+	ErrEmptyName          = errors.New("empty name")
+)
+
+// Object kinds named by ValidationError.Kind.
+const (
+	KindPool     = "pool"
+	KindModel    = "model"
+	KindListener = "listener"
+	KindRouting  = "routing"
+	KindEndpoint = "endpoint"
+)
+
+// ValidationError is one problem found in a State. Kind, Name and Field say
+// which object and attribute is wrong so a source can map the problem back
+// onto its own input (the HCL source turns it into a diagnostic pointing at
+// that attribute).
+type ValidationError struct {
+	// Kind is one of the Kind* constants.
+	Kind string
+	// Name is the object's name (pool, model, listener name; the endpoint
+	// address for KindEndpoint; "" for routing).
+	Name string
+	// Pool is the pool an endpoint belongs to (KindEndpoint only).
+	Pool string
+	// Field is the attribute at fault: "pool", "address", "default_pool",
+	// "engine", "failure_mode", "metrics_path", "scheduling.<attr>",
+	// "scheduling.scorers.<key>", "scheduling.metrics.<key>",
+	// "target.<name>" (a target block), "target.<name>.weight", or ""
+	// (the whole object).
+	Field string
+	// Where is the object's declaration ("file:line:column"), when known.
+	Where string
+	// Err is one of the sentinel errors above.
+	Err error
+	// Msg is the human explanation.
+	Msg string
+}
+
+func (e *ValidationError) Error() string {
+	var b strings.Builder
+	if e.Where != "" {
+		b.WriteString(e.Where)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Kind)
+	if e.Name != "" {
+		fmt.Fprintf(&b, " %q", e.Name)
+	}
+	if e.Pool != "" {
+		fmt.Fprintf(&b, " in pool %q", e.Pool)
+	}
+	if e.Field != "" {
+		b.WriteString(" ")
+		b.WriteString(e.Field)
+	}
+	b.WriteString(": ")
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+func (e *ValidationError) Unwrap() error { return e.Err }
+
+// ValidationErrors splits an error returned by Validate into its problems.
+func ValidationErrors(err error) []*ValidationError {
+	if err == nil {
+		return nil
+	}
+	var out []*ValidationError
+	var walk func(error)
+	walk = func(err error) {
+		if ve, ok := err.(*ValidationError); ok {
+			out = append(out, ve)
+			return
+		}
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range j.Unwrap() {
+				walk(e)
+			}
+		}
+	}
+	walk(err)
+	return out
+}
+
+// Names of the scheduling options the registry accepts; the picker owns what
+// they mean.
+var (
+	profileNames = []string{"default", "round-robin", "random", "least-queue", "least-request"}
+	pickerNames  = []string{"max-score", "weighted-random"}
+	metricNames  = []string{"waiting", "running", "kv_usage", "lora_info", "cache_config"}
+)
+
+// Profiles returns the scheduling profile names Validate accepts.
+func Profiles() []string { return slices.Clone(profileNames) }
+
+// Pickers returns the picker names Validate accepts.
+func Pickers() []string { return slices.Clone(pickerNames) }
+
+// MetricNames returns the logical metric names Scheduling.Metrics may override.
+func MetricNames() []string { return slices.Clone(metricNames) }
+
+// CheckEngine reports whether e names a supported engine.
+func CheckEngine(e Engine) error {
+	if slices.Contains(Engines, e) {
+		return nil
+	}
+	return fmt.Errorf("%w %q: want one of %s", ErrUnknownEngine, e, quoteList(Engines))
+}
+
+// CheckFailureMode reports whether f is fail_closed or fail_open.
+func CheckFailureMode(f FailureMode) error {
+	if f == FailClosed || f == FailOpen {
+		return nil
+	}
+	return fmt.Errorf("%w %q: want %q or %q", ErrUnknownFailureMode, f, FailClosed, FailOpen)
+}
+
+// CheckMetricsPath reports whether p is an absolute HTTP path.
+func CheckMetricsPath(p string) error {
+	if strings.HasPrefix(p, "/") && !strings.ContainsAny(p, " \t\r\n?#") {
+		return nil
+	}
+	return fmt.Errorf("%w %q: want an absolute path such as \"/metrics\"", ErrBadMetricsPath, p)
+}
+
+// CheckProfile reports whether p is a known profile ("" means default).
+func CheckProfile(p string) error {
+	if p == "" || slices.Contains(profileNames, p) {
+		return nil
+	}
+	return fmt.Errorf("%w: unknown profile %q: want one of %s", ErrBadScheduling, p, quoteList(profileNames))
+}
+
+// CheckPicker reports whether p is a known picker ("" means default).
+func CheckPicker(p string) error {
+	if p == "" || slices.Contains(pickerNames, p) {
+		return nil
+	}
+	return fmt.Errorf("%w: unknown picker %q: want one of %s", ErrBadScheduling, p, quoteList(pickerNames))
+}
+
+// CheckMetricName reports whether n is a logical metric name.
+func CheckMetricName(n string) error {
+	if slices.Contains(metricNames, n) {
+		return nil
+	}
+	return fmt.Errorf("%w: unknown metric %q: want one of %s", ErrBadScheduling, n, quoteList(metricNames))
+}
+
+func quoteList[T ~string](xs []T) string {
+	q := make([]string, len(xs))
+	for i, x := range xs {
+		q[i] = fmt.Sprintf("%q", x)
+	}
+	return strings.Join(q, ", ")
+}
+
+// Validate checks a merged State and returns every problem found, joined
+// with errors.Join (nil when the state is valid). Each problem is a
+// *ValidationError wrapping one of the sentinel errors. It is the one place
+// the rules below live; every source's output passes through it:
+//
+//   - names are non-empty; listener names and addresses are unique;
+//   - addresses are canonical ip:port (CanonicalAddress);
+//   - engines, failure modes, metrics paths, profiles and pickers are known;
+//   - scheduling numbers are in range (thresholds >= 0, kv_threshold <= 1,
+//     scorer weights >= 0);
+//   - endpoint addresses are unique within a pool;
+//   - every model's pool and routing.default_pool exist;
+//   - target weights are >= 0 and sum to more than 0, target names are
+//     unique, no model targets itself, and a target that is itself a model
+//     must be served by the same pool.
+func Validate(s *State) error {
+	var errs []error
+	add := func(kind, name, field, where string, sentinel error, format string, args ...any) {
+		errs = append(errs, &ValidationError{Kind: kind, Name: name, Field: field, Where: where, Err: sentinel, Msg: fmt.Sprintf(format, args...)})
+	}
+	addErr := func(kind, name, field, where string, err error) {
+		sentinel := err
+		for u := errors.Unwrap(sentinel); u != nil; u = errors.Unwrap(u) {
+			sentinel = u
+		}
+		errs = append(errs, &ValidationError{Kind: kind, Name: name, Field: field, Where: where, Err: sentinel, Msg: err.Error()})
+	}
+
+	for _, name := range s.PoolNames() {
+		p := s.Pools[name]
+		if name == "" || p.Name != name {
+			add(KindPool, name, "", p.DeclRange, ErrEmptyName, "pool name %q does not match its key %q", p.Name, name)
+		}
+		if err := CheckEngine(p.Engine); err != nil {
+			addErr(KindPool, name, "engine", p.DeclRange, err)
+		}
+		if err := CheckFailureMode(p.FailureMode); err != nil {
+			addErr(KindPool, name, "failure_mode", p.DeclRange, err)
+		}
+		if err := CheckMetricsPath(p.MetricsPath); err != nil {
+			addErr(KindPool, name, "metrics_path", p.DeclRange, err)
+		}
+		if sc := p.Scheduling; sc != nil {
+			validateScheduling(name, p.DeclRange, sc, add, addErr)
+		}
+		seen := map[string]bool{}
+		for _, ep := range p.Endpoints {
+			canon, err := CanonicalAddress(ep.Address, true)
+			if err != nil {
+				errs = append(errs, &ValidationError{Kind: KindEndpoint, Name: ep.Address, Pool: name, Field: "address", Where: p.DeclRange, Err: ErrBadAddress, Msg: err.Error()})
+			} else if canon != ep.Address {
+				errs = append(errs, &ValidationError{Kind: KindEndpoint, Name: ep.Address, Pool: name, Field: "address", Where: p.DeclRange, Err: ErrBadAddress, Msg: fmt.Sprintf("address %q is not canonical (want %q)", ep.Address, canon)})
+			}
+			if seen[ep.Address] {
+				errs = append(errs, &ValidationError{Kind: KindEndpoint, Name: ep.Address, Pool: name, Where: p.DeclRange, Err: ErrDuplicate, Msg: fmt.Sprintf("endpoint %s is listed twice", ep.Address)})
+			}
+			seen[ep.Address] = true
+			if ep.MetricsPath != "" {
+				if err := CheckMetricsPath(ep.MetricsPath); err != nil {
+					errs = append(errs, &ValidationError{Kind: KindEndpoint, Name: ep.Address, Pool: name, Field: "metrics_path", Where: p.DeclRange, Err: ErrBadMetricsPath, Msg: err.Error()})
+				}
+			}
+		}
+	}
+
+	for _, name := range s.ModelNames() {
+		m := s.Models[name]
+		if name == "" || m.Name != name {
+			add(KindModel, name, "", m.DeclRange, ErrEmptyName, "model name %q does not match its key %q", m.Name, name)
+		}
+		pool, ok := s.Pools[m.Pool]
+		if !ok {
+			add(KindModel, name, "pool", m.DeclRange, ErrUnknownPool, "pool %q is not defined%s", m.Pool, knownHint(s.PoolNames()))
+		}
+		if len(m.Targets) == 0 {
+			continue
+		}
+		sum := 0
+		names := map[string]bool{}
+		for _, t := range m.Targets {
+			field := "target." + t.Name
+			switch {
+			case t.Name == "":
+				add(KindModel, name, field, m.DeclRange, ErrEmptyName, "target name is empty")
+			case t.Name == name:
+				add(KindModel, name, field, m.DeclRange, ErrSelfTarget, "target %q is the model itself; a rewrite must name a different model", t.Name)
+			case names[t.Name]:
+				add(KindModel, name, field, m.DeclRange, ErrDuplicate, "target %q is listed twice", t.Name)
+			}
+			names[t.Name] = true
+			if t.Weight < 0 {
+				add(KindModel, name, field+".weight", m.DeclRange, ErrBadWeights, "target %q has negative weight %d", t.Name, t.Weight)
+			} else {
+				sum += t.Weight
+			}
+			if other, isModel := s.Models[t.Name]; isModel && ok && t.Name != name && other.Pool != pool.Name && s.Pools[other.Pool] != nil {
+				add(KindModel, name, field, m.DeclRange, ErrUnknownPool, "target %q is a model served by pool %q, but model %q routes to pool %q", t.Name, other.Pool, name, m.Pool)
+			}
+		}
+		if sum == 0 {
+			add(KindModel, name, "", m.DeclRange, ErrBadWeights, "target weights sum to 0; at least one target needs a positive weight")
+		}
+	}
+
+	names := map[string]bool{}
+	addrs := map[string]string{}
+	for _, l := range s.Listeners {
+		if l.Name == "" {
+			add(KindListener, l.Name, "", l.DeclRange, ErrEmptyName, "listener has no name")
+		}
+		if names[l.Name] {
+			add(KindListener, l.Name, "", l.DeclRange, ErrDuplicate, "listener %q is defined twice", l.Name)
+		}
+		names[l.Name] = true
+		canon, err := CanonicalAddress(l.Address, false)
+		switch {
+		case err != nil:
+			addErr(KindListener, l.Name, "address", l.DeclRange, err)
+		case canon != l.Address:
+			add(KindListener, l.Name, "address", l.DeclRange, ErrBadAddress, "address %q is not canonical (want %q)", l.Address, canon)
+		default:
+			if other, dup := addrs[canon]; dup {
+				add(KindListener, l.Name, "address", l.DeclRange, ErrDuplicate, "address %s is already used by listener %q", canon, other)
+			}
+			addrs[canon] = l.Name
+		}
+	}
+
+	if dp := s.Routing.DefaultPool; dp != "" {
+		if _, ok := s.Pools[dp]; !ok {
+			add(KindRouting, "", "default_pool", "", ErrUnknownPool, "the default pool %q is not defined%s", dp, knownHint(s.PoolNames()))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func validateScheduling(pool, where string, sc *Scheduling,
+	add func(kind, name, field, where string, sentinel error, format string, args ...any),
+	addErr func(kind, name, field, where string, err error)) {
+	if err := CheckProfile(sc.Profile); err != nil {
+		addErr(KindPool, pool, "scheduling.profile", where, err)
+	}
+	if err := CheckPicker(sc.Picker); err != nil {
+		addErr(KindPool, pool, "scheduling.picker", where, err)
+	}
+	if sc.ScrapeIntervalMS < 0 {
+		add(KindPool, pool, "scheduling.scrape_interval", where, ErrBadScheduling, "scrape_interval %d ms is negative", sc.ScrapeIntervalMS)
+	}
+	if sc.QueueThreshold < 0 {
+		add(KindPool, pool, "scheduling.queue_threshold", where, ErrBadScheduling, "queue_threshold %d is negative; want 0 or more", sc.QueueThreshold)
+	}
+	if sc.KVThreshold < 0 || sc.KVThreshold > 1 {
+		add(KindPool, pool, "scheduling.kv_threshold", where, ErrBadScheduling, "kv_threshold %g is not in [0, 1]", sc.KVThreshold)
+	}
+	for _, k := range sortedKeys(sc.Scorers) {
+		if w := sc.Scorers[k]; w < 0 {
+			add(KindPool, pool, "scheduling.scorers."+k, where, ErrBadScheduling, "scorer %q has negative weight %g", k, w)
+		}
+	}
+	for _, k := range sortedKeys(sc.Metrics) {
+		if err := CheckMetricName(k); err != nil {
+			addErr(KindPool, pool, "scheduling.metrics."+k, where, err)
+		} else if sc.Metrics[k] == "" {
+			add(KindPool, pool, "scheduling.metrics."+k, where, ErrBadScheduling, "metric %q has an empty name", k)
+		}
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func knownHint(names []string) string {
+	if len(names) == 0 {
+		return " (no pools are defined)"
+	}
+	return " (defined pools: " + quoteList(names) + ")"
+}
