@@ -7,15 +7,20 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
+	"github.com/switchyard/switchyard/picker"
 	"github.com/switchyard/switchyard/registry"
 	"github.com/switchyard/switchyard/registry/hclfile"
+	"github.com/switchyard/switchyard/xds"
+	"github.com/switchyard/switchyard/xds/ir"
 )
 
 // shutdownGrace is how long serve waits for components to stop after the
@@ -24,17 +29,19 @@ const shutdownGrace = 15 * time.Second
 
 // serveFlags are the serve command's settings.
 type serveFlags struct {
-	config      string
-	extprocAddr string
-	xdsAddr     string
-	adminAddr   string
-	logLevel    string
-	logFormat   string
+	config           string
+	extprocAddr      string
+	extprocAdvertise string
+	xdsAddr          string
+	adminAddr        string
+	logLevel         string
+	logFormat        string
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.config, "config", "", "configuration `path`: an HCL file, or a directory whose *.hcl files are merged (required); re-read on change and on SIGHUP")
 	fs.StringVar(&f.extprocAddr, "extproc-addr", "127.0.0.1:9002", "`address` of the picker's ext_proc gRPC server that Envoy calls for every request")
+	fs.StringVar(&f.extprocAdvertise, "extproc-advertise", "", "`address` (ip:port) Envoy uses to reach the picker; default -extproc-addr, with 127.0.0.1 for an unspecified host such as 0.0.0.0")
 	fs.StringVar(&f.xdsAddr, "xds-addr", "127.0.0.1:18000", "`address` of the xDS (ADS) gRPC server Envoy fetches its configuration from")
 	fs.StringVar(&f.adminAddr, "admin-addr", "127.0.0.1:9090", "`address` of the admin HTTP server (status page, /metrics, health)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
@@ -81,7 +88,11 @@ Flags:
 	}
 	logger.Info("configuration loaded", "path", f.config, "summary", cfg.State.Summary())
 
-	a := newApp(f, logger)
+	a, err := newApp(f, logger)
+	if err != nil {
+		fmt.Fprintf(stderr, "serve: %v\n", err)
+		return 2
+	}
 	if err := a.run(ctx); err != nil {
 		logger.Error("serve failed", "err", err)
 		return 1
@@ -99,15 +110,49 @@ type app struct {
 	view    registry.View
 	manager *registry.Manager
 	files   *hclfile.Source
+	picker  *picker.Server
+	xds     *xds.Server
+	health  *xds.HealthSet
 }
 
-func newApp(f serveFlags, logger *slog.Logger) *app {
+func newApp(f serveFlags, logger *slog.Logger) (*app, error) {
+	advertise, err := advertiseAddr(f.extprocAddr, f.extprocAdvertise)
+	if err != nil {
+		return nil, err
+	}
 	pub := registry.NewPublisher(nil)
 	files := hclfile.NewSource(f.config, hclfile.WithLogger(logger))
 	mgr := registry.NewManager(pub, registry.WithLogger(logger))
 	// The only source so far; AddSource cannot fail on a fresh manager.
 	_ = mgr.AddSource(hclfile.SourceName, files)
-	return &app{flags: f, log: logger, pub: pub, view: pub, manager: mgr, files: files}
+	a := &app{flags: f, log: logger, pub: pub, view: pub, manager: mgr, files: files}
+	a.health = xds.NewHealthSet()
+	a.picker = picker.New(pub, picker.Options{}, logger.With("component", "picker"))
+	a.xds = xds.NewServer(pub, xds.Options{
+		Translation: ir.Options{PickerAddr: advertise},
+		Health:      a.health,
+	}, logger)
+	return a, nil
+}
+
+// advertiseAddr returns the picker address Envoy should dial: the explicit
+// -extproc-advertise, else -extproc-addr with an unspecified host replaced
+// by loopback.
+func advertiseAddr(listen, advertise string) (string, error) {
+	if advertise != "" {
+		if _, err := registry.CanonicalAddress(advertise, false); err != nil {
+			return "", fmt.Errorf("-extproc-advertise: %w", err)
+		}
+		return advertise, nil
+	}
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", fmt.Errorf("-extproc-addr %q: %w", listen, err)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port), nil
 }
 
 // component is one long-running part of serve. run must return when ctx is
@@ -122,9 +167,18 @@ type component struct {
 // added here; each gets a.view to follow registry states and the address
 // from a.flags.
 func (a *app) components() []component {
+	extproc := grpc.NewServer(a.picker.GRPCServerOptions()...)
+	a.picker.Register(extproc)
+	ads := grpc.NewServer(xds.GRPCServerOptions()...)
+	a.xds.Register(ads)
 	return []component{
 		{"registry", a.manager.Run},
 		{"sighup", a.reloadOnSIGHUP},
+		{"picker", a.picker.Run},
+		{"xds", a.xds.Run},
+		{"extproc-server", grpcComponent(a.flags.extprocAddr, extproc)},
+		{"xds-server", grpcComponent(a.flags.xdsAddr, ads)},
+		{"admin-server", httpComponent(a.flags.adminAddr, a.adminHandler())},
 	}
 }
 

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/switchyard/switchyard/xds"
+)
+
+// adminHandler serves the admin address: liveness and readiness probes for
+// process supervisors and compose health checks, and /api/status, the JSON
+// view of everything serve knows (the status page renders it).
+func (a *app) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeText(w, http.StatusOK, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if st, _ := a.view.Current(); st.Version == 0 {
+			writeText(w, http.StatusServiceUnavailable, "not ready: no configuration published yet\n")
+			return
+		}
+		writeText(w, http.StatusOK, "ready\n")
+	})
+	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(a.status())
+	})
+	return mux
+}
+
+func writeText(w http.ResponseWriter, code int, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(code)
+	_, _ = w.Write([]byte(body))
+}
+
+// statusDoc is the /api/status document.
+type statusDoc struct {
+	Time            time.Time        `json:"time"`
+	Version         string           `json:"version"`
+	RegistryVersion uint64           `json:"registry_version"`
+	ConfigError     string           `json:"config_error,omitempty"`
+	Pools           []poolStatus     `json:"pools"`
+	Models          []modelStatus    `json:"models"`
+	Picker          pickerStatus     `json:"picker"`
+	XDS             xds.Stats        `json:"xds"`
+	Envoys          []xds.NodeStatus `json:"envoys"`
+}
+
+type poolStatus struct {
+	Name        string           `json:"name"`
+	Engine      string           `json:"engine"`
+	FailureMode string           `json:"failure_mode"`
+	Endpoints   []endpointStatus `json:"endpoints"`
+}
+
+type endpointStatus struct {
+	Address          string `json:"address"`
+	Draining         bool   `json:"draining"`
+	InFlightRequests int64  `json:"in_flight_requests"`
+	InFlightTokens   int64  `json:"in_flight_tokens"`
+	Picked           int64  `json:"picked"`
+	Served           int64  `json:"served"`
+}
+
+type modelStatus struct {
+	Name     string   `json:"name"`
+	Pool     string   `json:"pool"`
+	Priority int      `json:"priority"`
+	Targets  []string `json:"targets,omitempty"`
+}
+
+type pickerStatus struct {
+	Requests       int64         `json:"requests"`
+	Picked         int64         `json:"picked"`
+	Rewritten      int64         `json:"rewritten"`
+	FallbackServed int64         `json:"fallback_served"`
+	Rejected       map[int]int64 `json:"rejected"`
+}
+
+func (a *app) status() statusDoc {
+	st, _ := a.view.Current()
+	ps := a.picker.Stats()
+	doc := statusDoc{
+		Time:            time.Now().UTC(),
+		Version:         versionString(),
+		RegistryVersion: st.Version,
+		Picker: pickerStatus{Requests: ps.Requests, Picked: ps.Picked, Rewritten: ps.Rewritten,
+			FallbackServed: ps.FallbackServed, Rejected: ps.Rejected},
+		XDS:    a.xds.Stats(),
+		Envoys: a.xds.Nodes(),
+	}
+	if err := a.manager.LastError(); err != nil {
+		doc.ConfigError = err.Error()
+	}
+	byPool := map[string][]endpointStatus{}
+	for _, e := range ps.Endpoints {
+		byPool[e.Pool] = append(byPool[e.Pool], endpointStatus{Address: e.Address, Draining: e.Draining,
+			InFlightRequests: e.InFlightRequests, InFlightTokens: e.InFlightTokens, Picked: e.Picked, Served: e.Served})
+	}
+	for _, name := range st.PoolNames() {
+		p := st.Pools[name]
+		eps := byPool[name]
+		if eps == nil {
+			eps = []endpointStatus{}
+		}
+		doc.Pools = append(doc.Pools, poolStatus{Name: name, Engine: string(p.Engine),
+			FailureMode: string(p.FailureMode), Endpoints: eps})
+	}
+	for _, name := range st.ModelNames() {
+		m := st.Models[name]
+		ms := modelStatus{Name: name, Pool: m.Pool, Priority: m.Priority}
+		for _, t := range m.Targets {
+			ms.Targets = append(ms.Targets, t.Name)
+		}
+		doc.Models = append(doc.Models, ms)
+	}
+	return doc
+}
