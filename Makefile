@@ -29,6 +29,12 @@ all: build
 
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -o $(BIN)/demo ./examples/demo
+
+# The demo: three simulators, switchyard and a real Envoy on 127.0.0.1,
+# configured from examples/demo. Ctrl-C stops everything it started.
+run: build envoy
+	$(BIN)/demo -envoy $(ENVOY_BIN)
 
 vet:
 	$(GO) vet ./...

