@@ -23,7 +23,7 @@ endif
 export SWITCHYARD_ENVOY := $(ENVOY_BIN)
 export SWITCHYARD_CONSUL := $(CONSUL_BIN)
 
-.PHONY: all build test unit bench run envoy consul tools vet fmt clean fuzz
+.PHONY: all build test unit bench run envoy consul chromium tools vet fmt clean fuzz
 
 all: build
 
@@ -56,7 +56,14 @@ bench: tools
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 30s ./picker/
 
-tools: envoy consul
+tools: envoy consul chromium
+
+# The status page test renders the page in Debian's headless Chromium.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium missing: sudo apt-get install chromium (the status page test needs it)"; exit 1; fi; }
 
 envoy: $(ENVOY_BIN)
 

@@ -1,18 +1,24 @@
 package main
 
 import (
+	_ "embed"
 	"encoding/json"
 	"net/http"
 	"time"
-
-	"github.com/switchyard/switchyard/xds"
 )
+
+//go:embed status.html
+var statusPage []byte
 
 // adminHandler serves the admin address: liveness and readiness probes for
 // process supervisors and compose health checks, and /api/status, the JSON
 // view of everything serve knows (the status page renders it).
 func (a *app) adminHandler() http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = w.Write(statusPage)
+	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeText(w, http.StatusOK, "ok\n")
 	})
@@ -40,15 +46,38 @@ func writeText(w http.ResponseWriter, code int, body string) {
 
 // statusDoc is the /api/status document.
 type statusDoc struct {
-	Time            time.Time        `json:"time"`
-	Version         string           `json:"version"`
-	RegistryVersion uint64           `json:"registry_version"`
-	ConfigError     string           `json:"config_error,omitempty"`
-	Pools           []poolStatus     `json:"pools"`
-	Models          []modelStatus    `json:"models"`
-	Picker          pickerStatus     `json:"picker"`
-	XDS             xds.Stats        `json:"xds"`
-	Envoys          []xds.NodeStatus `json:"envoys"`
+	Time            time.Time     `json:"time"`
+	Version         string        `json:"version"`
+	RegistryVersion uint64        `json:"registry_version"`
+	ConfigError     string        `json:"config_error,omitempty"`
+	Pools           []poolStatus  `json:"pools"`
+	Models          []modelStatus `json:"models"`
+	Picker          pickerStatus  `json:"picker"`
+	XDS             xdsStatus     `json:"xds"`
+	Envoys          []envoyStatus `json:"envoys"`
+}
+
+type xdsStatus struct {
+	Version         string   `json:"version"`
+	RegistryVersion uint64   `json:"registry_version"`
+	Snapshots       uint64   `json:"snapshots"`
+	Failures        uint64   `json:"failures"`
+	LastError       string   `json:"last_error,omitempty"`
+	ACKs            uint64   `json:"acks"`
+	NACKs           uint64   `json:"nacks"`
+	Warnings        []string `json:"warnings,omitempty"`
+}
+
+type envoyStatus struct {
+	ID        string            `json:"id"`
+	Cluster   string            `json:"cluster"`
+	Streams   int               `json:"streams"`
+	FirstSeen time.Time         `json:"first_seen"`
+	LastSeen  time.Time         `json:"last_seen"`
+	Acked     map[string]string `json:"acked"`
+	ACKs      uint64            `json:"acks"`
+	NACKs     uint64            `json:"nacks"`
+	LastNACK  string            `json:"last_nack,omitempty"`
 }
 
 type poolStatus struct {
@@ -91,8 +120,14 @@ func (a *app) status() statusDoc {
 		RegistryVersion: st.Version,
 		Picker: pickerStatus{Requests: ps.Requests, Picked: ps.Picked, Rewritten: ps.Rewritten,
 			FallbackServed: ps.FallbackServed, Rejected: ps.Rejected},
-		XDS:    a.xds.Stats(),
-		Envoys: a.xds.Nodes(),
+	}
+	xs := a.xds.Stats()
+	doc.XDS = xdsStatus{Version: xs.Version, RegistryVersion: xs.RegistryVersion, Snapshots: xs.Snapshots,
+		Failures: xs.Failures, LastError: xs.LastError, ACKs: xs.ACKs, NACKs: xs.NACKs, Warnings: xs.Warnings}
+	doc.Envoys = []envoyStatus{}
+	for _, n := range a.xds.Nodes() {
+		doc.Envoys = append(doc.Envoys, envoyStatus{ID: n.ID, Cluster: n.Cluster, Streams: n.Streams,
+			FirstSeen: n.FirstSeen, LastSeen: n.LastSeen, Acked: n.Acked, ACKs: n.ACKs, NACKs: n.NACKs, LastNACK: n.LastNACK})
 	}
 	if err := a.manager.LastError(); err != nil {
 		doc.ConfigError = err.Error()

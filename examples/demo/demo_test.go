@@ -1,8 +1,13 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"fmt"
+	"image/color"
+	"image/png"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -109,5 +114,105 @@ func TestDemoCtrlCStopsEverything(t *testing.T) {
 			}
 			return nil
 		})
+	}
+}
+
+// chromiumPath finds Debian's chromium, or skips (fails under CI, where
+// `make tools` installs it).
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("chromium not installed (make tools installs Debian's chromium package)")
+	}
+	t.Skip("chromium not installed; apt-get install chromium")
+	return ""
+}
+
+// headless runs chromium with the flags this sandbox needs (no sandbox as
+// root, no background networking: the machine has no outside network).
+func headless(t *testing.T, args ...string) []byte {
+	t.Helper()
+	base := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--user-data-dir=" + t.TempDir(), "--window-size=1280,1000", "--virtual-time-budget=4000"}
+	cmd := exec.Command(chromiumPath(t), append(base, args...)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("chromium %v: %v\n%s", args, err, stderr.String())
+	}
+	return stdout.Bytes()
+}
+
+// The status page, rendered by a real browser against the running demo,
+// shows the demo's pool, its three endpoints with their load, the models
+// and the connected Envoy.
+func TestDemoStatusPageInChromium(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the demo and a browser")
+	}
+	chromiumPath(t)
+	off := freeOffset(t)
+	p := testutil.Start(t, "demo", demoBinary(t), demoArgs(t, off)...)
+	testutil.Eventually(t, 60*time.Second, "demo up", func() error {
+		if p.Exited() {
+			t.Fatalf("demo exited early:\n%s", p.Output())
+		}
+		if !strings.Contains(p.Output(), "Press Ctrl-C") {
+			return fmt.Errorf("not up yet")
+		}
+		return nil
+	})
+	// Send a few requests so the page has load to show.
+	base := fmt.Sprintf("http://127.0.0.1:%d", basePorts.listener+off)
+	for i := 0; i < 5; i++ {
+		if _, err := chat(context.Background(), base); err != nil {
+			t.Fatal(err)
+		}
+	}
+	page := fmt.Sprintf("http://127.0.0.1:%d/", basePorts.admin+off)
+	dom := string(headless(t, "--dump-dom", page))
+	want := []string{"switchyard", "llama", "vllm, fail_closed"}
+	for _, sp := range basePorts.sims {
+		want = append(want, fmt.Sprintf("127.0.0.1:%d", sp+off))
+	}
+	want = append(want, "meta-llama/Llama-3.1-8B-Instruct", "sql-lora", "demo-envoy", "ready")
+	if missing := testutil.ContainsAll(dom, want...); len(missing) > 0 {
+		t.Fatalf("status page lacks %q; rendered DOM:\n%s", missing, dom)
+	}
+	if !strings.Contains(dom, `<span id="stale"></span>`) {
+		t.Fatalf("page could not fetch /api/status:\n%s", dom)
+	}
+
+	shot := filepath.Join(t.TempDir(), "status.png")
+	if dir := os.Getenv("SWITCHYARD_SCREENSHOT_DIR"); dir != "" {
+		shot = filepath.Join(dir, "status.png")
+	}
+	headless(t, "--screenshot="+shot, page)
+	f, err := os.Open(shot)
+	if err != nil {
+		t.Fatalf("no screenshot: %v", err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("screenshot is not a PNG: %v", err)
+	}
+	// A rendered page has text, tables and the header: many distinct
+	// colours; a blank or error page has a handful.
+	colours := map[color.Color]bool{}
+	b := img.Bounds()
+	for y := b.Min.Y; y < b.Max.Y; y += 3 {
+		for x := b.Min.X; x < b.Max.X; x += 3 {
+			colours[img.At(x, y)] = true
+		}
+	}
+	if len(colours) < 20 {
+		t.Fatalf("screenshot looks blank: %d distinct colours", len(colours))
 	}
 }
