@@ -70,6 +70,9 @@ type Pool struct {
 	// DeclRange is where the pool was declared ("file:line:column"), for
 	// diagnostics ("" if not from a file).
 	DeclRange string
+	// Consul, when non-nil, says the pool's members (also) come from
+	// Consul: the instances of this service the consul source finds.
+	Consul *ConsulSelector
 }
 
 // Scheduling configures how the picker chooses an endpoint in a pool. The
@@ -167,4 +170,17 @@ func (s *State) ModelNames() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// ConsulSelector chooses the Consul service instances that become a pool's
+// endpoints (see registry/consul for the service-meta convention).
+type ConsulSelector struct {
+	// Service is the Consul service name (required).
+	Service string
+	// Tag, when set, keeps only instances carrying this tag.
+	Tag string
+	// Datacenter, when set, queries that datacenter instead of the agent's.
+	Datacenter string
+	// PassingOnly keeps only instances whose every health check passes.
+	PassingOnly bool
 }

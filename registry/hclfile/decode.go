@@ -47,6 +47,16 @@ var poolSchema = &hcl.BodySchema{
 	Blocks: []hcl.BlockHeaderSchema{
 		{Type: "scheduling"},
 		{Type: "endpoint", LabelNames: []string{"address"}},
+		{Type: "consul"},
+	},
+}
+
+var consulSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{
+		{Name: "service", Required: true},
+		{Name: "tag"},
+		{Name: "datacenter"},
+		{Name: "passing_only"},
 	},
 }
 
@@ -302,7 +312,7 @@ func (d *decoder) pool(b *hcl.Block) {
 			}
 		}
 	}
-	var schedAt *hcl.Range
+	var schedAt, consulAt *hcl.Range
 	for _, sb := range content.Blocks {
 		switch sb.Type {
 		case "scheduling":
@@ -315,8 +325,49 @@ func (d *decoder) pool(b *hcl.Block) {
 			p.Scheduling = d.scheduling(obj, sb)
 		case "endpoint":
 			d.endpointBlock(p, obj, sb)
+		case "consul":
+			if consulAt != nil {
+				d.errorAt(obj.with("consul"), sb.DefRange, "Duplicate consul block",
+					fmt.Sprintf("Pool %q already has a consul block at %s.", name, pos(*consulAt)))
+				continue
+			}
+			consulAt = sb.DefRange.Ptr()
+			p.Consul = d.consul(obj, sb)
 		}
 	}
+}
+
+// consul decodes a pool's consul block: which Consul service instances
+// join the pool.
+func (d *decoder) consul(obj loc, b *hcl.Block) *registry.ConsulSelector {
+	sel := &registry.ConsulSelector{}
+	content, diags := b.Body.Content(consulSchema)
+	d.diags = append(d.diags, diags...)
+	at := func(f string) loc { return obj.with("consul." + f) }
+	if _, ok := content.Attributes["service"]; !ok {
+		d.tainted[at("service")] = true // the schema reported it
+	}
+	strAttr := func(name string, dst *string) {
+		if a, ok := content.Attributes[name]; ok {
+			if s, ok := d.str(at(name), a.Expr); ok {
+				if strings.TrimSpace(s) != s || name == "service" && (s == "" || strings.ContainsAny(s, "/?#")) {
+					d.errorAt(at(name), a.Expr.Range(), "Invalid consul "+name,
+						fmt.Sprintf("%q is not a valid Consul %s name.", s, name))
+					return
+				}
+				*dst = s
+			}
+		}
+	}
+	strAttr("service", &sel.Service)
+	strAttr("tag", &sel.Tag)
+	strAttr("datacenter", &sel.Datacenter)
+	if a, ok := content.Attributes["passing_only"]; ok {
+		if v, ok := d.boolean(at("passing_only"), a.Expr); ok {
+			sel.PassingOnly = v
+		}
+	}
+	return sel
 }
 
 // endpoint canonicalises addr and adds it to p unless it is a duplicate.

@@ -52,6 +52,17 @@
 //	                                  # kv_usage, lora_info, cache_config
 //	  }
 //
+//	  consul {                    # optional, at most one: members also come
+//	                              # from Consul (see registry/consul for the
+//	                              # service-meta convention)
+//	    service      = "vllm"     # required; Consul service name
+//	    tag          = "llama-8b" # optional; only instances with this tag
+//	    datacenter   = "dc1"      # optional; default: the agent's datacenter
+//	    passing_only = true       # default false: passing and warning
+//	                              # instances join, maintenance ones drain;
+//	                              # true: only instances whose checks all pass
+//	  }
+//
 //	  endpoint "127.0.0.1:8003" { # optional, any number: an endpoint with
 //	                              # settings; same rules as endpoints entries,
 //	                              # and an address may appear only once in

@@ -1,0 +1,299 @@
+package consul
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/switchyard/switchyard/internal/testutil"
+	"github.com/switchyard/switchyard/registry"
+)
+
+// agent is a real `consul agent -dev` on free loopback ports.
+type agent struct {
+	bin  string
+	args []string
+	addr string // HTTP API "127.0.0.1:port"
+	proc *testutil.Process
+}
+
+func startAgent(t *testing.T) *agent {
+	t.Helper()
+	bin := testutil.ConsulPath(t)
+	http := testutil.FreePort(t)
+	a := &agent{bin: bin, addr: "127.0.0.1:" + strconv.Itoa(http), args: []string{
+		"agent", "-dev", "-bind", "127.0.0.1", "-client", "127.0.0.1", "-node", "switchyard-test",
+		"-http-port", strconv.Itoa(http), "-dns-port", "-1", "-grpc-port", "-1", "-grpc-tls-port", "-1",
+		"-serf-lan-port", strconv.Itoa(testutil.FreePort(t)), "-serf-wan-port", strconv.Itoa(testutil.FreePort(t)),
+		"-server-port", strconv.Itoa(testutil.FreePort(t)), "-log-level", "warn",
+	}}
+	a.start(t)
+	return a
+}
+
+func (a *agent) start(t *testing.T) {
+	t.Helper()
+	p := testutil.StartNoCleanup(t, "consul", a.bin, a.args...)
+	a.proc = p
+	t.Cleanup(func() {
+		p.Stop()
+		if t.Failed() {
+			t.Logf("--- output of consul ---\n%s", p.Output())
+		}
+	})
+	client := a.client(t)
+	testutil.Eventually(t, 15*time.Second, "consul leader elected", func() error {
+		if p.Exited() {
+			t.Fatalf("consul exited:\n%s", p.Output())
+		}
+		leader, err := client.Status().Leader()
+		if err != nil {
+			return err
+		}
+		if leader == "" {
+			return fmt.Errorf("no leader yet")
+		}
+		return nil
+	})
+}
+
+func (a *agent) client(t *testing.T) *api.Client {
+	t.Helper()
+	c, err := api.NewClient(&api.Config{Address: a.addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// modelServer is an httptest server standing in for a vLLM host's /health.
+type modelServer struct {
+	*httptest.Server
+	healthy atomic.Bool
+}
+
+func newModelServer(t *testing.T) *modelServer {
+	m := &modelServer{}
+	m.healthy.Store(true)
+	m.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" && !m.healthy.Load() {
+			http.Error(w, "engine dead", http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(m.Close)
+	return m
+}
+
+func (m *modelServer) port(t *testing.T) int {
+	_, p, _ := net.SplitHostPort(m.Listener.Addr().String())
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (m *modelServer) addr() string { return m.Listener.Addr().String() }
+
+// register registers m as an instance of service "vllm", the way
+// examples/consul/vllm-llama.json does.
+func register(t *testing.T, c *api.Client, id string, m *modelServer) {
+	t.Helper()
+	err := c.Agent().ServiceRegister(&api.AgentServiceRegistration{
+		ID: id, Name: "vllm", Tags: []string{"llama-8b"}, Address: "127.0.0.1", Port: m.port(t),
+		Meta: map[string]string{MetaModels: "llama-3-8b,sql-lora", MetaEngine: "vllm", MetaMetricsPath: "/metrics"},
+		Check: &api.AgentServiceCheck{
+			HTTP: m.URL + "/health", Interval: "1s", Timeout: "500ms",
+			// Start passing so the test measures discovery, not the first
+			// check run; a real host may start critical until healthy.
+			Status: api.HealthPassing, DeregisterCriticalServiceAfter: "1m",
+		},
+	})
+	if err != nil {
+		t.Fatalf("register %s: %v", id, err)
+	}
+}
+
+// staticSource declares pools once, like an HCL file would.
+type staticSource struct{ u registry.Update }
+
+func (s staticSource) Run(ctx context.Context, up chan<- registry.Update) {
+	select {
+	case up <- s.u:
+	case <-ctx.Done():
+	}
+	<-ctx.Done()
+}
+
+func endpointsOf(v registry.View, pool string) []registry.Endpoint {
+	s, _ := v.Current()
+	if p, ok := s.Pools[pool]; ok {
+		return p.Endpoints
+	}
+	return nil
+}
+
+// waitEndpoints polls until pool has exactly want (addresses, in order) and
+// returns how long it took.
+func waitEndpoints(t *testing.T, v registry.View, pool string, want ...string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	testutil.Eventually(t, 10*time.Second, fmt.Sprintf("pool %s endpoints %v", pool, want), func() error {
+		var got []string
+		for _, ep := range endpointsOf(v, pool) {
+			got = append(got, ep.Address)
+		}
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("endpoints %v", got)
+		}
+		return nil
+	})
+	return time.Since(start)
+}
+
+// TestAgent drives a real registry.Manager with this source against a real
+// Consul agent. The steps share one agent and run in order.
+func TestAgent(t *testing.T) {
+	a := startAgent(t)
+	c := a.client(t)
+
+	passing := registry.ConsulSelector{Service: "vllm", Tag: "llama-8b", PassingOnly: true}
+	all := registry.ConsulSelector{Service: "vllm"}
+	pool := func(name string, sel registry.ConsulSelector) *registry.Pool {
+		return &registry.Pool{Name: name, Engine: registry.EngineVLLM, FailureMode: registry.FailClosed, MetricsPath: "/metrics", Consul: &sel}
+	}
+	pub := registry.NewPublisher(nil)
+	log := slog.New(slog.NewTextHandler(t.Output(), nil))
+	m := registry.NewManager(pub, registry.WithLogger(log)) // default debounce, as in serve
+	if err := m.AddSource("file", staticSource{registry.Update{Pools: map[string]*registry.Pool{
+		"llama": pool("llama", passing), "llama-all": pool("llama-all", all),
+	}}}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := New(m.View(), Options{Address: "http://" + a.addr, WaitTime: 10 * time.Second, Logger: log,
+		MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.AddSource(SourceName, src); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	})
+
+	v := m.View()
+	h1 := newModelServer(t)
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	if _, err := registry.WaitFor(wctx, v, func(s *registry.State) bool { return s.Pools["llama"] != nil }); err != nil {
+		t.Fatalf("first state not published: %v", err)
+	}
+
+	t.Run("registration appears", func(t *testing.T) {
+		register(t, c, "vllm-1", h1)
+		d := waitEndpoints(t, v, "llama", h1.addr())
+		t.Logf("registered instance in the published state after %v", d)
+		waitEndpoints(t, v, "llama-all", h1.addr())
+		ep := endpointsOf(v, "llama")[0]
+		if ep.Source != SourceName || !slices.Equal(ep.Models, []string{"llama-3-8b", "sql-lora"}) || ep.MetricsPath != "/metrics" || ep.Draining {
+			t.Errorf("endpoint = %+v", ep)
+		}
+	})
+
+	t.Run("failing health check removes it", func(t *testing.T) {
+		h1.healthy.Store(false)
+		d := waitEndpoints(t, v, "llama")
+		t.Logf("failing instance left the published state after %v (check interval 1s)", d)
+		waitEndpoints(t, v, "llama-all") // critical: out of both pools
+		h1.healthy.Store(true)
+		waitEndpoints(t, v, "llama", h1.addr())
+	})
+
+	t.Run("maintenance drains or removes", func(t *testing.T) {
+		if err := c.Agent().EnableServiceMaintenance("vllm-1", "upgrade"); err != nil {
+			t.Fatal(err)
+		}
+		waitEndpoints(t, v, "llama")
+		waitEndpoints(t, v, "llama-all", h1.addr())
+		if ep := endpointsOf(v, "llama-all")[0]; !ep.Draining {
+			t.Errorf("in maintenance without passing_only: %+v, want Draining", ep)
+		}
+		if err := c.Agent().DisableServiceMaintenance("vllm-1"); err != nil {
+			t.Fatal(err)
+		}
+		waitEndpoints(t, v, "llama", h1.addr())
+	})
+
+	t.Run("deregistration removes it", func(t *testing.T) {
+		if err := c.Agent().ServiceDeregister("vllm-1"); err != nil {
+			t.Fatal(err)
+		}
+		d := waitEndpoints(t, v, "llama")
+		t.Logf("deregistered instance left the published state after %v", d)
+		waitEndpoints(t, v, "llama-all")
+	})
+
+	t.Run("consul down keeps members; restart resumes", func(t *testing.T) {
+		register(t, c, "vllm-1", h1)
+		waitEndpoints(t, v, "llama", h1.addr())
+		before := m.Status().Version
+
+		a.proc.Stop()
+		testutil.Eventually(t, 10*time.Second, "source reports consul down", func() error {
+			for _, st := range src.Status() {
+				if st.Up || st.LastError == nil {
+					return fmt.Errorf("%v: up=%v err=%v", describe(st.Selector), st.Up, st.LastError)
+				}
+			}
+			return nil
+		})
+		testutil.Eventually(t, 5*time.Second, "manager reports the consul error", func() error {
+			if err := m.LastError(); err == nil || !strings.Contains(err.Error(), `source "consul"`) {
+				return fmt.Errorf("LastError = %v", err)
+			}
+			return nil
+		})
+		if got := endpointsOf(v, "llama"); len(got) != 1 || got[0].Address != h1.addr() {
+			t.Fatalf("while consul is down the pool has %+v, want the last member %s", got, h1.addr())
+		}
+		if after := m.Status().Version; after != before {
+			t.Errorf("state version went %d -> %d while consul was down, want no new state", before, after)
+		}
+
+		// A dev agent forgets everything: register another host after the
+		// restart; the old one must go, the new one come.
+		a.start(t)
+		h2 := newModelServer(t)
+		register(t, c, "vllm-2", h2)
+		d := waitEndpoints(t, v, "llama", h2.addr())
+		t.Logf("after the restart the new registration appeared after %v", d)
+		testutil.Eventually(t, 5*time.Second, "source reports consul up", func() error {
+			for _, st := range src.Status() {
+				if !st.Up || st.LastError != nil || st.Index == 0 {
+					return fmt.Errorf("%v: up=%v err=%v index=%d", describe(st.Selector), st.Up, st.LastError, st.Index)
+				}
+			}
+			return m.LastError()
+		})
+	})
+}

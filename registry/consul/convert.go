@@ -1,0 +1,151 @@
+package consul
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/switchyard/switchyard/registry"
+)
+
+// The service-meta keys a model server sets on its Consul registration.
+const (
+	// MetaModels is a comma-separated list of the model names and LoRA
+	// adapters the instance serves ("llama-3-8b,sql-lora").
+	MetaModels = "models"
+	// MetaEngine names the instance's engine (vllm, sglang, trtllm-serve,
+	// triton-tensorrt-llm). When set it must equal the pool's engine.
+	MetaEngine = "engine"
+	// MetaMetricsPath overrides the pool's metrics path for the instance.
+	MetaMetricsPath = "metrics_path"
+)
+
+// convert turns the instances one health query returned into the endpoints
+// of a pool whose engine is engine. It never fails: an instance that
+// cannot be used is left out and described in warnings.
+//
+// Rules (see the package documentation for the reasoning):
+//   - address: the service address, else the node address, which must be an
+//     IP literal; the port must be 1-65535. The result is canonical
+//     "ip:port" ("[v6]:port").
+//   - health (aggregated over the instance's checks): passing and warning
+//     instances are endpoints; maintenance makes them Draining; critical
+//     leaves them out. With sel.PassingOnly Consul itself returns only
+//     instances whose checks all pass.
+//   - meta "engine", when set, must equal engine; meta "models" fills
+//     Models (trimmed, de-duplicated, sorted); meta "metrics_path" must pass
+//     registry.CheckMetricsPath, else it is ignored.
+//   - two instances on the same address: the one with the smaller
+//     node/service ID wins.
+//
+// The result is sorted by Address and never nil.
+func convert(entries []*api.ServiceEntry, sel registry.ConsulSelector, engine registry.Engine) (eps []registry.Endpoint, warnings []string) {
+	type cand struct {
+		ep  registry.Endpoint
+		key string // node/service-id, to pick a stable winner for duplicates
+	}
+	var cands []cand
+	for _, e := range entries {
+		if e == nil || e.Service == nil {
+			continue
+		}
+		id := instanceID(e)
+		warn := func(format string, args ...any) {
+			warnings = append(warnings, fmt.Sprintf("consul service %q instance %s: ", sel.Service, id)+fmt.Sprintf(format, args...))
+		}
+		addr, err := instanceAddress(e)
+		if err != nil {
+			warn("left out: %v", err)
+			continue
+		}
+		ep := registry.Endpoint{Address: addr, Source: SourceName}
+		switch e.Checks.AggregatedStatus() {
+		case api.HealthCritical:
+			continue // not healthy: not a warning, just not a member
+		case api.HealthMaint:
+			ep.Draining = true
+		}
+		meta := e.Service.Meta
+		if eng := strings.TrimSpace(meta[MetaEngine]); eng != "" && registry.Engine(eng) != engine {
+			warn("left out: meta %s=%q but the pool's engine is %q", MetaEngine, eng, engine)
+			continue
+		}
+		ep.Models = parseModels(meta[MetaModels])
+		if mp := strings.TrimSpace(meta[MetaMetricsPath]); mp != "" {
+			if err := registry.CheckMetricsPath(mp); err != nil {
+				warn("meta %s ignored: %v", MetaMetricsPath, err)
+			} else {
+				ep.MetricsPath = mp
+			}
+		}
+		cands = append(cands, cand{ep: ep, key: id})
+	}
+	sort.Slice(cands, func(i, j int) bool {
+		if cands[i].ep.Address != cands[j].ep.Address {
+			return cands[i].ep.Address < cands[j].ep.Address
+		}
+		return cands[i].key < cands[j].key
+	})
+	eps = make([]registry.Endpoint, 0, len(cands))
+	for i, c := range cands {
+		if i > 0 && cands[i-1].ep.Address == c.ep.Address {
+			warnings = append(warnings, fmt.Sprintf("consul service %q instance %s: left out: address %s is already used by instance %s",
+				sel.Service, c.key, c.ep.Address, cands[i-1].key))
+			continue
+		}
+		eps = append(eps, c.ep)
+	}
+	return eps, warnings
+}
+
+// instanceID names an instance in messages: "node/service-id".
+func instanceID(e *api.ServiceEntry) string {
+	node := ""
+	if e.Node != nil {
+		node = e.Node.Node
+	}
+	return node + "/" + e.Service.ID
+}
+
+// instanceAddress returns the canonical "ip:port" of an instance.
+func instanceAddress(e *api.ServiceEntry) (string, error) {
+	host := strings.TrimSpace(e.Service.Address)
+	if host == "" && e.Node != nil {
+		host = strings.TrimSpace(e.Node.Address)
+	}
+	if host == "" {
+		return "", fmt.Errorf("no service or node address")
+	}
+	// Tolerate an address written as "[v6]".
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return "", fmt.Errorf("address %q is not an IP literal (register the service with an IP address)", host)
+	}
+	if e.Service.Port <= 0 || e.Service.Port > 65535 {
+		return "", fmt.Errorf("port %d is not in 1-65535", e.Service.Port)
+	}
+	return registry.CanonicalAddress(net.JoinHostPort(ip.String(), strconv.Itoa(e.Service.Port)), true)
+}
+
+// parseModels splits a "models" meta value: comma-separated, blanks
+// trimmed and dropped, duplicates removed, sorted. Nil when empty.
+func parseModels(v string) []string {
+	var out []string
+	for _, m := range strings.Split(v, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			out = append(out, m)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}

@@ -1,0 +1,557 @@
+// Package consul owns Consul service discovery: Source, the registry.Source
+// that turns the healthy instances of Consul services into the endpoints of
+// pools whose configuration says `consul { service = ... }`
+// (registry.Pool.Consul).
+//
+// # How it works
+//
+// The source watches the registry's own published state (a registry.View)
+// to learn which pools want Consul members. For every distinct
+// registry.ConsulSelector it runs one watcher doing Consul blocking queries
+// on /v1/health/service/<service> (tag, datacenter and passing-only filter
+// from the selector), so a registration, deregistration or health change
+// reaches the registry as soon as Consul answers, typically well under a
+// second. Selectors that appear or disappear on reload start or stop
+// watchers. Each change is sent as the source's full contribution:
+// Update.Endpoints, pool name -> endpoints, with Endpoint.Source "consul".
+//
+// When Consul cannot be reached the source keeps its last members in force
+// (it sends Update{Err}, never an empty update), retries with jittered
+// exponential back-off (100 ms doubling to 5 s), and resumes blocking
+// queries once Consul answers again. Status reports each watcher's sync
+// state. A blocking-query index that goes backwards (a Consul cluster
+// rebuilt or restarted in dev mode) resets the watcher to a full read.
+//
+// # Service-meta convention
+//
+// A model server registers itself as a Consul service (see
+// examples/consul/vllm-llama.json) with:
+//
+//	address  an IP literal (the node address is used when empty); hostnames
+//	         are left out with a warning, since Envoy and the picker name
+//	         endpoints by "ip:port"
+//	port     the OpenAI-compatible HTTP port
+//	meta.models        comma-separated model names and LoRA adapters served
+//	                   ("meta-llama/Llama-3.1-8B-Instruct,sql-lora")
+//	meta.engine        vllm | sglang | trtllm-serve | triton-tensorrt-llm;
+//	                   optional, but when set it must equal the pool's
+//	                   engine or the instance is left out with a warning
+//	meta.metrics_path  optional; overrides the pool's metrics path
+//	check    an HTTP check on /health with a short interval (1s) and
+//	         deregister_critical_service_after, so dead hosts leave
+//
+// # Health
+//
+// An instance's checks are aggregated: passing and warning instances are
+// members; an instance in maintenance mode (`consul maint -enable
+// -service ID`) is kept but Draining (no new requests, removed from EDS);
+// a critical instance is left out. With passing_only, Consul itself returns
+// only instances whose checks all pass, so warning and maintenance
+// instances disappear instead. Without it, the rules match Consul DNS.
+//
+// # Configuration
+//
+// The Consul agent address, ACL token and TLS settings come from the
+// standard environment variables (CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN,
+// CONSUL_HTTP_TOKEN_FILE, CONSUL_HTTP_SSL, CONSUL_CACERT, CONSUL_CAPATH,
+// CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY, CONSUL_TLS_SERVER_NAME,
+// CONSUL_HTTP_SSL_VERIFY); non-empty Options fields override them.
+package consul
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/switchyard/switchyard/registry"
+)
+
+// SourceName is the Endpoint.Source of every endpoint this package makes,
+// and the name to register the source under.
+const SourceName = "consul"
+
+// Defaults for Options.
+const (
+	DefaultWaitTime   = 30 * time.Second
+	DefaultMinBackoff = 100 * time.Millisecond
+	DefaultMaxBackoff = 5 * time.Second
+	// DefaultMinInterval is the shortest time between the starts of two
+	// queries of one watcher, so a query that keeps returning at once
+	// (unchanged or zero index) cannot become a busy loop.
+	DefaultMinInterval = 50 * time.Millisecond
+)
+
+// firstResultWait is how long a contribution waits for new watchers'
+// first answers before it is sent without them.
+const firstResultWait = time.Second
+
+// TLSOptions overrides the TLS settings of the Consul HTTP client.
+type TLSOptions struct {
+	// ServerName is the name to verify the agent's certificate against.
+	ServerName string
+	// CAFile and CAPath locate the CA certificate(s) to trust.
+	CAFile, CAPath string
+	// CertFile and KeyFile are the client certificate and key.
+	CertFile, KeyFile string
+	// InsecureSkipVerify disables certificate verification.
+	InsecureSkipVerify bool
+}
+
+// Options configures a Source. The zero value uses the Consul environment
+// variables and the defaults.
+type Options struct {
+	// Address of the Consul HTTP API: "host:port", "http://host:port",
+	// "https://host:port" or "unix:///path". Default: CONSUL_HTTP_ADDR,
+	// else 127.0.0.1:8500.
+	Address string
+	// Token is the ACL token. Default: CONSUL_HTTP_TOKEN(_FILE).
+	Token string
+	// TLS overrides the CONSUL_CACERT... settings field by field.
+	TLS TLSOptions
+	// AllowStale lets any Consul server answer, not only the leader.
+	AllowStale bool
+	// WaitTime is the longest a blocking query waits (DefaultWaitTime).
+	WaitTime time.Duration
+	// MinBackoff and MaxBackoff bound the retry delay after a failed query.
+	MinBackoff, MaxBackoff time.Duration
+	// MinInterval is the shortest time between two queries of one watcher.
+	MinInterval time.Duration
+	// InitialIndexes are the blocking-query indexes a previous run reached
+	// (from Indexes, persisted by the store together with the state). A
+	// watcher whose selector has one contributes, until Consul first
+	// answers, the Source "consul" endpoints the view's initial state lists
+	// for its pools, so a restored state stays in force even when Consul is
+	// unreachable at start. The first query is still a full read: after a
+	// restart Consul's index may be lower than the persisted one, and a
+	// query blocking on it would hang until WaitTime.
+	InitialIndexes map[registry.ConsulSelector]uint64
+	// Bootstrap, when set, is read for the pools wanting Consul members
+	// while the view still holds its initial state (the Manager publishes
+	// its first state only once every source has contributed). Pass the
+	// parsed HCL configuration so that the first published state already
+	// has the Consul members instead of getting them one publish later.
+	Bootstrap *registry.State
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// fetchFunc runs one health query: the instances of sel, and the index to
+// block on next.
+type fetchFunc func(ctx context.Context, sel registry.ConsulSelector, waitIndex uint64) ([]*api.ServiceEntry, uint64, error)
+
+// Source is the Consul registry.Source. Create it with New; Run it once.
+type Source struct {
+	view registry.View
+	opts Options
+	log  *slog.Logger
+	// fetch is the Consul query; tests replace it.
+	fetch fetchFunc
+
+	wake chan struct{} // 1-buffered: a watcher has news
+
+	mu       sync.Mutex
+	watchers map[registry.ConsulSelector]*watcher
+}
+
+var _ registry.Source = (*Source)(nil)
+
+// New returns a Source that reads the pools wanting Consul members from view
+// (the Manager's own View) and queries Consul as opts say. It fails only on
+// unusable client settings (for example unreadable TLS files); an
+// unreachable Consul is a runtime condition Run retries.
+func New(view registry.View, opts Options) (*Source, error) {
+	cfg := api.DefaultConfig()
+	if opts.Address != "" {
+		cfg.Address = opts.Address
+	}
+	if opts.Token != "" {
+		cfg.Token, cfg.TokenFile = opts.Token, ""
+	}
+	t := opts.TLS
+	for dst, src := range map[*string]string{
+		&cfg.TLSConfig.Address: t.ServerName, &cfg.TLSConfig.CAFile: t.CAFile, &cfg.TLSConfig.CAPath: t.CAPath,
+		&cfg.TLSConfig.CertFile: t.CertFile, &cfg.TLSConfig.KeyFile: t.KeyFile,
+	} {
+		if src != "" {
+			*dst = src
+		}
+	}
+	if t.InsecureSkipVerify {
+		cfg.TLSConfig.InsecureSkipVerify = true
+	}
+	if t != (TLSOptions{}) && !strings.Contains(cfg.Address, "://") {
+		cfg.Scheme = "https"
+	}
+	client, err := api.NewClient(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("consul: client for %s: %w", cfg.Address, err)
+	}
+	s := newSource(view, opts, nil)
+	health := client.Health()
+	s.fetch = func(ctx context.Context, sel registry.ConsulSelector, waitIndex uint64) ([]*api.ServiceEntry, uint64, error) {
+		// A blocking query answers within WaitTime plus Consul's jitter
+		// (WaitTime/16); the extra margin bounds a black-holed connection.
+		ctx, cancel := context.WithTimeout(ctx, s.opts.WaitTime+s.opts.WaitTime/16+5*time.Second)
+		defer cancel()
+		q := (&api.QueryOptions{
+			Datacenter: sel.Datacenter,
+			AllowStale: s.opts.AllowStale,
+			WaitIndex:  waitIndex,
+			WaitTime:   s.opts.WaitTime,
+		}).WithContext(ctx)
+		entries, meta, err := health.Service(sel.Service, sel.Tag, sel.PassingOnly, q)
+		if err != nil {
+			return nil, 0, err
+		}
+		return entries, meta.LastIndex, nil
+	}
+	return s, nil
+}
+
+// newSource builds a Source around fetch with defaults filled in.
+func newSource(view registry.View, opts Options, fetch fetchFunc) *Source {
+	if opts.WaitTime <= 0 {
+		opts.WaitTime = DefaultWaitTime
+	}
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = DefaultMinBackoff
+	}
+	if opts.MaxBackoff < opts.MinBackoff {
+		opts.MaxBackoff = max(DefaultMaxBackoff, opts.MinBackoff)
+	}
+	if opts.MinInterval <= 0 {
+		opts.MinInterval = DefaultMinInterval
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Source{
+		view:     view,
+		opts:     opts,
+		log:      opts.Logger.With("source", SourceName),
+		fetch:    fetch,
+		wake:     make(chan struct{}, 1),
+		watchers: map[registry.ConsulSelector]*watcher{},
+	}
+}
+
+// SelectorStatus is the sync state of one selector's watcher.
+type SelectorStatus struct {
+	Selector registry.ConsulSelector
+	// Pools are the pools using the selector, sorted.
+	Pools []string
+	// Up is true when the latest query succeeded.
+	Up bool
+	// Index is the blocking-query index reached (0 before the first answer).
+	Index uint64
+	// Instances is how many instances the latest answer listed.
+	Instances int
+	// LastSuccess is when Consul last answered (zero if never).
+	LastSuccess time.Time
+	// LastError is the latest query's error (nil when Up).
+	LastError error
+	// Restored is true while the watcher still serves the endpoints restored
+	// from the initial state, before Consul's first answer.
+	Restored bool
+}
+
+// Status returns the sync state of every watcher, sorted by service, tag,
+// datacenter.
+func (s *Source) Status() []SelectorStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]SelectorStatus, 0, len(s.watchers))
+	for sel, w := range s.watchers {
+		out = append(out, SelectorStatus{
+			Selector: sel, Pools: slices.Clone(w.pools), Up: w.up, Index: w.index,
+			Instances: len(w.entries), LastSuccess: w.lastSuccess, LastError: w.lastErr,
+			Restored: w.seed != nil && !w.answered,
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return selectorLess(out[i].Selector, out[j].Selector) })
+	return out
+}
+
+// Indexes returns the blocking-query index each running watcher has
+// reached, for the store to persist and pass back as
+// Options.InitialIndexes. Watchers without an answer yet are left out.
+func (s *Source) Indexes() map[registry.ConsulSelector]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[registry.ConsulSelector]uint64{}
+	for sel, w := range s.watchers {
+		if w.index > 0 {
+			out[sel] = w.index
+		}
+	}
+	return out
+}
+
+func selectorLess(a, b registry.ConsulSelector) bool {
+	if a.Service != b.Service {
+		return a.Service < b.Service
+	}
+	if a.Tag != b.Tag {
+		return a.Tag < b.Tag
+	}
+	if a.Datacenter != b.Datacenter {
+		return a.Datacenter < b.Datacenter
+	}
+	return !a.PassingOnly && b.PassingOnly
+}
+
+// poolWant is what one pool asks of Consul.
+type poolWant struct {
+	sel    registry.ConsulSelector
+	engine registry.Engine
+}
+
+// wanted lists the pools of s that take members from Consul.
+func wanted(s *registry.State) map[string]poolWant {
+	out := map[string]poolWant{}
+	for name, p := range s.Pools {
+		if p.Consul != nil {
+			eng := p.Engine
+			if eng == "" {
+				eng = registry.EngineVLLM
+			}
+			out[name] = poolWant{sel: *p.Consul, engine: eng}
+		}
+	}
+	return out
+}
+
+// Run implements registry.Source.
+func (s *Source) Run(ctx context.Context, up chan<- registry.Update) {
+	var wg sync.WaitGroup
+	defer func() {
+		s.mu.Lock()
+		for _, w := range s.watchers {
+			w.cancel()
+		}
+		s.mu.Unlock()
+		wg.Wait()
+	}()
+
+	send := func(u registry.Update) bool {
+		select {
+		case up <- u:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+
+	var (
+		lastState *registry.State
+		pools     map[string]poolWant
+		sent      bool
+		lastSent  map[string][]registry.Endpoint
+		lastErr   string // the error the Manager holds for us ("" none)
+		lastWarn  []string
+		first     = time.NewTimer(time.Hour)
+		firstDue  bool // the first-answer timer has fired
+	)
+	first.Stop()
+	defer first.Stop()
+	initial, _ := s.view.Current()
+
+	for {
+		st, changed := s.view.Current()
+		if st != lastState {
+			lastState = st
+			if st == initial && s.opts.Bootstrap != nil {
+				pools = wanted(s.opts.Bootstrap)
+			} else {
+				pools = wanted(st)
+			}
+			if s.reconcile(ctx, &wg, pools, initial) {
+				firstDue = false
+				first.Reset(firstResultWait)
+			}
+		}
+
+		if firstDue || !s.awaitingFirst() {
+			eps, warnings := s.build(pools)
+			if !slices.Equal(warnings, lastWarn) {
+				for _, w := range warnings {
+					s.log.Warn("consul instance not used", "reason", w)
+				}
+				lastWarn = warnings
+			}
+			downErr := s.downError()
+			if !sent || lastErr != "" && downErr == nil || !reflect.DeepEqual(eps, lastSent) {
+				if !send(registry.Update{Source: SourceName, Endpoints: eps}) {
+					return
+				}
+				sent, lastSent, lastErr = true, eps, ""
+			}
+			if downErr != nil && downErr.Error() != lastErr {
+				if !send(registry.Update{Source: SourceName, Err: downErr}) {
+					return
+				}
+				lastErr = downErr.Error()
+			}
+		}
+
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-s.wake:
+		case <-first.C:
+			firstDue = true
+		}
+	}
+}
+
+// reconcile starts watchers for new selectors, stops the ones no pool uses
+// any more and records which pools use each. It reports whether it
+// started a watcher.
+func (s *Source) reconcile(ctx context.Context, wg *sync.WaitGroup, pools map[string]poolWant, initial *registry.State) bool {
+	bySel := map[registry.ConsulSelector][]string{}
+	for name, pw := range pools {
+		bySel[pw.sel] = append(bySel[pw.sel], name)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	started := false
+	for sel, w := range s.watchers {
+		if _, ok := bySel[sel]; !ok {
+			w.cancel()
+			delete(s.watchers, sel)
+			s.log.Info("consul watch stopped", "service", sel.Service, "tag", sel.Tag, "datacenter", sel.Datacenter)
+		}
+	}
+	for sel, names := range bySel {
+		sort.Strings(names)
+		if w, ok := s.watchers[sel]; ok {
+			w.pools = names
+			continue
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		w := &watcher{sel: sel, pools: names, cancel: cancel}
+		if idx, ok := s.opts.InitialIndexes[sel]; ok && idx > 0 {
+			w.initialIndex = idx
+			w.seed = restored(initial, names)
+		}
+		s.watchers[sel] = w
+		started = true
+		s.log.Info("consul watch started", "service", sel.Service, "tag", sel.Tag, "datacenter", sel.Datacenter,
+			"passing_only", sel.PassingOnly, "pools", names, "initial_index", w.initialIndex)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.watch(wctx, w)
+		}()
+	}
+	return started
+}
+
+// restored returns the Source "consul" endpoints st lists for pools.
+func restored(st *registry.State, pools []string) map[string][]registry.Endpoint {
+	out := map[string][]registry.Endpoint{}
+	for _, name := range pools {
+		p, ok := st.Pools[name]
+		if !ok {
+			continue
+		}
+		for _, ep := range p.Endpoints {
+			if ep.Source == SourceName {
+				ep.Models = slices.Clone(ep.Models)
+				out[name] = append(out[name], ep)
+			}
+		}
+	}
+	return out
+}
+
+// awaitingFirst reports whether a watcher has neither answered nor failed
+// yet (and has no restored endpoints to stand in).
+func (s *Source) awaitingFirst() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range s.watchers {
+		if !w.answered && w.attempts == 0 && w.seed == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// build makes the contribution: every Consul pool's endpoints.
+func (s *Source) build(pools map[string]poolWant) (map[string][]registry.Endpoint, []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string][]registry.Endpoint{}
+	var warnings []string
+	for _, name := range sortedNames(pools) {
+		pw := pools[name]
+		w, ok := s.watchers[pw.sel]
+		if !ok {
+			continue
+		}
+		if !w.answered {
+			if eps := w.seed[name]; len(eps) > 0 {
+				out[name] = eps
+			}
+			continue
+		}
+		eps, warn := convert(w.entries, pw.sel, pw.engine)
+		for _, m := range warn {
+			warnings = append(warnings, fmt.Sprintf("pool %q: %s", name, m))
+		}
+		if len(eps) > 0 {
+			out[name] = eps
+		}
+	}
+	return out, warnings
+}
+
+// downError joins the errors of the watchers whose latest query failed.
+func (s *Source) downError() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	sels := make([]registry.ConsulSelector, 0, len(s.watchers))
+	for sel, w := range s.watchers {
+		if w.lastErr != nil {
+			sels = append(sels, sel)
+		}
+	}
+	sort.Slice(sels, func(i, j int) bool { return selectorLess(sels[i], sels[j]) })
+	for _, sel := range sels {
+		errs = append(errs, fmt.Errorf("consul service %q: %w", describe(sel), s.watchers[sel].lastErr))
+	}
+	return errors.Join(errs...)
+}
+
+// describe spells a selector for messages: "vllm" or "llama-8b.vllm@dc1".
+func describe(sel registry.ConsulSelector) string {
+	d := sel.Service
+	if sel.Tag != "" {
+		d = sel.Tag + "." + d
+	}
+	if sel.Datacenter != "" {
+		d += "@" + sel.Datacenter
+	}
+	return d
+}
+
+func sortedNames(m map[string]poolWant) []string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
