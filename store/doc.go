@@ -1,0 +1,60 @@
+// Package store owns switchyard's on-disk state: one bbolt file that makes
+// restarts warm, even when Consul is down. It persists the last good merged
+// registry.State (every source, Consul endpoints included), endpoint health
+// and drain state, the last scraped metrics per endpoint, the picker's
+// prefix-cache blobs, the session-affinity map, the Consul blocking-query
+// indexes and the xDS version counter.
+//
+// The store never imports the picker or the xDS packages: everything it keeps
+// is a plain record defined here (Metrics, Health, Session, opaque prefix
+// blobs) or a registry.State, converted to and from versioned record structs
+// so the registry types can evolve without breaking old files.
+//
+// # Writes
+//
+// Save* methods only record the latest value in memory and wake a single
+// background writer, which flushes everything pending in one bbolt Update
+// transaction at most every Options.FlushInterval (200 ms by default), on
+// Flush and on Close. Saves never touch the disk on the caller's goroutine,
+// and a newer value of the same item replaces an older, unflushed one.
+//
+// NextVersion is the exception: it hands out xDS snapshot versions from a
+// block reserved on disk (Options.VersionBlock, 1000 by default). The
+// high-water mark of the block is committed and fsynced before the first
+// version of the block is returned, so after a crash the store resumes
+// above the mark and no version is ever handed out twice. Versions may skip
+// (at most one block per restart); they never go backwards or repeat.
+//
+// # On-disk layout (schema version 1)
+//
+// All integers stored as values are 8-byte big-endian. Records are JSON
+// objects carrying their own record version in "v".
+//
+//	meta      "app"          "switchyard-store" (application id; a bbolt file
+//	                         without it is foreign and is moved aside)
+//	          "schema"       schema version (uint64)
+//	          "created_at"   RFC 3339 time the file was created
+//	          "flushed_at"   RFC 3339 time of the last batched flush
+//	          "xds_version"  xDS version high-water mark (uint64): every
+//	                         version ever handed out is <= this value
+//	state     "current"      stateRecord: the last saved registry.State,
+//	                         including its Version
+//	metrics   pool NUL addr  metricsRecord {waiting, running, kv_usage, scraped_at}
+//	health    pool NUL addr  healthRecord {healthy, draining, reason, since}
+//	prefix    pool NUL addr  opaque blob exported by the picker (size-capped)
+//	sessions  session id     sessionRecord {pool, endpoint, expires}
+//	consul    selector key   last Consul index (uint64)
+//
+// # Opening
+//
+// Open takes an exclusive lock on the file (a second process fails after
+// Options.LockTimeout with ErrLocked), checks bbolt's meta pages and the
+// file length before handing the file to bbolt, then reads every record
+// once. A file that is not a bbolt database, is truncated, fails to decode
+// or belongs to another application is renamed to
+// "<path>.corrupt-<UTC timestamp>" (never overwritten) and a fresh store is
+// created; Store.Recovery and a warning log line say so. A file written by a
+// newer schema than this binary knows is left untouched and Open fails with
+// ErrNewerSchema. Older schemas are migrated forward, one version at a time,
+// in a single transaction.
+package store

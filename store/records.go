@@ -1,0 +1,237 @@
+package store
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/switchyard/switchyard/registry"
+)
+
+// recordVersion is the version written in every JSON record's "v" field.
+// A record with a different version fails to decode (and so marks the file
+// corrupt) unless a schema migration rewrote it first.
+const recordVersion = 1
+
+// stateRecord is the on-disk form of a registry.State.
+type stateRecord struct {
+	V         int              `json:"v"`
+	Version   uint64           `json:"version"`
+	Pools     []poolRecord     `json:"pools"`
+	Models    []modelRecord    `json:"models"`
+	Listeners []listenerRecord `json:"listeners,omitempty"`
+	Routing   routingRecord    `json:"routing"`
+}
+
+type poolRecord struct {
+	Name        string            `json:"name"`
+	Engine      string            `json:"engine,omitempty"`
+	Endpoints   []endpointRecord  `json:"endpoints"`
+	FailureMode string            `json:"failure_mode,omitempty"`
+	MetricsPath string            `json:"metrics_path,omitempty"`
+	Scheduling  *schedulingRecord `json:"scheduling,omitempty"`
+	DeclRange   string            `json:"decl_range,omitempty"`
+}
+
+type endpointRecord struct {
+	Address     string   `json:"address"`
+	Source      string   `json:"source,omitempty"`
+	Models      []string `json:"models,omitempty"`
+	MetricsPath string   `json:"metrics_path,omitempty"`
+	Draining    bool     `json:"draining,omitempty"`
+}
+
+type schedulingRecord struct {
+	Profile          string             `json:"profile,omitempty"`
+	Scorers          map[string]float64 `json:"scorers,omitempty"`
+	Picker           string             `json:"picker,omitempty"`
+	ScrapeIntervalMS int                `json:"scrape_interval_ms,omitempty"`
+	QueueThreshold   int                `json:"queue_threshold,omitempty"`
+	KVThreshold      float64            `json:"kv_threshold,omitempty"`
+	Metrics          map[string]string  `json:"metrics,omitempty"`
+	SessionHeader    string             `json:"session_header,omitempty"`
+}
+
+type modelRecord struct {
+	Name      string         `json:"name"`
+	Pool      string         `json:"pool"`
+	Priority  int            `json:"priority,omitempty"`
+	Targets   []targetRecord `json:"targets,omitempty"`
+	DeclRange string         `json:"decl_range,omitempty"`
+}
+
+type targetRecord struct {
+	Name   string `json:"name"`
+	Weight int    `json:"weight"`
+}
+
+type listenerRecord struct {
+	Name      string `json:"name"`
+	Address   string `json:"address"`
+	DeclRange string `json:"decl_range,omitempty"`
+}
+
+type routingRecord struct {
+	DefaultPool string `json:"default_pool,omitempty"`
+}
+
+// fromState converts s into its record; the record shares no memory with s.
+func fromState(s *registry.State) stateRecord {
+	r := stateRecord{V: recordVersion, Version: s.Version, Routing: routingRecord{DefaultPool: s.Routing.DefaultPool}}
+	for _, name := range s.PoolNames() {
+		p := s.Pools[name]
+		pr := poolRecord{
+			Name:        name,
+			Engine:      string(p.Engine),
+			Endpoints:   make([]endpointRecord, 0, len(p.Endpoints)),
+			FailureMode: string(p.FailureMode),
+			MetricsPath: p.MetricsPath,
+			DeclRange:   p.DeclRange,
+		}
+		for _, ep := range p.Endpoints {
+			pr.Endpoints = append(pr.Endpoints, endpointRecord{
+				Address:     ep.Address,
+				Source:      ep.Source,
+				Models:      slices.Clone(ep.Models),
+				MetricsPath: ep.MetricsPath,
+				Draining:    ep.Draining,
+			})
+		}
+		if sc := p.Scheduling; sc != nil {
+			pr.Scheduling = &schedulingRecord{
+				Profile:          sc.Profile,
+				Scorers:          maps.Clone(sc.Scorers),
+				Picker:           sc.Picker,
+				ScrapeIntervalMS: sc.ScrapeIntervalMS,
+				QueueThreshold:   sc.QueueThreshold,
+				KVThreshold:      sc.KVThreshold,
+				Metrics:          maps.Clone(sc.Metrics),
+				SessionHeader:    sc.SessionHeader,
+			}
+		}
+		r.Pools = append(r.Pools, pr)
+	}
+	for _, name := range s.ModelNames() {
+		m := s.Models[name]
+		mr := modelRecord{Name: name, Pool: m.Pool, Priority: m.Priority, DeclRange: m.DeclRange}
+		for _, t := range m.Targets {
+			mr.Targets = append(mr.Targets, targetRecord{Name: t.Name, Weight: t.Weight})
+		}
+		r.Models = append(r.Models, mr)
+	}
+	for _, l := range s.Listeners {
+		r.Listeners = append(r.Listeners, listenerRecord{Name: l.Name, Address: l.Address, DeclRange: l.DeclRange})
+	}
+	return r
+}
+
+// toState converts a record back into a registry.State.
+func (r *stateRecord) toState() *registry.State {
+	s := registry.Empty()
+	s.Version = r.Version
+	s.Routing = registry.Routing{DefaultPool: r.Routing.DefaultPool}
+	for _, pr := range r.Pools {
+		p := &registry.Pool{
+			Name:        pr.Name,
+			Engine:      registry.Engine(pr.Engine),
+			Endpoints:   make([]registry.Endpoint, 0, len(pr.Endpoints)),
+			FailureMode: registry.FailureMode(pr.FailureMode),
+			MetricsPath: pr.MetricsPath,
+			DeclRange:   pr.DeclRange,
+		}
+		for _, er := range pr.Endpoints {
+			p.Endpoints = append(p.Endpoints, registry.Endpoint{
+				Address:     er.Address,
+				Source:      er.Source,
+				Models:      er.Models,
+				MetricsPath: er.MetricsPath,
+				Draining:    er.Draining,
+			})
+		}
+		if sc := pr.Scheduling; sc != nil {
+			p.Scheduling = &registry.Scheduling{
+				Profile:          sc.Profile,
+				Scorers:          sc.Scorers,
+				Picker:           sc.Picker,
+				ScrapeIntervalMS: sc.ScrapeIntervalMS,
+				QueueThreshold:   sc.QueueThreshold,
+				KVThreshold:      sc.KVThreshold,
+				Metrics:          sc.Metrics,
+				SessionHeader:    sc.SessionHeader,
+			}
+		}
+		s.Pools[pr.Name] = p
+	}
+	for _, mr := range r.Models {
+		m := &registry.Model{Name: mr.Name, Pool: mr.Pool, Priority: mr.Priority, DeclRange: mr.DeclRange}
+		for _, t := range mr.Targets {
+			m.Targets = append(m.Targets, registry.Target{Name: t.Name, Weight: t.Weight})
+		}
+		s.Models[mr.Name] = m
+	}
+	for _, lr := range r.Listeners {
+		s.Listeners = append(s.Listeners, registry.Listener{Name: lr.Name, Address: lr.Address, DeclRange: lr.DeclRange})
+	}
+	return s
+}
+
+type metricsRecord struct {
+	V         int       `json:"v"`
+	Waiting   int       `json:"waiting"`
+	Running   int       `json:"running"`
+	KVUsage   float64   `json:"kv_usage"`
+	ScrapedAt time.Time `json:"scraped_at"`
+}
+
+type healthRecord struct {
+	V        int       `json:"v"`
+	Healthy  bool      `json:"healthy"`
+	Draining bool      `json:"draining,omitempty"`
+	Reason   string    `json:"reason,omitempty"`
+	Since    time.Time `json:"since"`
+}
+
+type sessionRecord struct {
+	V        int       `json:"v"`
+	Pool     string    `json:"pool,omitempty"`
+	Endpoint string    `json:"endpoint"`
+	Expires  time.Time `json:"expires"`
+}
+
+// decode unmarshals a JSON record and checks its record version.
+func decode(what string, key, data []byte, v any, version func() int) error {
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("%s %q: %w", what, key, err)
+	}
+	if got := version(); got != recordVersion {
+		return fmt.Errorf("%s %q: record version %d, want %d", what, key, got, recordVersion)
+	}
+	return nil
+}
+
+// endpointKey encodes a pool/endpoint pair as a bbolt key.
+func endpointKey(k EndpointKey) []byte {
+	return []byte(k.Pool + "\x00" + k.Address)
+}
+
+// parseEndpointKey is the inverse of endpointKey.
+func parseEndpointKey(b []byte) (EndpointKey, error) {
+	pool, addr, ok := strings.Cut(string(b), "\x00")
+	if !ok {
+		return EndpointKey{}, fmt.Errorf("malformed endpoint key %q", b)
+	}
+	return EndpointKey{Pool: pool, Address: addr}, nil
+}
+
+func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
+
+func parseU64(what string, b []byte) (uint64, error) {
+	if len(b) != 8 {
+		return 0, fmt.Errorf("%s: want 8 bytes, have %d", what, len(b))
+	}
+	return binary.BigEndian.Uint64(b), nil
+}
