@@ -1,0 +1,21 @@
+// Package deploy owns the checks for switchyard's container deployment:
+// docker-compose.yaml at the repository root, the Dockerfiles next to each
+// command (cmd/switchyard/Dockerfile, cmd/vllm-sim/Dockerfile), .dockerignore,
+// and the configuration the compose stack mounts from examples/compose/
+// (switchyard HCL, Consul service definitions, the Envoy bootstrap).
+//
+// No container engine runs in CI, so the stack is never started. Instead the
+// tests load the compose file with the compose-spec reference parser
+// (schema and cross-reference checks included), then check what a broken
+// deployment would get wrong: services, images and build files, health
+// checks and start order, restart policies, published ports, the store's
+// named volume, static IPs that match the Consul registrations, that every
+// mounted file exists and is accepted by the program that reads it
+// (switchyard validate, consul validate, envoy --mode validate), and that
+// the Dockerfiles build the right command as a non-root user.
+//
+// The package has no non-test code.
+//
+//	go test ./deploy/
+//	go test ./deploy/ -run TestEnvoyBootstrap -update   # regenerate the compose bootstrap
+package deploy
