@@ -18,7 +18,9 @@ import (
 
 	"github.com/switchyard/switchyard/picker"
 	"github.com/switchyard/switchyard/registry"
+	"github.com/switchyard/switchyard/registry/consul"
 	"github.com/switchyard/switchyard/registry/hclfile"
+	"github.com/switchyard/switchyard/store"
 	"github.com/switchyard/switchyard/xds"
 	"github.com/switchyard/switchyard/xds/ir"
 )
@@ -33,6 +35,7 @@ type serveFlags struct {
 	extprocAddr      string
 	extprocAdvertise string
 	xdsAddr          string
+	storePath        string
 	adminAddr        string
 	logLevel         string
 	logFormat        string
@@ -43,6 +46,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.extprocAddr, "extproc-addr", "127.0.0.1:9002", "`address` of the picker's ext_proc gRPC server that Envoy calls for every request")
 	fs.StringVar(&f.extprocAdvertise, "extproc-advertise", "", "`address` (ip:port) Envoy uses to reach the picker; default -extproc-addr, with 127.0.0.1 for an unspecified host such as 0.0.0.0")
 	fs.StringVar(&f.xdsAddr, "xds-addr", "127.0.0.1:18000", "`address` of the xDS (ADS) gRPC server Envoy fetches its configuration from")
+	fs.StringVar(&f.storePath, "store", "", "bbolt `file` that persists pool state and the xDS version counter so a restart is warm (even with Consul down); empty disables persistence")
 	fs.StringVar(&f.adminAddr, "admin-addr", "127.0.0.1:9090", "`address` of the admin HTTP server (status page, /metrics, health)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log `format`: text or json")
@@ -88,7 +92,7 @@ Flags:
 	}
 	logger.Info("configuration loaded", "path", f.config, "summary", cfg.State.Summary())
 
-	a, err := newApp(f, logger)
+	a, err := newApp(f, cfg.State, logger)
 	if err != nil {
 		fmt.Fprintf(stderr, "serve: %v\n", err)
 		return 2
@@ -112,27 +116,72 @@ type app struct {
 	files   *hclfile.Source
 	picker  *picker.Server
 	xds     *xds.Server
-	health  *xds.HealthSet
+	consul  *consul.Source
+	store   *store.Store // nil without -store
 }
 
-func newApp(f serveFlags, logger *slog.Logger) (*app, error) {
+// newApp builds every component. With -store, the state persisted by the
+// previous run is published before any source answers, so the picker and
+// Envoys serve the last known members at once, even with Consul down.
+func newApp(f serveFlags, fileState *registry.State, logger *slog.Logger) (*app, error) {
 	advertise, err := advertiseAddr(f.extprocAddr, f.extprocAdvertise)
 	if err != nil {
 		return nil, err
 	}
-	pub := registry.NewPublisher(nil)
-	files := hclfile.NewSource(f.config, hclfile.WithLogger(logger))
-	mgr := registry.NewManager(pub, registry.WithLogger(logger))
-	// The only source so far; AddSource cannot fail on a fresh manager.
-	_ = mgr.AddSource(hclfile.SourceName, files)
-	a := &app{flags: f, log: logger, pub: pub, view: pub, manager: mgr, files: files}
-	a.health = xds.NewHealthSet()
-	a.picker = picker.New(pub, picker.Options{}, logger.With("component", "picker"))
-	a.xds = xds.NewServer(pub, xds.Options{
+	a := &app{flags: f, log: logger}
+	var (
+		initial   *registry.State
+		versions  xds.VersionSource
+		saved     map[string]uint64
+		mgrOpts   = []registry.ManagerOption{registry.WithLogger(logger)}
+		bootstrap = fileState
+	)
+	if f.storePath != "" {
+		st, snap, err := openStore(f.storePath, logger)
+		if err != nil {
+			return nil, err
+		}
+		a.store = st
+		versions = newStoreVersions(st, snap, logger)
+		saved = snap.ConsulIndexes
+		if initial = snap.State(); initial != nil {
+			logger.Info("serving the persisted state until sources answer", "version", initial.Version, "summary", initial.Summary())
+			bootstrap = initial
+		}
+		mgrOpts = append(mgrOpts, registry.WithInitialVersion(snap.StateVersion))
+	} else {
+		logger.Info("persistence disabled (no -store): a restart starts cold")
+	}
+	a.pub = registry.NewPublisher(initial)
+	a.view = a.pub
+	a.files = hclfile.NewSource(f.config, hclfile.WithLogger(logger))
+	a.manager = registry.NewManager(a.pub, mgrOpts...)
+	if a.consul, err = newConsulSource(a.pub, bootstrap, saved, logger); err != nil {
+		a.close()
+		return nil, err
+	}
+	// Registration order is source priority; names are distinct, so
+	// AddSource cannot fail on a fresh manager.
+	_ = a.manager.AddSource(hclfile.SourceName, a.files)
+	_ = a.manager.AddSource(consul.SourceName, a.consul)
+	a.picker = picker.New(a.pub, picker.Options{}, logger.With("component", "picker"))
+	a.xds = xds.NewServer(a.pub, xds.Options{
 		Translation: ir.Options{PickerAddr: advertise},
-		Health:      a.health,
+		// Endpoints whose metrics scrapes fail leave EDS: override_host
+		// does not check health itself.
+		Health:   a.picker.EndpointHealth(),
+		Versions: versions,
 	}, logger)
 	return a, nil
+}
+
+// close releases what newApp opened (the store's final flush).
+func (a *app) close() {
+	if a.store != nil {
+		if err := a.store.Close(); err != nil {
+			a.log.Error("store close", "err", err)
+		}
+	}
 }
 
 // advertiseAddr returns the picker address Envoy should dial: the explicit
@@ -171,7 +220,7 @@ func (a *app) components() []component {
 	a.picker.Register(extproc)
 	ads := grpc.NewServer(xds.GRPCServerOptions()...)
 	a.xds.Register(ads)
-	return []component{
+	comps := []component{
 		{"registry", a.manager.Run},
 		{"sighup", a.reloadOnSIGHUP},
 		{"picker", a.picker.Run},
@@ -180,10 +229,15 @@ func (a *app) components() []component {
 		{"xds-server", grpcComponent(a.flags.xdsAddr, ads)},
 		{"admin-server", httpComponent(a.flags.adminAddr, a.adminHandler())},
 	}
+	if a.store != nil {
+		comps = append(comps, component{"persist", a.persist})
+	}
+	return comps
 }
 
 // run runs every component until ctx is cancelled or one of them stops.
 func (a *app) run(ctx context.Context) error {
+	defer a.close()
 	return runComponents(ctx, a.log, a.components())
 }
 

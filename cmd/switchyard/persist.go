@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/switchyard/switchyard/registry"
+	"github.com/switchyard/switchyard/registry/consul"
+	"github.com/switchyard/switchyard/store"
+	"github.com/switchyard/switchyard/xds"
+)
+
+// openStore opens the bbolt file and loads what the previous run left, so
+// serve can start warm: the persisted state is served before any source
+// (Consul included) has answered.
+func openStore(path string, logger *slog.Logger) (*store.Store, *store.Snapshot, error) {
+	st, err := store.Open(path, store.Options{Logger: logger.With("component", "store")})
+	if err != nil {
+		return nil, nil, fmt.Errorf("open store: %w", err)
+	}
+	if r := st.Recovery(); r != nil {
+		logger.Warn("store file was unusable and has been moved aside; starting cold",
+			"path", path, "moved_to", r.MovedTo, "reason", r.Reason)
+	}
+	snap, err := st.Load()
+	if err != nil {
+		_ = st.Close()
+		return nil, nil, fmt.Errorf("load store: %w", err)
+	}
+	return st, snap, nil
+}
+
+// storeVersions hands out xDS versions from the store's durable counter.
+// The prefix is the store file's creation time, so even a store that was
+// moved aside and recreated never repeats a version an Envoy has seen.
+type storeVersions struct {
+	st     *store.Store
+	prefix string
+	log    *slog.Logger
+	boot   *xds.BootVersions // fallback if the store cannot reserve
+}
+
+func newStoreVersions(st *store.Store, snap *store.Snapshot, logger *slog.Logger) *storeVersions {
+	return &storeVersions{st: st, prefix: strconv.FormatInt(snap.CreatedAt.UnixNano(), 36), log: logger}
+}
+
+// Next implements xds.VersionSource.
+func (v *storeVersions) Next() string {
+	n, err := v.st.NextVersion()
+	if err != nil {
+		// A store that cannot write must not stop config pushes: fall back
+		// to boot-time versions, which are unique too (just not counted).
+		if v.boot == nil {
+			v.boot = xds.NewBootVersions(time.Now())
+		}
+		v.log.Error("store: cannot reserve an xDS version; using a boot-time version", "err", err)
+		return v.boot.Next()
+	}
+	return v.prefix + "-" + strconv.FormatUint(n, 10)
+}
+
+// consulIndexKey encodes a selector as the store's string key.
+func consulIndexKey(sel registry.ConsulSelector) string {
+	b, _ := json.Marshal(sel) // a struct of strings and a bool always encodes
+	return string(b)
+}
+
+// consulIndexes decodes the persisted indexes back into selectors; keys
+// that no longer decode (a renamed field) are skipped, costing one full
+// read.
+func consulIndexes(saved map[string]uint64) map[registry.ConsulSelector]uint64 {
+	out := map[registry.ConsulSelector]uint64{}
+	for k, idx := range saved {
+		var sel registry.ConsulSelector
+		if json.Unmarshal([]byte(k), &sel) == nil {
+			out[sel] = idx
+		}
+	}
+	return out
+}
+
+// persist saves every published state, and the Consul indexes it was
+// built from, to the store. Writes are batched by the store's own writer,
+// so this never slows a publish down.
+func (a *app) persist(ctx context.Context) error {
+	var last uint64
+	for {
+		st, changed := a.view.Current()
+		if st.Version != 0 && st.Version != last {
+			a.store.SaveState(st)
+			if a.consul != nil {
+				for sel, idx := range a.consul.Indexes() {
+					a.store.SaveConsulIndex(consulIndexKey(sel), idx)
+				}
+			}
+			last = st.Version
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		}
+	}
+}
+
+// newConsulSource builds the Consul source; it opens no connection until a
+// pool asks for Consul members.
+func newConsulSource(pub *registry.Publisher, bootstrap *registry.State, saved map[string]uint64, logger *slog.Logger) (*consul.Source, error) {
+	cs, err := consul.New(pub, consul.Options{
+		Bootstrap:      bootstrap,
+		InitialIndexes: consulIndexes(saved),
+		Logger:         logger.With("component", "consul"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("consul: %w", err)
+	}
+	return cs, nil
+}
