@@ -29,6 +29,7 @@ func (a *app) adminHandler() http.Handler {
 		}
 		writeText(w, http.StatusOK, "ready\n")
 	})
+	mux.Handle("GET /metrics", a.metricsHandler())
 	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
@@ -94,6 +95,13 @@ type endpointStatus struct {
 	InFlightTokens   int64  `json:"in_flight_tokens"`
 	Picked           int64  `json:"picked"`
 	Served           int64  `json:"served"`
+	// Healthy is false while the endpoint's metrics scrapes fail (it is
+	// then withheld from Envoy if its pool has healthy endpoints).
+	Healthy bool `json:"healthy"`
+	// Scraped load; absent until the first successful scrape.
+	Waiting      *int     `json:"waiting,omitempty"`
+	Running      *int     `json:"running,omitempty"`
+	KVCacheUsage *float64 `json:"kv_cache_usage,omitempty"`
 }
 
 type modelStatus struct {
@@ -133,9 +141,17 @@ func (a *app) status() statusDoc {
 		doc.ConfigError = err.Error()
 	}
 	byPool := map[string][]endpointStatus{}
+	eh := a.picker.EndpointHealth()
 	for _, e := range ps.Endpoints {
-		byPool[e.Pool] = append(byPool[e.Pool], endpointStatus{Address: e.Address, Draining: e.Draining,
-			InFlightRequests: e.InFlightRequests, InFlightTokens: e.InFlightTokens, Picked: e.Picked, Served: e.Served})
+		es := endpointStatus{Address: e.Address, Draining: e.Draining,
+			InFlightRequests: e.InFlightRequests, InFlightTokens: e.InFlightTokens, Picked: e.Picked, Served: e.Served,
+			Healthy: !eh.Unhealthy(e.Pool, e.Address)}
+		if m := e.Metrics; m != nil && !m.LastSuccess.IsZero() {
+			v := m.Values
+			es.Waiting, es.Running, es.KVCacheUsage = &v.Waiting, &v.Running, &v.KVUsage
+			es.Healthy = es.Healthy && !m.Failing
+		}
+		byPool[e.Pool] = append(byPool[e.Pool], es)
 	}
 	for _, name := range st.PoolNames() {
 		p := st.Pools[name]
