@@ -111,7 +111,8 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	if err := sup.start("switchyard", o.switchyard, "serve", "-config", configDir,
 		"-extproc-addr", fmt.Sprintf("127.0.0.1:%d", p(basePorts.extproc)),
 		"-xds-addr", fmt.Sprintf("127.0.0.1:%d", p(basePorts.xds)),
-		"-admin-addr", fmt.Sprintf("127.0.0.1:%d", p(basePorts.admin))); err != nil {
+		"-admin-addr", fmt.Sprintf("127.0.0.1:%d", p(basePorts.admin)),
+		"-store", filepath.Join(o.dir, "switchyard.db")); err != nil {
 		return err
 	}
 	admin := fmt.Sprintf("http://127.0.0.1:%d", p(basePorts.admin))
