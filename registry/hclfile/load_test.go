@@ -282,9 +282,28 @@ func TestNoListenerWarning(t *testing.T) {
 func TestExamples(t *testing.T) {
 	t.Parallel()
 	root := testutil.RepoRoot(t)
+	// Every top-level file, and every directory holding HCL files (each is
+	// one configuration).
 	paths, _ := filepath.Glob(filepath.Join(root, "examples", "*.hcl"))
-	paths = append(paths, filepath.Join(root, "examples", "demo"))
-	if len(paths) < 3 {
+	nested, _ := filepath.Glob(filepath.Join(root, "examples", "*", "*.hcl"))
+	nested2, _ := filepath.Glob(filepath.Join(root, "examples", "*", "*", "*.hcl"))
+	dirs := map[string]bool{}
+	for _, f := range append(nested, nested2...) {
+		dirs[filepath.Dir(f)] = true
+	}
+	for d := range dirs {
+		paths = append(paths, d)
+	}
+	for _, want := range []string{"single-pool.hcl", "multi-pool.hcl", "lora.hcl", "demo", "consul", "switchyard"} {
+		found := false
+		for _, p := range paths {
+			found = found || filepath.Base(p) == want
+		}
+		if !found {
+			t.Errorf("example %s is missing from %v", want, paths)
+		}
+	}
+	if len(paths) < 6 {
 		t.Fatalf("found only %v", paths)
 	}
 	for _, p := range paths {
