@@ -51,6 +51,15 @@ type harness struct {
 // newHarness serves a picker over real gRPC on 127.0.0.1:0.
 func newHarness(t *testing.T, st *registry.State, opts Options) *harness {
 	t.Helper()
+	// The test states name unroutable 10.x addresses: do not scrape them.
+	opts.DisableMetrics = true
+	return newScrapingHarness(t, st, opts)
+}
+
+// newScrapingHarness is newHarness with metrics scraping as configured in
+// opts (for states naming real vllm-sim processes).
+func newScrapingHarness(t *testing.T, st *registry.State, opts Options) *harness {
+	t.Helper()
 	pub := registry.NewPublisher(st)
 	srv := New(pub, opts, nil)
 	ctx, cancel := context.WithCancel(context.Background())

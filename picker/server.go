@@ -26,6 +26,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/sched"
 	"github.com/switchyard/switchyard/registry"
 )
@@ -45,15 +46,23 @@ type Options struct {
 	// MaxEndpoints is primary plus fallbacks in the destination list
 	// (default 3).
 	MaxEndpoints int
-	// MaxInFlightPerEndpoint is the per-endpoint in-flight request limit
-	// above which a pool counts as saturated and sheddable requests get
-	// 429 (default 256; negative disables shedding).
+	// MaxInFlightPerEndpoint is an extra saturation guard: a pool whose
+	// every endpoint has this many requests in flight through the picker
+	// is saturated even if its scraped metrics say otherwise (default 256;
+	// negative disables it).
 	MaxInFlightPerEndpoint int64
-	// Saturation overrides the in-flight saturation check.
+	// Saturation, if set, is checked in addition to each pool profile's
+	// rule (scraped queue/KV thresholds plus the in-flight guard).
 	Saturation sched.Saturation
-	// Profile chooses a pool's scheduling profile (default
-	// sched.DefaultProfile for every pool).
+	// Profile overrides every pool's scheduling profile (tests); nil
+	// builds each pool's from its scheduling block (sched.BuildProfile).
 	Profile func(*registry.Pool) *sched.Profile
+	// DisableMetrics turns model-server metrics scraping off: scheduling
+	// then relies on the picker's own in-flight counts.
+	DisableMetrics bool
+	// Metrics tunes the scraper (interval default, timeouts, failure
+	// threshold); OnTransition and Logger are set by the picker.
+	Metrics metrics.Options
 	// RequestBodyMode and ResponseBodyMode are assumed when Envoy does not
 	// send protocol_config (default FULL_DUPLEX_STREAMED).
 	RequestBodyMode  extprocfilterv3.ProcessingMode_BodySendMode
@@ -71,13 +80,6 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxInFlightPerEndpoint == 0 {
 		o.MaxInFlightPerEndpoint = 256
-	}
-	if o.Saturation == nil {
-		o.Saturation = sched.InFlightLimit{Max: o.MaxInFlightPerEndpoint}
-	}
-	if o.Profile == nil {
-		def := sched.DefaultProfile()
-		o.Profile = func(*registry.Pool) *sched.Profile { return def }
 	}
 	if o.RequestBodyMode == extprocfilterv3.ProcessingMode_NONE {
 		o.RequestBodyMode = extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED
@@ -105,6 +107,10 @@ type Server struct {
 	loads   loads
 	scratch sync.Pool
 	stats   counters
+
+	// Metrics scraping: the manager exists while Run runs.
+	mgr *metrics.Manager
+	eh  *EndpointHealth
 }
 
 // counters are process-wide request outcomes.
@@ -128,6 +134,7 @@ func New(view registry.View, opts Options, logger *slog.Logger) *Server {
 		log:    logger,
 		debug:  logger.Enabled(context.Background(), slog.LevelDebug),
 		health: health.NewServer(),
+		eh:     newEndpointHealth(),
 	}
 	s.scratch.New = func() any { return new(sched.Scratch) }
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
@@ -144,19 +151,41 @@ func (s *Server) Register(g *grpc.Server) {
 
 // GRPCServerOptions returns the grpc.Server options the picker needs: in
 // BUFFERED mode Envoy sends a whole body in one message, so the receive
-// limit must exceed MaxBodyBytes (gRPC's default is 4 MiB).
+// limit must exceed MaxBodyBytes (gRPC's default is 4 MiB). The flow-control
+// windows are what Envoy may send before the picker acknowledges: gRPC-Go's
+// 64 KiB defaults (with BDP estimation ramping up slowly) made 200 KiB
+// prompts on 200 concurrent streams queue behind window updates, so a
+// stream gets 1 MiB and the connection Envoy multiplexes them on 32 MiB.
 func (s *Server) GRPCServerOptions() []grpc.ServerOption {
 	limit := s.opts.MaxBodyBytes + 1<<20
-	return []grpc.ServerOption{grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit)}
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit),
+		grpc.InitialWindowSize(1 << 20), grpc.InitialConnWindowSize(32 << 20),
+	}
 }
 
 // Health returns the gRPC health server (for callers that register it
 // themselves or want to watch it).
 func (s *Server) Health() *health.Server { return s.health }
 
-// Run follows registry states until ctx ends, rebuilding the routing
-// snapshot on each. On return every health service reports NOT_SERVING.
+// EndpointHealth reports endpoints whose metrics scrapes are failing, for
+// the xDS translator to withhold from EDS (it satisfies xds.HealthView).
+func (s *Server) EndpointHealth() *EndpointHealth { return s.eh }
+
+// Run follows registry states until ctx ends, scraping every endpoint's
+// metrics and rebuilding the routing snapshot on each state. On return
+// every health service reports NOT_SERVING and scraping has stopped.
 func (s *Server) Run(ctx context.Context) error {
+	if !s.opts.DisableMetrics {
+		mo := s.opts.Metrics
+		mo.Logger = s.log.With("component", "metrics")
+		mo.OnTransition = func(tr metrics.Transition) { s.eh.set(tr.Key, !tr.Healthy) }
+		s.mgr = metrics.NewManager(ctx, mo)
+		defer func() {
+			s.mgr.Stop()
+			s.mgr = nil
+		}()
+	}
 	var last *registry.State
 	for {
 		st, changed := s.view.Current()
@@ -177,7 +206,28 @@ func (s *Server) apply(st *registry.State) {
 	if st == nil {
 		st = registry.Empty()
 	}
-	snap := buildSnapshot(st, &s.loads, s.opts.Profile)
+	d := buildDeps{
+		profile:     s.opts.Profile,
+		maxInFlight: max(s.opts.MaxInFlightPerEndpoint, 0),
+		onBadProfile: func(pool string, err error) {
+			s.log.Error("pool scheduling rejected; using the default profile", "pool", pool, "err", err)
+		},
+	}
+	if s.mgr != nil {
+		targets := metrics.TargetsFromState(st)
+		if err := s.mgr.Sync(targets); err != nil {
+			s.log.Warn("metrics targets", "err", err)
+		}
+		s.eh.setTargets(targets)
+		mgr := s.mgr
+		d.handle = func(k metrics.Key) sched.MetricsSource {
+			if h := mgr.Handle(k); h != nil {
+				return h
+			}
+			return nil
+		}
+	}
+	snap := buildSnapshot(st, &s.loads, d)
 	s.snap.Store(snap)
 	ready := healthpb.HealthCheckResponse_NOT_SERVING
 	if len(snap.pools) > 0 {
@@ -234,6 +284,8 @@ type EndpointStats struct {
 	InFlightTokens   int64
 	Picked           int64
 	Served           int64
+	// Metrics is the latest scraped snapshot (nil if not scraped).
+	Metrics *metrics.Snapshot
 }
 
 // Stats is a point-in-time view for status pages and metrics.
@@ -272,6 +324,7 @@ func (s *Server) Stats() Stats {
 				InFlightTokens:   e.Load.InFlightTokens.Load(),
 				Picked:           e.Load.Picked.Load(),
 				Served:           e.Load.Served.Load(),
+				Metrics:          e.Snapshot(),
 			})
 		}
 	}

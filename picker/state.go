@@ -2,7 +2,10 @@ package picker
 
 import (
 	"sync"
+	"sync/atomic"
 
+	"github.com/switchyard/switchyard/picker/metrics"
+	"github.com/switchyard/switchyard/picker/prefix"
 	"github.com/switchyard/switchyard/picker/sched"
 	"github.com/switchyard/switchyard/registry"
 )
@@ -27,6 +30,58 @@ type poolView struct {
 	eps       []*sched.Endpoint
 	byAddr    map[string]*sched.Endpoint
 	profile   *sched.Profile
+	state     *poolState
+	// What the profile needs from the request.
+	usesPrefix    bool
+	usesSession   bool
+	sessionHeader string
+}
+
+// poolState is a pool's scheduling memory that survives rebuilds: the
+// prefix-cache index, the session table, the hashing scheme and the
+// round-robin position.
+type poolState struct {
+	index    *prefix.Index
+	sessions *sched.Sessions
+	hasher   atomic.Pointer[poolHasher]
+	rr       atomic.Uint64
+}
+
+// poolHasher is a Hasher with the KV block size it was built for.
+type poolHasher struct {
+	h           prefix.Hasher
+	blockTokens int
+}
+
+// maxHashBlocks caps the blocks hashed per prompt (the first 4096 tokens
+// with 16-token blocks): hashing, matching and recording cost grow with
+// it, and the first 4k tokens tell cached prefixes apart in practice.
+const maxHashBlocks = prefix.DefaultMaxBlocks
+
+func newPoolState() *poolState {
+	ps := &poolState{
+		index:    prefix.NewIndex(prefix.Config{}),
+		sessions: sched.NewSessions(0, 0),
+	}
+	ps.setBlockTokens(prefix.DefaultBlockTokens)
+	return ps
+}
+
+func (ps *poolState) setBlockTokens(n int) {
+	ps.hasher.Store(&poolHasher{h: prefix.NewHasher(prefix.HashConfig{BlockTokens: n, MaxBlocks: maxHashBlocks}), blockTokens: n})
+}
+
+// learnBlockSize switches the pool's hashing to the block size a server
+// reports (vLLM cache_config_info); hashes made with the old size simply
+// stop matching and age out of the index.
+func (ps *poolState) learnBlockSize(e *sched.Endpoint) {
+	s := e.Snapshot()
+	if s == nil || s.BlockSize <= 0 {
+		return
+	}
+	if cur := ps.hasher.Load(); cur.blockTokens != s.BlockSize {
+		ps.setBlockTokens(s.BlockSize)
+	}
 }
 
 type modelView struct {
@@ -40,17 +95,32 @@ type modelView struct {
 // loadKey identifies an endpoint's counters across rebuilds.
 type loadKey struct{ pool, addr string }
 
-// loads owns every endpoint's counters; only rebuilds touch the map.
+// loads owns every endpoint's counters and every pool's scheduling state;
+// only rebuilds touch the maps.
 type loads struct {
-	mu sync.Mutex
-	m  map[loadKey]*sched.Load
+	mu    sync.Mutex
+	m     map[loadKey]*sched.Load
+	pools map[string]*poolState
 }
 
-func buildSnapshot(st *registry.State, ls *loads, profile func(*registry.Pool) *sched.Profile) *snapshot {
+// buildDeps carries what buildSnapshot needs besides the state.
+type buildDeps struct {
+	// profile overrides the per-pool profile (tests); nil builds it from
+	// the pool's scheduling block.
+	profile     func(*registry.Pool) *sched.Profile
+	maxInFlight int64
+	// handle returns an endpoint's metrics source, or nil.
+	handle func(metrics.Key) sched.MetricsSource
+	// onBadProfile reports a pool whose scheduling block does not build.
+	onBadProfile func(pool string, err error)
+}
+
+func buildSnapshot(st *registry.State, ls *loads, d buildDeps) *snapshot {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if ls.m == nil {
 		ls.m = map[loadKey]*sched.Load{}
+		ls.pools = map[string]*poolState{}
 	}
 	seen := make(map[loadKey]bool, len(ls.m))
 	snap := &snapshot{
@@ -60,7 +130,20 @@ func buildSnapshot(st *registry.State, ls *loads, profile func(*registry.Pool) *
 	}
 	for _, name := range st.PoolNames() {
 		p := st.Pools[name]
-		pv := &poolView{name: name, nameBytes: []byte(name), byAddr: make(map[string]*sched.Endpoint, len(p.Endpoints)), profile: profile(p)}
+		ps := ls.pools[name]
+		if ps == nil {
+			ps = newPoolState()
+			ls.pools[name] = ps
+		}
+		pv := &poolView{name: name, nameBytes: []byte(name), byAddr: make(map[string]*sched.Endpoint, len(p.Endpoints)), state: ps}
+		pv.profile = poolProfile(p, ps, d)
+		pv.usesPrefix = pv.profile.Uses(sched.ScorerPrefix)
+		pv.usesSession = pv.profile.Uses(sched.ScorerSession)
+		pv.sessionHeader = sched.DefaultSessionHeader
+		if p.Scheduling != nil && p.Scheduling.SessionHeader != "" {
+			pv.sessionHeader = p.Scheduling.SessionHeader
+		}
+		live := make(map[string]bool, len(p.Endpoints))
 		for _, e := range p.Endpoints {
 			k := loadKey{name, e.Address}
 			l := ls.m[k]
@@ -69,9 +152,19 @@ func buildSnapshot(st *registry.State, ls *loads, profile func(*registry.Pool) *
 				ls.m[k] = l
 			}
 			seen[k] = true
+			live[e.Address] = true
 			ep := &sched.Endpoint{Pool: name, Address: e.Address, Models: e.Models, Draining: e.Draining, Load: l}
+			if d.handle != nil && !e.Draining {
+				ep.Metrics = d.handle(metrics.Key{Pool: name, Address: e.Address})
+			}
 			pv.eps = append(pv.eps, ep)
 			pv.byAddr[e.Address] = ep
+		}
+		// Forget prefix history of endpoints that left the pool.
+		for _, a := range ps.index.Endpoints() {
+			if !live[a] {
+				ps.index.Remove(a)
+			}
 		}
 		snap.pools[name] = pv
 	}
@@ -80,6 +173,11 @@ func buildSnapshot(st *registry.State, ls *loads, profile func(*registry.Pool) *
 	for k := range ls.m {
 		if !seen[k] {
 			delete(ls.m, k)
+		}
+	}
+	for name := range ls.pools {
+		if _, ok := st.Pools[name]; !ok {
+			delete(ls.pools, name)
 		}
 	}
 	for name, m := range st.Models {
@@ -105,6 +203,21 @@ func buildSnapshot(st *registry.State, ls *loads, profile func(*registry.Pool) *
 		}
 	}
 	return snap
+}
+
+func poolProfile(p *registry.Pool, ps *poolState, d buildDeps) *sched.Profile {
+	if d.profile != nil {
+		return d.profile(p)
+	}
+	deps := sched.Deps{Prefix: ps.index, Sessions: ps.sessions, RoundRobin: &ps.rr, MaxInFlightPerEndpoint: d.maxInFlight}
+	prof, err := sched.BuildProfile(p.Scheduling, deps)
+	if err != nil {
+		if d.onBadProfile != nil {
+			d.onBadProfile(p.Name, err)
+		}
+		prof, _ = sched.BuildProfile(nil, deps)
+	}
+	return prof
 }
 
 // target picks the upstream model name by weight; r is in [0, total).

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -40,6 +41,7 @@ type stream struct {
 
 	// Request side (method and path alias Envoy's header bytes).
 	method, path  []byte
+	headers       []*corev3.HeaderValue // all request headers (session lookup)
 	contentLength int
 	headerOnly    bool
 	trailers      bool
@@ -151,7 +153,8 @@ func isProtocolHeader(k string) bool {
 
 func (st *stream) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders, send sendFunc) (bool, error) {
 	st.readSubset(req)
-	for _, hv := range h.GetHeaders().GetHeaders() {
+	st.headers = h.GetHeaders().GetHeaders()
+	for _, hv := range st.headers {
 		k := hv.GetKey()
 		switch {
 		case k == ":path":
@@ -382,25 +385,39 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	sreq := sched.Request{
 		Model: st.clientModel, TargetModel: target,
 		Tokens: openai.EstimateTokens(body), Subset: st.subset, HasSubset: st.hasSubset, Body: body,
+		Now: time.Now(), Explain: s.debug,
 	}
 	if mv != nil {
 		sreq.Priority = mv.model.Priority
 	}
 	sc := s.scratch.Get().(*sched.Scratch)
 	defer s.scratch.Put(sc)
-	cands := pv.profile.Filter(&sreq, pv.eps, sc)
+	prof := pv.profile
+	cands := prof.Filter(&sreq, pv.eps, sc)
 	if len(cands) == 0 {
 		if st.hasSubset {
 			return 503, fmt.Sprintf("no ready endpoint in pool %q matches the endpoint subset", pv.name), nil, nil
 		}
 		return 503, fmt.Sprintf("no ready endpoint in pool %q", pv.name), nil, nil
 	}
-	if mv != nil && mv.model.Sheddable() && s.opts.Saturation.Saturated(cands) {
-		return 429, fmt.Sprintf("pool %q is saturated and model %q is sheddable", pv.name, mv.model.Name), nil, nil
+	if sreq.Priority < 0 && (prof.Saturated(&sreq, cands) || (s.opts.Saturation != nil && s.opts.Saturation.Saturated(sreq.Now, cands))) {
+		return 429, fmt.Sprintf("pool %q is saturated and model %q is sheddable", pv.name, st.clientModel), nil, nil
 	}
-	picked := pv.profile.Rank(&sreq, cands, s.opts.MaxEndpoints, sc)
+	if pv.usesSession {
+		sreq.Session = st.header(pv.sessionHeader)
+	}
+	if pv.usesPrefix && len(body) > 0 {
+		ph := pv.state.hasher.Load()
+		sc.Hashes = ph.h.Hash(sc.Hashes[:0], target, promptText(body))
+		sreq.Hashes = sc.Hashes
+	}
+	picked := prof.Rank(&sreq, cands, s.opts.MaxEndpoints, sc)
 	if len(picked) == 0 {
 		return 503, fmt.Sprintf("no ready endpoint in pool %q", pv.name), nil, nil
+	}
+	prof.Picked(&sreq, picked[0])
+	if pv.usesPrefix {
+		pv.state.learnBlockSize(picked[0])
 	}
 	n := len(picked) - 1
 	for _, e := range picked {
@@ -420,9 +437,20 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	st.primary.Load.Picked.Add(1)
 	s.stats.picked.Add(1)
 	if s.debug {
-		s.log.Debug("picked endpoint", "pool", pv.name, "model", st.clientModel, "target", target, "destination", string(dest))
+		s.log.Debug("picked endpoint", "pool", pv.name, "profile", prof.Name, "model", st.clientModel, "target", target,
+			"destination", string(dest), "candidates", len(cands), "scores", sc.Explanation)
 	}
 	return 0, "", body, dest
+}
+
+// header returns the value of request header name (lower case), or "".
+func (st *stream) header(name string) string {
+	for _, hv := range st.headers {
+		if hv.GetKey() == name {
+			return string(headerBytes(hv))
+		}
+	}
+	return ""
 }
 
 func (st *stream) readSubset(req *extprocv3.ProcessingRequest) {

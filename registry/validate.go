@@ -3,6 +3,7 @@ package registry
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 )
@@ -108,7 +109,11 @@ var (
 	profileNames = []string{"default", "round-robin", "random", "least-queue", "least-request"}
 	pickerNames  = []string{"max-score", "weighted-random"}
 	metricNames  = []string{"waiting", "running", "kv_usage", "lora_info", "cache_config"}
+	scorerNames  = []string{"queue", "running", "kv-cache", "in-flight", "in-flight-tokens", "prefix", "lora", "session"}
 )
+
+// Scorers returns the scorer names Scheduling.Scorers may weigh.
+func Scorers() []string { return slices.Clone(scorerNames) }
 
 // Profiles returns the scheduling profile names Validate accepts.
 func Profiles() []string { return slices.Clone(profileNames) }
@@ -326,12 +331,16 @@ func validateScheduling(pool, where string, sc *Scheduling,
 	if sc.QueueThreshold < 0 {
 		add(KindPool, pool, "scheduling.queue_threshold", where, ErrBadScheduling, "queue_threshold %d is negative; want 0 or more", sc.QueueThreshold)
 	}
-	if sc.KVThreshold < 0 || sc.KVThreshold > 1 {
+	if sc.KVThreshold < 0 || sc.KVThreshold > 1 || math.IsNaN(sc.KVThreshold) {
 		add(KindPool, pool, "scheduling.kv_threshold", where, ErrBadScheduling, "kv_threshold %g is not in [0, 1]", sc.KVThreshold)
 	}
 	for _, k := range sortedKeys(sc.Scorers) {
-		if w := sc.Scorers[k]; w < 0 {
-			add(KindPool, pool, "scheduling.scorers."+k, where, ErrBadScheduling, "scorer %q has negative weight %g", k, w)
+		w := sc.Scorers[k]
+		switch {
+		case !slices.Contains(scorerNames, k):
+			add(KindPool, pool, "scheduling.scorers."+k, where, ErrBadScheduling, "unknown scorer %q: want one of %s", k, quoteList(scorerNames))
+		case w < 0 || math.IsNaN(w) || math.IsInf(w, 0):
+			add(KindPool, pool, "scheduling.scorers."+k, where, ErrBadScheduling, "scorer %q has weight %g; want a finite number >= 0", k, w)
 		}
 	}
 	for _, k := range sortedKeys(sc.Metrics) {

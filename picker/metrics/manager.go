@@ -94,9 +94,10 @@ func (s *Snapshot) Age(now time.Time) time.Duration {
 	return now.Sub(s.LastSuccess)
 }
 
-// Transition reports that an endpoint became failing (Healthy false) or
-// recovered (Healthy true). Endpoints start healthy; only changes are
-// reported.
+// Transition reports that an endpoint answered its first scrape (Healthy
+// true), became failing (Healthy false) or recovered (Healthy true). Until
+// the first of these an endpoint's health is unknown; after it only
+// changes are reported.
 type Transition struct {
 	Key
 	Healthy  bool
@@ -125,7 +126,8 @@ type Options struct {
 	// doubles with each consecutive failure.
 	MaxBackoff time.Duration
 	// OnTransition, if set, is called from the endpoint's scrape goroutine
-	// on every healthy<->failing change. It must not block for long.
+	// on its first successful scrape and on every healthy<->failing change.
+	// It must not block for long.
 	OnTransition func(Transition)
 	Logger       *slog.Logger
 }
@@ -416,12 +418,16 @@ func (w *worker) once() int {
 	}
 	w.h.cur.Store(s)
 	wasFailing := prev != nil && prev.Failing
-	if wasFailing != s.Failing {
+	firstSuccess := err == nil && (prev == nil || prev.LastSuccess.IsZero())
+	if wasFailing != s.Failing || firstSuccess {
 		log := w.m.opts.Logger
-		if s.Failing {
+		switch {
+		case s.Failing:
 			log.Warn("metrics endpoint failing", "pool", w.t.Pool, "endpoint", w.t.Address, "failures", s.ConsecutiveFailures, "err", err)
-		} else {
+		case wasFailing:
 			log.Info("metrics endpoint recovered", "pool", w.t.Pool, "endpoint", w.t.Address)
+		default:
+			log.Debug("metrics endpoint answered its first scrape", "pool", w.t.Pool, "endpoint", w.t.Address)
 		}
 		if cb := w.m.opts.OnTransition; cb != nil {
 			cb(Transition{Key: s.Key, Healthy: !s.Failing, Snapshot: s})

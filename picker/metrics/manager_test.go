@@ -167,7 +167,8 @@ func TestManagerFailureAndRecovery(t *testing.T) {
 	testutil.Eventually(t, 5*time.Second, "failing transition", func() error {
 		mu.Lock()
 		defer mu.Unlock()
-		if len(events) != 1 || events[0].Healthy || events[0].Key != k {
+		// The first successful scrape, then the failure.
+		if len(events) != 2 || !events[0].Healthy || events[1].Healthy || events[1].Key != k {
 			return fmt.Errorf("events %+v", events)
 		}
 		return nil
@@ -182,7 +183,7 @@ func TestManagerFailureAndRecovery(t *testing.T) {
 	testutil.Eventually(t, 5*time.Second, "recovery transition", func() error {
 		mu.Lock()
 		defer mu.Unlock()
-		if len(events) != 2 || !events[1].Healthy {
+		if len(events) != 3 || !events[2].Healthy {
 			return fmt.Errorf("events %+v", events)
 		}
 		return nil

@@ -1,5 +1,12 @@
 package sched
 
+import (
+	"math/rand/v2"
+	"slices"
+	"sync/atomic"
+	"time"
+)
+
 // DrainingFilter drops endpoints that are draining.
 type DrainingFilter struct{}
 
@@ -62,66 +69,227 @@ func (SubsetFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
 	return out
 }
 
-// LeastInFlight scores endpoints by in-flight requests, fewest best, with
-// in-flight tokens as a strict tie-breaker: the key requests+tokens/(maxTokens+1)
-// orders lexicographically and is min-max normalised into [0,1].
-type LeastInFlight struct{}
+// HealthFilter drops endpoints whose metrics are stale (scrapes failing or
+// too old) as long as at least one endpoint is fresh or not yet scraped;
+// when every candidate is stale it keeps them all, so a broken metrics
+// path degrades scheduling instead of failing every request.
+type HealthFilter struct{}
 
-// Name implements Scorer.
-func (LeastInFlight) Name() string { return "least-request" }
+// Name implements Filter.
+func (HealthFilter) Name() string { return "healthy" }
 
-// Score implements Scorer.
-func (LeastInFlight) Score(_ *Request, eps []*Endpoint, scores []float64) {
-	var maxTok int64
+// Filter implements Filter.
+func (HealthFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
+	ok := 0
 	for _, e := range eps {
-		if t := e.Load.InFlightTokens.Load(); t > maxTok {
-			maxTok = t
+		if f, _ := e.Freshness(req.Now); f != Stale {
+			ok++
 		}
 	}
-	lo, hi := 0.0, 0.0
-	for i, e := range eps {
-		k := float64(e.Load.InFlightRequests.Load()) + float64(e.Load.InFlightTokens.Load())/float64(maxTok+1)
-		scores[i] = k
-		if i == 0 || k < lo {
-			lo = k
-		}
-		if i == 0 || k > hi {
-			hi = k
+	if ok == 0 || ok == len(eps) {
+		return eps
+	}
+	out := eps[:0]
+	for _, e := range eps {
+		if f, _ := e.Freshness(req.Now); f != Stale {
+			out = append(out, e)
 		}
 	}
-	for i := range scores[:len(eps)] {
-		if hi == lo {
-			scores[i] = 1
-		} else {
-			scores[i] = 1 - (scores[i]-lo)/(hi-lo)
-		}
-	}
+	return out
 }
 
-// DefaultProfile is the scheduling used until scraped metrics exist: skip
-// draining endpoints, honour the subset hint and endpoint model lists, then
-// least in-flight requests (ties: fewest tokens, then random).
-func DefaultProfile() *Profile {
-	return &Profile{
-		Name:    "least-request",
-		Filters: []Filter{SubsetFilter{}, DrainingFilter{}, ModelFilter{}},
-		Scorers: []WeightedScorer{{Scorer: LeastInFlight{}, Weight: 1}},
-		Picker:  MaxScore{},
+// LoRAFilter, for requests whose target model is a LoRA adapter (see
+// loraAffinity), keeps the endpoints that run the adapter or have a free
+// adapter slot, when any exist: elsewhere the request would wait for a
+// slot behind other adapters.
+type LoRAFilter struct{}
+
+// Name implements Filter.
+func (LoRAFilter) Name() string { return "lora-slot" }
+
+// Filter implements Filter.
+func (LoRAFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
+	if !isAdapter(req, eps) {
+		return eps
 	}
+	ok := 0
+	for _, e := range eps {
+		if loraAffinity(req, e) >= loraFreeSlot {
+			ok++
+		}
+	}
+	if ok == 0 || ok == len(eps) {
+		return eps
+	}
+	out := eps[:0]
+	for _, e := range eps {
+		if loraAffinity(req, e) >= loraFreeSlot {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// MaxScore picks the highest total scores, breaking exact ties uniformly at
+// random; fallbacks follow in score order.
+type MaxScore struct{}
+
+// Name implements Picker.
+func (MaxScore) Name() string { return "max-score" }
+
+// Pick implements Picker. It runs n selection passes, which is cheaper than
+// sorting for the small fallback counts the picker uses.
+func (MaxScore) Pick(eps []*Endpoint, scores []float64, n int, dst []*Endpoint) []*Endpoint {
+	return maxScorePick(eps, scores, 0, n, dst)
+}
+
+// maxScorePick selects positions from..n-1 of eps by descending score.
+func maxScorePick(eps []*Endpoint, scores []float64, from, n int, dst []*Endpoint) []*Endpoint {
+	if n > len(eps) {
+		n = len(eps)
+	}
+	// One runtime random draw seeds a local splitmix64 sequence for the
+	// reservoir tie-breaks (a draw per tie would dominate the pick).
+	seed := rand.Uint64()
+	next := func() uint64 {
+		seed += 0x9e3779b97f4a7c15
+		z := seed
+		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		return z ^ z>>31
+	}
+	for k := from; k < n; k++ {
+		best, ties := -1, 0
+		for i := k; i < len(eps); i++ {
+			switch {
+			case best < 0 || scores[i] > scores[best]:
+				best, ties = i, 1
+			case scores[i] == scores[best]:
+				ties++
+				if next()%uint64(ties) == 0 {
+					best = i
+				}
+			}
+		}
+		// Move the winner to position k so later passes skip it.
+		eps[k], eps[best] = eps[best], eps[k]
+		scores[k], scores[best] = scores[best], scores[k]
+		dst = append(dst, eps[k])
+	}
+	return dst
+}
+
+// WeightedRandom draws the primary with probability proportional to its
+// score (uniformly when every score is zero), then orders the fallbacks by
+// score. It spreads load more evenly than MaxScore when scores are close,
+// at the cost of sometimes skipping the best endpoint.
+type WeightedRandom struct{}
+
+// Name implements Picker.
+func (WeightedRandom) Name() string { return "weighted-random" }
+
+// Pick implements Picker.
+func (WeightedRandom) Pick(eps []*Endpoint, scores []float64, n int, dst []*Endpoint) []*Endpoint {
+	if len(eps) == 0 || n <= 0 {
+		return dst
+	}
+	total := 0.0
+	for _, s := range scores[:len(eps)] {
+		total += max(s, 0)
+	}
+	w := 0
+	if total <= 0 {
+		w = rand.IntN(len(eps))
+	} else {
+		x := rand.Float64() * total
+		w = len(eps) - 1
+		for i, s := range scores[:len(eps)] {
+			if x -= max(s, 0); x < 0 {
+				w = i
+				break
+			}
+		}
+	}
+	eps[0], eps[w] = eps[w], eps[0]
+	scores[0], scores[w] = scores[w], scores[0]
+	dst = append(dst, eps[0])
+	return maxScorePick(eps, scores, 1, n, dst)
+}
+
+// RoundRobin ignores scores and walks the candidates in order, one step per
+// request; fallbacks are the next candidates. Counter is shared by every
+// request of a pool (nil: a package-level draw is used instead).
+type RoundRobin struct {
+	Counter *atomic.Uint64
+}
+
+// Name implements Picker.
+func (RoundRobin) Name() string { return "round-robin" }
+
+// Pick implements Picker.
+func (r RoundRobin) Pick(eps []*Endpoint, _ []float64, n int, dst []*Endpoint) []*Endpoint {
+	if len(eps) == 0 {
+		return dst
+	}
+	var c uint64
+	if r.Counter != nil {
+		c = r.Counter.Add(1) - 1
+	} else {
+		c = rand.Uint64()
+	}
+	start := int(c % uint64(len(eps)))
+	for k := 0; k < min(n, len(eps)); k++ {
+		dst = append(dst, eps[(start+k)%len(eps)])
+	}
+	return dst
 }
 
 // Saturation decides whether a pool is too loaded for sheddable requests.
-// The next issue replaces InFlightLimit with scraped queue/KV thresholds.
 type Saturation interface {
-	Saturated(eps []*Endpoint) bool
+	Saturated(now time.Time, eps []*Endpoint) bool
+}
+
+// Default saturation thresholds (registry.Scheduling zero values).
+const (
+	DefaultQueueThreshold = 5
+	DefaultKVThreshold    = 0.8
+)
+
+// Thresholds is the scraped-metrics saturation rule: the pool is saturated
+// when every candidate has Waiting >= Queue or KV usage >= KV, counting an
+// endpoint with stale metrics (scrapes failing or too old) as saturated.
+// An endpoint never scraped (or not scraped at all) is not judged, so a
+// pool without metrics is never saturated by this rule.
+type Thresholds struct {
+	Queue int
+	KV    float64
+}
+
+// Saturated implements Saturation.
+func (t Thresholds) Saturated(now time.Time, eps []*Endpoint) bool {
+	if len(eps) == 0 {
+		return false
+	}
+	for _, e := range eps {
+		f, s := e.Freshness(now)
+		switch f {
+		case Unscraped:
+			return false
+		case Fresh:
+			if s.Waiting < t.Queue && s.KVUsage < t.KV {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // InFlightLimit reports saturation when every candidate already has at
-// least Max requests in flight. Max <= 0 disables it.
+// least Max requests in flight through this picker. Max <= 0 disables it.
 type InFlightLimit struct{ Max int64 }
 
 // Saturated implements Saturation.
-func (l InFlightLimit) Saturated(eps []*Endpoint) bool {
+func (l InFlightLimit) Saturated(_ time.Time, eps []*Endpoint) bool {
 	if l.Max <= 0 || len(eps) == 0 {
 		return false
 	}
@@ -131,4 +299,12 @@ func (l InFlightLimit) Saturated(eps []*Endpoint) bool {
 		}
 	}
 	return true
+}
+
+// AnySaturated is saturated when any of its rules is.
+type AnySaturated []Saturation
+
+// Saturated implements Saturation.
+func (a AnySaturated) Saturated(now time.Time, eps []*Endpoint) bool {
+	return slices.ContainsFunc(a, func(s Saturation) bool { return s != nil && s.Saturated(now, eps) })
 }

@@ -9,9 +9,13 @@
 package sched
 
 import (
-	"math/rand/v2"
+	"fmt"
+	"sort"
+	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/switchyard/switchyard/picker/metrics"
 )
 
 // Load holds an endpoint's live counters. One Load exists per pool+address
@@ -27,23 +31,15 @@ type Load struct {
 	Picked atomic.Int64
 	// Served counts responses Envoy reported as served by this endpoint.
 	Served atomic.Int64
-	// Metrics is the latest scraped model-server view; nil until a scraper
-	// (picker/metrics) stores one.
-	Metrics atomic.Pointer[Metrics]
+	// cacheBlocks is the KV block count last applied to the prefix index.
+	cacheBlocks atomic.Int64
 }
 
-// Metrics is a scraped model-server sample. The scraper owns its contents;
-// scorers only read it.
-type Metrics struct {
-	Waiting      int
-	Running      int
-	KVUsage      float64 // 0..1
-	MaxLoRA      int
-	RunningLoRAs []string
-	WaitingLoRAs []string
-	// UpdatedAt is when the sample was taken; scorers treat stale samples
-	// as absent.
-	UpdatedAt time.Time
+// MetricsSource yields an endpoint's latest scraped Snapshot with one atomic
+// load (picker/metrics.Handle implements it). Load may return nil before the
+// first scrape.
+type MetricsSource interface {
+	Load() *metrics.Snapshot
 }
 
 // Endpoint is one immutable endpoint entry of a pool snapshot.
@@ -55,6 +51,51 @@ type Endpoint struct {
 	Draining bool
 	// Load is shared across snapshots (never nil).
 	Load *Load
+	// Metrics is the endpoint's scraped load; nil when it is not scraped
+	// (draining, or scraping disabled).
+	Metrics MetricsSource
+}
+
+// Snapshot returns the endpoint's latest scraped Snapshot, or nil.
+func (e *Endpoint) Snapshot() *metrics.Snapshot {
+	if e.Metrics == nil {
+		return nil
+	}
+	return e.Metrics.Load()
+}
+
+// Freshness classifies an endpoint's scraped metrics.
+type Freshness int
+
+// Freshness values.
+const (
+	// Unscraped: no source, or no scrape attempted yet. Nothing is known,
+	// nothing is held against it.
+	Unscraped Freshness = iota
+	// Fresh: the latest successful scrape is within its MaxAge.
+	Fresh
+	// Stale: scrapes fail or are too old; the endpoint is presumed unhealthy.
+	Stale
+)
+
+// Freshness classifies e's metrics at now and returns the snapshot when it
+// is fresh (nil otherwise).
+func (e *Endpoint) Freshness(now time.Time) (Freshness, *metrics.Snapshot) {
+	s := e.Snapshot()
+	switch {
+	case s == nil:
+		return Unscraped, nil
+	case s.Fresh(now):
+		return Fresh, s
+	default:
+		return Stale, nil
+	}
+}
+
+// fresh returns e's snapshot if it is fresh at now, else nil.
+func (e *Endpoint) fresh(now time.Time) *metrics.Snapshot {
+	_, s := e.Freshness(now)
+	return s
 }
 
 // Serves reports whether the endpoint advertises model (or advertises
@@ -85,6 +126,20 @@ type Request struct {
 	HasSubset bool
 	// Body is the (possibly rewritten) request body; read-only.
 	Body []byte
+	// Now is the decision time, used for every freshness check of one
+	// decision; zero means time.Now() when the profile runs.
+	Now time.Time
+	// Hashes are the prompt's chained block hashes (picker/prefix), root
+	// first; empty disables prefix affinity for this request.
+	Hashes []uint64
+	// Session is the session-affinity key (the session header's value);
+	// empty means none.
+	Session string
+	// Explain asks Rank to record a per-scorer explanation of the top
+	// candidates in the Scratch (debug logging only: it allocates).
+	Explain bool
+
+	scratch *Scratch
 }
 
 // Filter narrows the candidate set. It must return a prefix-reusing subslice
@@ -95,14 +150,24 @@ type Filter interface {
 }
 
 // Scorer rates every candidate in [0,1] (higher is better), writing
-// scores[i] for eps[i]. It must not retain either slice.
+// scores[i] for eps[i]. It must not retain either slice. A scorer without
+// fresh data for an endpoint gives it a neutral score (the mean of the
+// others', or 1 when nothing is known), so missing data neither attracts
+// nor repels traffic.
 type Scorer interface {
 	Name() string
 	Score(req *Request, eps []*Endpoint, scores []float64)
 }
 
+// Observer is implemented by scorers that learn from decisions (prefix
+// affinity, session affinity): Picked is called with the primary endpoint
+// once a request is routed.
+type Observer interface {
+	Picked(req *Request, primary *Endpoint)
+}
+
 // Picker chooses up to n endpoints from scored candidates, best first, and
-// appends them to dst.
+// appends them to dst. It may reorder eps and scores.
 type Picker interface {
 	Name() string
 	Pick(eps []*Endpoint, scores []float64, n int, dst []*Endpoint) []*Endpoint
@@ -115,12 +180,14 @@ type WeightedScorer struct {
 }
 
 // Profile is one scheduling strategy: filters, then weighted scorers, then a
-// picker.
+// picker. Saturation, when set, decides whether sheddable requests are
+// refused.
 type Profile struct {
-	Name    string
-	Filters []Filter
-	Scorers []WeightedScorer
-	Picker  Picker
+	Name       string
+	Filters    []Filter
+	Scorers    []WeightedScorer
+	Picker     Picker
+	Saturation Saturation
 }
 
 // Scratch is per-request working memory; reuse it (e.g. via sync.Pool) to
@@ -130,6 +197,14 @@ type Scratch struct {
 	scores []float64
 	tmp    []float64
 	picked []*Endpoint
+	// Hashes is a reusable buffer for Request.Hashes.
+	Hashes []uint64
+	// Explanation holds Rank's explanation when Request.Explain is set.
+	Explanation string
+	// Scorer-private buffers.
+	matched []int
+	names   []string
+	per     [][]float64
 }
 
 // Schedule runs the profile over pool and returns up to n endpoints, best
@@ -141,6 +216,9 @@ func (p *Profile) Schedule(req *Request, pool []*Endpoint, n int, sc *Scratch) [
 // Filter runs only the profile's filters and returns the candidates (an
 // alias of sc's buffer).
 func (p *Profile) Filter(req *Request, pool []*Endpoint, sc *Scratch) []*Endpoint {
+	if req.Now.IsZero() {
+		req.Now = time.Now()
+	}
 	sc.cands = append(sc.cands[:0], pool...)
 	cands := sc.cands
 	for _, f := range p.Filters {
@@ -152,24 +230,97 @@ func (p *Profile) Filter(req *Request, pool []*Endpoint, sc *Scratch) []*Endpoin
 	return cands
 }
 
+// Saturated reports whether the profile's saturation rule holds for the
+// filtered candidates (false without a rule).
+func (p *Profile) Saturated(req *Request, cands []*Endpoint) bool {
+	if p.Saturation == nil {
+		return false
+	}
+	if req.Now.IsZero() {
+		req.Now = time.Now()
+	}
+	return p.Saturation.Saturated(req.Now, cands)
+}
+
 // Rank scores already-filtered candidates and picks up to n of them, best
 // first. cands may be reordered.
 func (p *Profile) Rank(req *Request, cands []*Endpoint, n int, sc *Scratch) []*Endpoint {
 	if len(cands) == 0 {
 		return sc.picked[:0]
 	}
+	if req.Now.IsZero() {
+		req.Now = time.Now()
+	}
+	req.scratch = sc
+	defer func() { req.scratch = nil }()
 	sc.scores = grow(sc.scores, len(cands))
 	sc.tmp = grow(sc.tmp, len(cands))
 	clear(sc.scores)
+	if req.Explain {
+		sc.per = sc.per[:0]
+	}
 	for _, ws := range p.Scorers {
+		if ws.Weight == 0 {
+			continue
+		}
 		clear(sc.tmp)
 		ws.Scorer.Score(req, cands, sc.tmp)
 		for i, s := range sc.tmp {
 			sc.scores[i] += ws.Weight * s
 		}
+		if req.Explain {
+			sc.per = append(sc.per, append([]float64(nil), sc.tmp...))
+		}
+	}
+	if req.Explain {
+		sc.Explanation = p.explain(cands, sc)
 	}
 	sc.picked = p.Picker.Pick(cands, sc.scores, n, sc.picked[:0])
 	return sc.picked
+}
+
+// Picked tells the profile's observers which endpoint got the request.
+func (p *Profile) Picked(req *Request, primary *Endpoint) {
+	for _, ws := range p.Scorers {
+		if o, ok := ws.Scorer.(Observer); ok && ws.Weight != 0 {
+			o.Picked(req, primary)
+		}
+	}
+}
+
+// explain renders the top candidates by total score with every scorer's
+// weighted contribution, e.g.
+// "10.0.0.1:8000 total=3.20 [queue=1.00*2 prefix=0.40*3]; ...".
+func (p *Profile) explain(cands []*Endpoint, sc *Scratch) string {
+	order := make([]int, len(cands))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return sc.scores[order[a]] > sc.scores[order[b]] })
+	var b strings.Builder
+	for k, i := range order {
+		if k == 3 {
+			fmt.Fprintf(&b, "; %d more", len(order)-k)
+			break
+		}
+		if k > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "%s total=%.3f [", cands[i].Address, sc.scores[i])
+		j := 0
+		for _, ws := range p.Scorers {
+			if ws.Weight == 0 {
+				continue
+			}
+			if j > 0 {
+				b.WriteByte(' ')
+			}
+			fmt.Fprintf(&b, "%s=%.3f*%g", ws.Scorer.Name(), sc.per[j][i], ws.Weight)
+			j++
+		}
+		b.WriteByte(']')
+	}
+	return b.String()
 }
 
 func grow(s []float64, n int) []float64 {
@@ -177,48 +328,4 @@ func grow(s []float64, n int) []float64 {
 		return make([]float64, n)
 	}
 	return s[:n]
-}
-
-// MaxScore picks the highest total scores, breaking exact ties uniformly at
-// random.
-type MaxScore struct{}
-
-// Name implements Picker.
-func (MaxScore) Name() string { return "max-score" }
-
-// Pick implements Picker. It runs n selection passes, which is cheaper than
-// sorting for the small fallback counts the picker uses.
-func (MaxScore) Pick(eps []*Endpoint, scores []float64, n int, dst []*Endpoint) []*Endpoint {
-	if n > len(eps) {
-		n = len(eps)
-	}
-	// One runtime random draw seeds a local splitmix64 sequence for the
-	// reservoir tie-breaks (a draw per tie would dominate the pick).
-	seed := rand.Uint64()
-	next := func() uint64 {
-		seed += 0x9e3779b97f4a7c15
-		z := seed
-		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-		z = (z ^ z>>27) * 0x94d049bb133111eb
-		return z ^ z>>31
-	}
-	for k := 0; k < n; k++ {
-		best, ties := -1, 0
-		for i := k; i < len(eps); i++ {
-			switch {
-			case best < 0 || scores[i] > scores[best]:
-				best, ties = i, 1
-			case scores[i] == scores[best]:
-				ties++
-				if next()%uint64(ties) == 0 {
-					best = i
-				}
-			}
-		}
-		// Move the winner to position k so later passes skip it.
-		eps[k], eps[best] = eps[best], eps[k]
-		scores[k], scores[best] = scores[best], scores[k]
-		dst = append(dst, eps[k])
-	}
-	return dst
 }

@@ -3,6 +3,7 @@ package sched
 import (
 	"math"
 	"testing"
+	"time"
 )
 
 func eps(loads ...[2]int64) []*Endpoint {
@@ -118,10 +119,11 @@ func TestProfileScheduleAndSaturation(t *testing.T) {
 	if e[0].Address != "a" {
 		t.Error("Schedule must not reorder the caller's pool slice")
 	}
-	if (InFlightLimit{Max: 1}).Saturated(e) != true || (InFlightLimit{Max: 2}).Saturated(e) {
+	now := time.Now()
+	if (InFlightLimit{Max: 1}).Saturated(now, e) != true || (InFlightLimit{Max: 2}).Saturated(now, e) {
 		t.Error("saturation: all >= Max saturates, any below does not")
 	}
-	if (InFlightLimit{Max: 0}).Saturated(e) {
+	if (InFlightLimit{Max: 0}).Saturated(now, e) {
 		t.Error("Max 0 disables saturation")
 	}
 }

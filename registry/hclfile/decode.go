@@ -498,6 +498,8 @@ func (d *decoder) scheduling(obj loc, b *hcl.Block) *registry.Scheduling {
 				if !ok {
 					continue
 				}
+				// HCL users write kv_cache as readily as kv-cache.
+				k = strings.ReplaceAll(k, "_", "-")
 				if f, ok := d.number(at("scorers."+k), kv.Value); ok {
 					sc.Scorers[k] = f
 					field("scorers."+k, kv.Value.Range())

@@ -46,7 +46,9 @@
 //	    session_header  = "x-session-id" # header for session affinity
 //	                                  # (lower-cased)
 //	    scorers = { queue = 1, kv_cache = 1, prefix = 2 } # scorer weight
-//	                                  # overrides (>= 0); names are the picker's
+//	                                  # overrides (>= 0) of: queue, running,
+//	                                  # kv_cache, in_flight, in_flight_tokens,
+//	                                  # prefix, lora, session ("_" or "-")
 //	    metrics = { waiting = "vllm:num_requests_waiting" } # metric name
 //	                                  # overrides; keys: waiting, running,
 //	                                  # kv_usage, lora_info, cache_config

@@ -34,7 +34,7 @@ func TestLoadFull(t *testing.T) {
 				MetricsPath: "/metrics",
 				Scheduling: &registry.Scheduling{
 					Profile:          "default",
-					Scorers:          map[string]float64{"queue": 1, "kv_cache": 0.5, "prefix": 2},
+					Scorers:          map[string]float64{"queue": 1, "kv-cache": 0.5, "prefix": 2},
 					Picker:           "weighted-random",
 					ScrapeIntervalMS: 1500,
 					QueueThreshold:   5,
@@ -169,7 +169,8 @@ func TestLoadErrors(t *testing.T) {
 		{"scheduling.hcl", []string{
 			`3:23: Invalid scheduling: kv_threshold 1.5 is not in [0, 1]`,
 			`4:23: Invalid scheduling: queue_threshold -1 is negative`,
-			`5:33: Invalid scheduling: Scorer "queue" has negative weight -1`,
+			`5:33: Invalid scheduling: Scorer "queue" has weight -1; want a finite number >= 0`,
+			`5:59: Invalid scheduling: Unknown scorer "fastest": want one of "queue", "running", "kv-cache"`,
 			`6:25: Invalid scheduling: Unknown metric "queue_len"`,
 			`8:3: Duplicate scheduling block: Pool "llama" already has a scheduling block at testdata/bad/scheduling.hcl:2:3`,
 		}},

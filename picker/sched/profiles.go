@@ -1,0 +1,271 @@
+package sched
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"sync/atomic"
+
+	"github.com/switchyard/switchyard/picker/metrics"
+	"github.com/switchyard/switchyard/picker/prefix"
+	"github.com/switchyard/switchyard/registry"
+)
+
+// Scorer names, as used in a pool's scheduling.scorers weights.
+const (
+	// ScorerQueue: scraped waiting requests plus requests sent since the
+	// last scrape (fewer is better).
+	ScorerQueue = "queue"
+	// ScorerRunning: scraped running requests (fewer is better).
+	ScorerRunning = "running"
+	// ScorerKVCache: 1 - scraped KV-cache utilisation.
+	ScorerKVCache = "kv-cache"
+	// ScorerInFlight: requests in flight through this picker (fewer is
+	// better; tokens break ties).
+	ScorerInFlight = "in-flight"
+	// ScorerInFlightTokens: estimated prompt tokens in flight through this
+	// picker (fewer is better).
+	ScorerInFlightTokens = "in-flight-tokens"
+	// ScorerPrefix: fraction of the prompt's KV blocks the endpoint likely
+	// caches, faded out when the endpoint is much busier than the least
+	// loaded one.
+	ScorerPrefix = "prefix"
+	// ScorerLoRA: adapter running > free adapter slot > no slot (adapter
+	// requests only).
+	ScorerLoRA = "lora"
+	// ScorerSession: the endpoint that served the session's previous
+	// request, unless it is overloaded.
+	ScorerSession = "session"
+)
+
+// ScorerNames lists every scorer name, in documentation order.
+func ScorerNames() []string {
+	return []string{ScorerQueue, ScorerRunning, ScorerKVCache, ScorerInFlight, ScorerInFlightTokens, ScorerPrefix, ScorerLoRA, ScorerSession}
+}
+
+// Profile names (registry.Scheduling.Profile).
+const (
+	ProfileDefault      = "default"
+	ProfileRoundRobin   = "round-robin"
+	ProfileRandom       = "random"
+	ProfileLeastQueue   = "least-queue"
+	ProfileLeastRequest = "least-request"
+)
+
+// ProfileNames lists every profile name.
+func ProfileNames() []string {
+	return []string{ProfileDefault, ProfileRoundRobin, ProfileRandom, ProfileLeastQueue, ProfileLeastRequest}
+}
+
+// Picker names (registry.Scheduling.Picker).
+const (
+	PickerMaxScore       = "max-score"
+	PickerWeightedRandom = "weighted-random"
+)
+
+// PickerNames lists every picker name a pool may choose.
+func PickerNames() []string { return []string{PickerMaxScore, PickerWeightedRandom} }
+
+// DefaultWeights returns the default profile's scorer weights. The mix
+// aims at the lowest time to first token with no tuning:
+//
+//	prefix           3    a cached prompt skips most of its prefill; faded by the load guard
+//	queue            2    waiting requests delay the first token directly
+//	lora             2    an adapter request on a server without the adapter waits for a slot
+//	session          2    multi-turn sessions reuse their conversation's KV blocks
+//	kv-cache         1    a full KV cache preempts and evicts
+//	in-flight-tokens 0.5  outstanding prefill work the scrape cannot see yet
+//
+// running and in-flight are 0 (available to overrides): queue already
+// counts what the picker sent since the last scrape.
+func DefaultWeights() map[string]float64 {
+	return map[string]float64{
+		ScorerPrefix: 3, ScorerQueue: 2, ScorerLoRA: 2, ScorerSession: 2,
+		ScorerKVCache: 1, ScorerInFlightTokens: 0.5,
+	}
+}
+
+// profileWeights returns the built-in weights of a profile.
+func profileWeights(name string) map[string]float64 {
+	switch name {
+	case ProfileLeastQueue:
+		return map[string]float64{ScorerQueue: 1}
+	case ProfileLeastRequest:
+		return map[string]float64{ScorerInFlight: 1}
+	case ProfileRoundRobin, ProfileRandom:
+		return map[string]float64{}
+	}
+	return DefaultWeights()
+}
+
+// Deps is the per-pool state scorers and pickers share across profile
+// rebuilds. Nil fields disable what needs them.
+type Deps struct {
+	// Prefix is the pool's prefix-cache index (prefix scorer).
+	Prefix *prefix.Index
+	// Sessions is the pool's session table (session scorer).
+	Sessions *Sessions
+	// RoundRobin is the pool's round-robin position.
+	RoundRobin *atomic.Uint64
+	// MaxInFlightPerEndpoint adds the in-flight saturation guard (<= 0:
+	// none).
+	MaxInFlightPerEndpoint int64
+	// Guard overrides DefaultLoadGuard for affinity scorers (zero value:
+	// the default).
+	Guard LoadGuard
+}
+
+// ValidateScheduling checks the names and numbers of a pool's scheduling
+// block: profile, picker, scorer names and weights, thresholds and metric
+// overrides. It returns every problem joined (nil for a nil block).
+func ValidateScheduling(sc *registry.Scheduling) error {
+	if sc == nil {
+		return nil
+	}
+	var errs []error
+	if sc.Profile != "" && !slices.Contains(ProfileNames(), sc.Profile) {
+		errs = append(errs, fmt.Errorf("unknown scheduling profile %q: want one of %s", sc.Profile, quoted(ProfileNames())))
+	}
+	if sc.Picker != "" && !slices.Contains(PickerNames(), sc.Picker) {
+		errs = append(errs, fmt.Errorf("unknown picker %q: want one of %s", sc.Picker, quoted(PickerNames())))
+	}
+	names := make([]string, 0, len(sc.Scorers))
+	for n := range sc.Scorers {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		w := sc.Scorers[n]
+		switch {
+		case !slices.Contains(ScorerNames(), n):
+			errs = append(errs, fmt.Errorf("unknown scorer %q: want one of %s", n, quoted(ScorerNames())))
+		case w < 0 || math.IsNaN(w) || math.IsInf(w, 0):
+			errs = append(errs, fmt.Errorf("scorer %q: weight %g must be a finite number >= 0", n, w))
+		}
+	}
+	if sc.QueueThreshold < 0 {
+		errs = append(errs, fmt.Errorf("queue_threshold %d must be >= 0", sc.QueueThreshold))
+	}
+	if sc.KVThreshold < 0 || sc.KVThreshold > 1 || math.IsNaN(sc.KVThreshold) {
+		errs = append(errs, fmt.Errorf("kv_threshold %g must be in [0, 1]", sc.KVThreshold))
+	}
+	if sc.ScrapeIntervalMS < 0 {
+		errs = append(errs, fmt.Errorf("scrape_interval %d ms must be >= 0", sc.ScrapeIntervalMS))
+	}
+	if err := metrics.ValidateOverrides(sc.Metrics); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func quoted(xs []string) string {
+	q := make([]string, len(xs))
+	for i, x := range xs {
+		q[i] = fmt.Sprintf("%q", x)
+	}
+	return strings.Join(q, ", ")
+}
+
+// BuildProfile turns a pool's scheduling block (nil: defaults) into a
+// Profile. Every profile filters on the subset hint, draining, endpoint
+// model lists and metrics health (the default profile also on LoRA slots),
+// and carries the saturation rule: Thresholds from queue_threshold /
+// kv_threshold (defaults 5 and 0.8) plus the in-flight guard from deps.
+func BuildProfile(sc *registry.Scheduling, deps Deps) (*Profile, error) {
+	if err := ValidateScheduling(sc); err != nil {
+		return nil, err
+	}
+	if sc == nil {
+		sc = &registry.Scheduling{}
+	}
+	name := sc.Profile
+	if name == "" {
+		name = ProfileDefault
+	}
+	guard := deps.Guard
+	if guard == (LoadGuard{}) {
+		guard = DefaultLoadGuard
+	}
+	weights := profileWeights(name)
+	for n, w := range sc.Scorers {
+		weights[n] = w
+	}
+	p := &Profile{
+		Name:    name,
+		Filters: []Filter{SubsetFilter{}, DrainingFilter{}, ModelFilter{}, HealthFilter{}},
+	}
+	if name == ProfileDefault {
+		p.Filters = append(p.Filters, LoRAFilter{})
+	}
+	for _, n := range ScorerNames() {
+		w := weights[n]
+		if w == 0 {
+			continue
+		}
+		var s Scorer
+		switch n {
+		case ScorerQueue:
+			s = QueueScorer{}
+		case ScorerRunning:
+			s = RunningScorer{}
+		case ScorerKVCache:
+			s = KVCacheScorer{}
+		case ScorerInFlight:
+			s = LeastInFlight{}
+		case ScorerInFlightTokens:
+			s = InFlightTokensScorer{}
+		case ScorerPrefix:
+			if deps.Prefix == nil {
+				continue
+			}
+			s = &PrefixScorer{Index: deps.Prefix, Guard: guard}
+		case ScorerLoRA:
+			s = LoRAScorer{}
+		case ScorerSession:
+			if deps.Sessions == nil {
+				continue
+			}
+			s = &SessionScorer{Table: deps.Sessions, Guard: guard}
+		}
+		p.Scorers = append(p.Scorers, WeightedScorer{Scorer: s, Weight: w})
+	}
+	switch {
+	case name == ProfileRoundRobin:
+		p.Picker = RoundRobin{Counter: deps.RoundRobin}
+	case sc.Picker == PickerWeightedRandom:
+		p.Picker = WeightedRandom{}
+	default:
+		p.Picker = MaxScore{}
+	}
+	th := Thresholds{Queue: sc.QueueThreshold, KV: sc.KVThreshold}
+	if th.Queue == 0 {
+		th.Queue = DefaultQueueThreshold
+	}
+	if th.KV == 0 {
+		th.KV = DefaultKVThreshold
+	}
+	p.Saturation = AnySaturated{th, InFlightLimit{Max: deps.MaxInFlightPerEndpoint}}
+	return p, nil
+}
+
+// Uses reports whether the profile has a scorer called name with a
+// non-zero weight (the picker skips prompt hashing and session lookups a
+// profile does not use).
+func (p *Profile) Uses(name string) bool {
+	for _, ws := range p.Scorers {
+		if ws.Weight != 0 && ws.Scorer.Name() == name {
+			return true
+		}
+	}
+	return false
+}
+
+// DefaultProfile is the least-request profile without per-pool state: it
+// needs no metrics and no configuration.
+func DefaultProfile() *Profile {
+	p, _ := BuildProfile(&registry.Scheduling{Profile: ProfileLeastRequest}, Deps{})
+	return p
+}

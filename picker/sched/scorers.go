@@ -1,0 +1,405 @@
+package sched
+
+import (
+	"math"
+	"slices"
+	"time"
+
+	"github.com/switchyard/switchyard/picker/prefix"
+)
+
+// Spans below which load differences are treated as small: a scorer maps
+// the least loaded candidate to 1 and a candidate span above it (or the
+// most loaded, if further) to 0, so one extra queued request does not swing
+// a whole weight.
+const (
+	QueueSpan   = 4     // requests
+	RunningSpan = 16    // requests
+	TokenSpan   = 16384 // prompt tokens in flight
+)
+
+// queueLoad estimates the requests queued at e: the scraped waiting count
+// plus the requests this picker sent that the latest scrape cannot show yet
+// (in flight beyond scraped running + waiting). Without fresh metrics it is
+// the in-flight count.
+func queueLoad(e *Endpoint, now time.Time) float64 {
+	inflight := e.Load.InFlightRequests.Load()
+	s := e.fresh(now)
+	if s == nil {
+		return float64(inflight)
+	}
+	excess := inflight - int64(s.Running+s.Waiting)
+	return float64(s.Waiting) + float64(max(excess, 0))
+}
+
+// lowerIsBetter turns the loads in scores (NaN = unknown) into
+// 1 - (v-lo)/max(hi-lo, span); unknown entries get the mean of the known
+// scores, or 1 when none is known.
+func lowerIsBetter(scores []float64, span float64) {
+	lo, hi, known := math.Inf(1), math.Inf(-1), 0
+	for _, v := range scores {
+		if math.IsNaN(v) {
+			continue
+		}
+		known++
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	d := max(hi-lo, span)
+	if d <= 0 {
+		d = 1
+	}
+	sum := 0.0
+	for i, v := range scores {
+		if math.IsNaN(v) {
+			continue
+		}
+		scores[i] = 1 - (v-lo)/d
+		sum += scores[i]
+	}
+	fillUnknown(scores, known, sum)
+}
+
+// fillUnknown replaces NaN scores with the mean of the known ones (1 when
+// none is known).
+func fillUnknown(scores []float64, known int, sum float64) {
+	if known == len(scores) {
+		return
+	}
+	neutral := 1.0
+	if known > 0 {
+		neutral = sum / float64(known)
+	}
+	for i, v := range scores {
+		if math.IsNaN(v) {
+			scores[i] = neutral
+		}
+	}
+}
+
+// QueueScorer prefers short queues: scraped waiting requests plus the
+// requests sent since the scrape (see queueLoad), normalised with a span of
+// QueueSpan requests.
+type QueueScorer struct{}
+
+// Name implements Scorer.
+func (QueueScorer) Name() string { return "queue" }
+
+// Score implements Scorer.
+func (QueueScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
+	for i, e := range eps {
+		scores[i] = queueLoad(e, req.Now)
+	}
+	lowerIsBetter(scores[:len(eps)], QueueSpan)
+}
+
+// RunningScorer prefers fewer running requests (scraped), normalised with a
+// span of RunningSpan; neutral without fresh metrics.
+type RunningScorer struct{}
+
+// Name implements Scorer.
+func (RunningScorer) Name() string { return "running" }
+
+// Score implements Scorer.
+func (RunningScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
+	for i, e := range eps {
+		scores[i] = math.NaN()
+		if s := e.fresh(req.Now); s != nil {
+			scores[i] = float64(s.Running)
+		}
+	}
+	lowerIsBetter(scores[:len(eps)], RunningSpan)
+}
+
+// KVKnee is the KV-cache utilisation below which KVCacheScorer sees no
+// difference between endpoints.
+const KVKnee = 0.6
+
+// KVCacheScorer steers away from nearly full KV caches: 1 up to KVKnee
+// utilisation (scraped), then falling linearly to 0 at a full cache;
+// neutral without fresh metrics. Below the knee utilisation does not delay
+// a request (admission and preemption only bite near full), and a stale
+// fine-grained KV score would override the random tie-breaks that spread
+// simultaneous requests.
+type KVCacheScorer struct{}
+
+// Name implements Scorer.
+func (KVCacheScorer) Name() string { return "kv-cache" }
+
+// Score implements Scorer.
+func (KVCacheScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
+	known, sum := 0, 0.0
+	for i, e := range eps {
+		scores[i] = math.NaN()
+		if s := e.fresh(req.Now); s != nil {
+			scores[i] = min(max((1-s.KVUsage)/(1-KVKnee), 0), 1)
+			known++
+			sum += scores[i]
+		}
+	}
+	fillUnknown(scores[:len(eps)], known, sum)
+}
+
+// LeastInFlight scores endpoints by the requests this picker has in flight
+// to them, fewest best, with in-flight tokens as a strict tie-breaker: the
+// key requests+tokens/(maxTokens+1) orders lexicographically and is min-max
+// normalised into [0,1]. It needs no metrics.
+type LeastInFlight struct{}
+
+// Name implements Scorer.
+func (LeastInFlight) Name() string { return "in-flight" }
+
+// Score implements Scorer.
+func (LeastInFlight) Score(_ *Request, eps []*Endpoint, scores []float64) {
+	var maxTok int64
+	for _, e := range eps {
+		if t := e.Load.InFlightTokens.Load(); t > maxTok {
+			maxTok = t
+		}
+	}
+	for i, e := range eps {
+		scores[i] = float64(e.Load.InFlightRequests.Load()) + float64(e.Load.InFlightTokens.Load())/float64(maxTok+1)
+	}
+	lowerIsBetter(scores[:len(eps)], 0)
+}
+
+// InFlightTokensScorer prefers endpoints with fewer estimated prompt tokens
+// in flight from this picker (outstanding prefill work is what delays a new
+// request's first token), normalised with a span of TokenSpan.
+type InFlightTokensScorer struct{}
+
+// Name implements Scorer.
+func (InFlightTokensScorer) Name() string { return "in-flight-tokens" }
+
+// Score implements Scorer.
+func (InFlightTokensScorer) Score(_ *Request, eps []*Endpoint, scores []float64) {
+	for i, e := range eps {
+		scores[i] = float64(e.Load.InFlightTokens.Load())
+	}
+	lowerIsBetter(scores[:len(eps)], TokenSpan)
+}
+
+// LoadGuard bounds affinity scorers: an endpoint whose queue (queueLoad)
+// exceeds the least loaded candidate's by Queue requests, or whose
+// in-flight prompt tokens exceed the least's by Tokens, loses its affinity;
+// between half the threshold and the threshold the affinity fades
+// linearly. Zero fields disable that check.
+type LoadGuard struct {
+	Queue  float64
+	Tokens float64
+}
+
+// DefaultLoadGuard is the guard the default profile uses.
+var DefaultLoadGuard = LoadGuard{Queue: 8, Tokens: 32768}
+
+// factors writes each candidate's affinity multiplier in [0,1] into out.
+func (g LoadGuard) factors(now time.Time, eps []*Endpoint, out []float64) {
+	if g.Queue <= 0 && g.Tokens <= 0 {
+		for i := range eps {
+			out[i] = 1
+		}
+		return
+	}
+	qlo, tlo := math.Inf(1), int64(math.MaxInt64)
+	for i, e := range eps {
+		out[i] = queueLoad(e, now)
+		qlo = min(qlo, out[i])
+		tlo = min(tlo, e.Load.InFlightTokens.Load())
+	}
+	for i, e := range eps {
+		f := 1.0
+		if g.Queue > 0 {
+			f = fade(out[i]-qlo, g.Queue)
+		}
+		if g.Tokens > 0 {
+			f = min(f, fade(float64(e.Load.InFlightTokens.Load()-tlo), g.Tokens))
+		}
+		out[i] = f
+	}
+}
+
+// fade is 1 up to limit/2, then falls linearly to 0 at limit.
+func fade(x, limit float64) float64 {
+	return min(max((limit-x)/(limit/2), 0), 1)
+}
+
+// PrefixScorer prefers endpoints that likely hold the prompt's leading KV
+// blocks: the fraction of the request's block hashes (Request.Hashes) the
+// endpoint matches in Index, times the load guard's factor, so a hot prefix
+// spills to other endpoints once its holder queues up. Picked records the
+// hashes on the chosen endpoint and sizes its LRU from the scraped KV
+// block count.
+type PrefixScorer struct {
+	Index *prefix.Index
+	Guard LoadGuard
+}
+
+// Name implements Scorer.
+func (*PrefixScorer) Name() string { return "prefix" }
+
+// Score implements Scorer.
+func (p *PrefixScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
+	if p.Index == nil || len(req.Hashes) == 0 {
+		return // all zero: no preference
+	}
+	sc := req.scratch
+	if sc == nil {
+		sc = new(Scratch)
+	}
+	sc.names = sc.names[:0]
+	for _, e := range eps {
+		sc.names = append(sc.names, e.Address)
+	}
+	if cap(sc.matched) < len(eps) {
+		sc.matched = make([]int, len(eps))
+	}
+	m := sc.matched[:len(eps)]
+	p.Index.MatchInto(req.Hashes, sc.names, m)
+	any := false
+	for _, n := range m {
+		any = any || n > 0
+	}
+	if !any {
+		return
+	}
+	p.Guard.factors(req.Now, eps, scores)
+	n := float64(len(req.Hashes))
+	for i := range eps {
+		scores[i] *= float64(m[i]) / n
+	}
+}
+
+// Picked implements Observer.
+func (p *PrefixScorer) Picked(req *Request, primary *Endpoint) {
+	if p.Index == nil || len(req.Hashes) == 0 {
+		return
+	}
+	if s := primary.Snapshot(); s != nil && s.NumBlocks > 0 {
+		if old := primary.Load.cacheBlocks.Load(); old != int64(s.NumBlocks) &&
+			primary.Load.cacheBlocks.CompareAndSwap(old, int64(s.NumBlocks)) {
+			p.Index.SetCapacity(primary.Address, s.NumBlocks)
+		}
+	}
+	p.Index.Add(primary.Address, req.Hashes)
+}
+
+// LoRA affinity levels.
+const (
+	loraUnknown  = -1.0
+	loraNoSlot   = 0.0
+	loraFreeSlot = 0.5
+	loraRunning  = 1.0
+)
+
+func target(req *Request) string {
+	if req.TargetModel != "" {
+		return req.TargetModel
+	}
+	return req.Model
+}
+
+// isAdapter reports whether the request's target model is a LoRA adapter:
+// some candidate with fresh LoRA metrics (vllm:lora_requests_info) lists it
+// as running or waiting. An adapter no server has run recently is not
+// recognised and scheduled like a base model.
+func isAdapter(req *Request, eps []*Endpoint) bool {
+	t := target(req)
+	for _, e := range eps {
+		if s := e.fresh(req.Now); s != nil && s.MaxLoras > 0 &&
+			(slices.Contains(s.RunningAdapters, t) || slices.Contains(s.WaitingAdapters, t)) {
+			return true
+		}
+	}
+	return false
+}
+
+// loraAffinity rates e for the request's adapter: running there 1, a free
+// adapter slot 0.5, otherwise (only waiting, or every slot taken by other
+// adapters) 0; -1 without fresh LoRA metrics.
+func loraAffinity(req *Request, e *Endpoint) float64 {
+	s := e.fresh(req.Now)
+	if s == nil || s.MaxLoras <= 0 {
+		return loraUnknown
+	}
+	if slices.Contains(s.RunningAdapters, target(req)) {
+		return loraRunning
+	}
+	if len(s.RunningAdapters) < s.MaxLoras {
+		return loraFreeSlot
+	}
+	return loraNoSlot
+}
+
+// LoRAScorer prefers, for adapter requests, endpoints already running the
+// adapter, then endpoints with a free adapter slot; base-model requests
+// get a neutral score.
+type LoRAScorer struct{}
+
+// Name implements Scorer.
+func (LoRAScorer) Name() string { return "lora" }
+
+// Score implements Scorer.
+func (LoRAScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
+	if !isAdapter(req, eps) {
+		for i := range eps {
+			scores[i] = 1
+		}
+		return
+	}
+	known, sum := 0, 0.0
+	for i, e := range eps {
+		scores[i] = math.NaN()
+		if a := loraAffinity(req, e); a != loraUnknown {
+			scores[i] = a
+			known++
+			sum += a
+		}
+	}
+	fillUnknown(scores[:len(eps)], known, sum)
+}
+
+// SessionScorer keeps a session (Request.Session) on the endpoint that
+// served its previous request: that endpoint scores 1, others 0. When the
+// endpoint is gone, filtered out (unhealthy, draining) or overloaded per
+// Guard.Queue, no one scores and normal scoring decides; Picked then
+// rebinds the session.
+type SessionScorer struct {
+	Table *Sessions
+	Guard LoadGuard
+}
+
+// Name implements Scorer.
+func (*SessionScorer) Name() string { return "session" }
+
+// Score implements Scorer.
+func (s *SessionScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
+	if s.Table == nil || req.Session == "" {
+		return
+	}
+	addr, ok := s.Table.Get(req.Session, req.Now)
+	if !ok {
+		return
+	}
+	for i, e := range eps {
+		if e.Address != addr {
+			continue
+		}
+		if s.Guard.Queue > 0 {
+			lo := math.Inf(1)
+			for _, o := range eps {
+				lo = min(lo, queueLoad(o, req.Now))
+			}
+			if queueLoad(e, req.Now)-lo >= s.Guard.Queue {
+				return // overloaded: let load decide
+			}
+		}
+		scores[i] = 1
+		return
+	}
+}
+
+// Picked implements Observer.
+func (s *SessionScorer) Picked(req *Request, primary *Endpoint) {
+	if s.Table != nil && req.Session != "" {
+		s.Table.Put(req.Session, primary.Address, req.Now)
+	}
+}

@@ -1,0 +1,428 @@
+package sched
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/switchyard/switchyard/picker/metrics"
+	"github.com/switchyard/switchyard/picker/prefix"
+	"github.com/switchyard/switchyard/registry"
+)
+
+// fixedSource is a MetricsSource with a constant snapshot.
+type fixedSource struct{ s *metrics.Snapshot }
+
+func (f fixedSource) Load() *metrics.Snapshot { return f.s }
+
+var now = time.Unix(1_700_000_000, 0)
+
+// m describes one test endpoint: scraped values (fresh unless stale or
+// none), plus the picker's in-flight counters.
+type m struct {
+	waiting, running int
+	kv               float64
+	inflight, tokens int64
+	stale, none      bool
+	maxLoras         int
+	runningLoRAs     []string
+	waitingLoRAs     []string
+	numBlocks        int
+}
+
+func mkEps(specs ...m) []*Endpoint {
+	out := make([]*Endpoint, len(specs))
+	for i, sp := range specs {
+		e := &Endpoint{Pool: "p", Address: string(rune('a' + i)), Load: new(Load)}
+		e.Load.InFlightRequests.Store(sp.inflight)
+		e.Load.InFlightTokens.Store(sp.tokens)
+		if !sp.none {
+			s := &metrics.Snapshot{MaxAge: time.Second, LastSuccess: now.Add(-100 * time.Millisecond)}
+			if sp.stale {
+				s.LastSuccess = now.Add(-5 * time.Second)
+				s.Failing = true
+			}
+			s.Waiting, s.Running, s.KVUsage = sp.waiting, sp.running, sp.kv
+			s.MaxLoras, s.RunningAdapters, s.WaitingAdapters, s.NumBlocks = sp.maxLoras, sp.runningLoRAs, sp.waitingLoRAs, sp.numBlocks
+			e.Metrics = fixedSource{s}
+		}
+		out[i] = e
+	}
+	return out
+}
+
+func inDelta(t *testing.T, got, want []float64) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for i := range got {
+		if math.Abs(got[i]-want[i]) > 1e-9 {
+			t.Errorf("score[%d] = %.4f, want %.4f (all %v)", i, got[i], want[i], got)
+		}
+	}
+}
+
+func TestScorers(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		desc string
+		s    Scorer
+		req  Request
+		eps  []m
+		want []float64
+	}{
+		{desc: "queue: spread wider than span", s: QueueScorer{}, eps: []m{{waiting: 0}, {waiting: 2}, {waiting: 8}}, want: []float64{1, 0.75, 0}},
+		{desc: "queue: one extra request costs a quarter", s: QueueScorer{}, eps: []m{{waiting: 0}, {waiting: 1}}, want: []float64{1, 0.75}},
+		{desc: "queue: in flight beyond the scrape counts", s: QueueScorer{},
+			// a: 0 waiting, 2 running, 5 in flight -> 3 unseen; b: 1 waiting.
+			eps: []m{{running: 2, inflight: 5}, {waiting: 1}}, want: []float64{0.5, 1}},
+		{desc: "queue: no metrics falls back to in flight", s: QueueScorer{}, eps: []m{{none: true, inflight: 2}, {waiting: 0}}, want: []float64{0.5, 1}},
+		{desc: "queue: all equal", s: QueueScorer{}, eps: []m{{waiting: 3}, {waiting: 3}}, want: []float64{1, 1}},
+		{desc: "running: normalised, unknown gets the mean", s: RunningScorer{}, eps: []m{{running: 0}, {running: 8}, {running: 32}, {stale: true}},
+			want: []float64{1, 0.75, 0, 1.75 / 3}},
+		{desc: "running: nothing known is neutral", s: RunningScorer{}, eps: []m{{none: true}, {stale: true}}, want: []float64{1, 1}},
+		{desc: "kv: flat below the knee, linear above, unknown gets the mean", s: KVCacheScorer{}, eps: []m{{kv: 0.2}, {kv: 0.9}, {kv: 0.7}, {none: true}},
+			want: []float64{1, 0.25, 0.75, 2.0 / 3}},
+		{desc: "in-flight tokens: span 16384", s: InFlightTokensScorer{}, eps: []m{{tokens: 0}, {tokens: 8192}, {tokens: 4096}},
+			want: []float64{1, 0.5, 0.75}},
+		{desc: "in-flight: min-max", s: LeastInFlight{}, eps: []m{{inflight: 2}, {inflight: 0}, {inflight: 1}}, want: []float64{0, 1, 0.5}},
+		{desc: "lora: running > free slot > full, no info gets the mean", s: LoRAScorer{}, req: Request{Model: "ad", TargetModel: "ad"},
+			eps: []m{
+				{maxLoras: 2, runningLoRAs: []string{"ad"}},
+				{maxLoras: 2, runningLoRAs: []string{"x"}},
+				{maxLoras: 2, runningLoRAs: []string{"x", "y"}, waitingLoRAs: []string{"ad"}},
+				{},
+			},
+			want: []float64{1, 0.5, 0, 0.5}},
+		{desc: "lora: base model is neutral", s: LoRAScorer{}, req: Request{Model: "base", TargetModel: "base"},
+			eps:  []m{{maxLoras: 1, runningLoRAs: []string{"x"}}, {maxLoras: 1}},
+			want: []float64{1, 1}},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			e := mkEps(tc.eps...)
+			req := tc.req
+			req.Now = now
+			got := make([]float64, len(e))
+			tc.s.Score(&req, e, got)
+			inDelta(t, got, tc.want)
+		})
+	}
+}
+
+func names(eps []*Endpoint) string {
+	var b strings.Builder
+	for _, e := range eps {
+		b.WriteString(e.Address)
+	}
+	return b.String()
+}
+
+func TestMetricFilters(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		desc string
+		f    Filter
+		req  Request
+		eps  []m
+		want string
+	}{
+		{"stale dropped, unscraped kept", HealthFilter{}, Request{}, []m{{}, {stale: true}, {none: true}}, "ac"},
+		{"all stale kept", HealthFilter{}, Request{}, []m{{stale: true}, {stale: true}}, "ab"},
+		{"adapter: running or free slot", LoRAFilter{}, Request{Model: "ad", TargetModel: "ad"},
+			[]m{{maxLoras: 1, runningLoRAs: []string{"x"}}, {maxLoras: 1, runningLoRAs: []string{"ad"}}, {maxLoras: 2, runningLoRAs: []string{"x"}}}, "bc"},
+		{"adapter: no slot anywhere keeps all", LoRAFilter{}, Request{Model: "ad", TargetModel: "ad"},
+			[]m{{maxLoras: 1, runningLoRAs: []string{"x"}, waitingLoRAs: []string{"ad"}}, {maxLoras: 1, runningLoRAs: []string{"y"}}}, "ab"},
+		{"base model untouched", LoRAFilter{}, Request{Model: "base", TargetModel: "base"},
+			[]m{{maxLoras: 1, runningLoRAs: []string{"x"}}, {maxLoras: 1}}, "ab"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			req := tc.req
+			req.Now = now
+			if got := names(tc.f.Filter(&req, mkEps(tc.eps...))); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPrefixScorerAndLoadGuard(t *testing.T) {
+	t.Parallel()
+	h := prefix.NewHasher(prefix.HashConfig{BlockTokens: 1, CharsPerToken: 4}) // 4-char blocks
+	prompt := "aaaabbbbccccddddeeeeffffgggghhhh"                               // 8 blocks
+	hashes := h.Hash(nil, "m", prompt)
+	for _, tc := range []struct {
+		desc string
+		eps  []m
+		want []float64
+	}{
+		{"fraction of blocks held", []m{{}, {}, {}}, []float64{0.5, 0.25, 0}},
+		{"holder within half the guard keeps affinity", []m{{waiting: 4}, {}, {}}, []float64{0.5, 0.25, 0}},
+		{"holder fades between half and full guard", []m{{waiting: 6}, {}, {}}, []float64{0.25, 0.25, 0}},
+		{"holder over the guard loses affinity", []m{{waiting: 8}, {}, {}}, []float64{0, 0.25, 0}},
+		{"in-flight prompt tokens guard too", []m{{tokens: 32768}, {}, {}}, []float64{0, 0.25, 0}},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			idx := prefix.NewIndex(prefix.Config{})
+			idx.Add("a", hashes[:4])
+			idx.Add("b", hashes[:2])
+			p := &PrefixScorer{Index: idx, Guard: DefaultLoadGuard}
+			req := Request{Now: now, Hashes: hashes}
+			got := make([]float64, 3)
+			p.Score(&req, mkEps(tc.eps...), got)
+			inDelta(t, got, tc.want)
+		})
+	}
+	t.Run("picked endpoint learns the whole prompt and its capacity", func(t *testing.T) {
+		idx := prefix.NewIndex(prefix.Config{})
+		p := &PrefixScorer{Index: idx}
+		e := mkEps(m{numBlocks: 1000}, m{})
+		req := Request{Now: now, Hashes: hashes}
+		got := make([]float64, 2)
+		p.Score(&req, e, got)
+		inDelta(t, got, []float64{0, 0})
+		p.Picked(&req, e[0])
+		p.Score(&req, e, got)
+		inDelta(t, got, []float64{1, 0})
+		if c := idx.Stats().PerEndpoint["a"].Capacity; c != 1000 {
+			t.Errorf("capacity %d, want the scraped num_gpu_blocks 1000", c)
+		}
+	})
+}
+
+func TestSessionAffinity(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		desc    string
+		eps     []m
+		drop    bool // remembered endpoint not a candidate
+		session string
+		at      time.Duration
+		want    []float64
+	}{
+		{desc: "remembered endpoint wins", eps: []m{{}, {}, {}}, session: "s1", want: []float64{0, 1, 0}},
+		{desc: "no session header: neutral", eps: []m{{}, {}, {}}, session: "", want: []float64{0, 0, 0}},
+		{desc: "unknown session: neutral", eps: []m{{}, {}, {}}, session: "other", want: []float64{0, 0, 0}},
+		{desc: "overloaded endpoint released", eps: []m{{}, {waiting: 8}, {}}, session: "s1", want: []float64{0, 0, 0}},
+		{desc: "endpoint gone or unhealthy: neutral", eps: []m{{}, {}}, drop: true, session: "s1", want: []float64{0, 0}},
+		{desc: "expired session: neutral", eps: []m{{}, {}, {}}, session: "s1", at: time.Hour, want: []float64{0, 0, 0}},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			tab := NewSessions(10, time.Minute)
+			tab.Put("s1", "b", now)
+			s := &SessionScorer{Table: tab, Guard: DefaultLoadGuard}
+			e := mkEps(tc.eps...)
+			if tc.drop {
+				e[1].Address = "c" // b is not among the candidates
+			}
+			req := Request{Now: now.Add(tc.at), Session: tc.session}
+			got := make([]float64, len(e))
+			s.Score(&req, e, got)
+			inDelta(t, got, tc.want)
+		})
+	}
+	t.Run("picked rebinds and LRU is bounded", func(t *testing.T) {
+		tab := NewSessions(2, time.Minute)
+		s := &SessionScorer{Table: tab}
+		e := mkEps(m{}, m{})
+		s.Picked(&Request{Session: "s1", Now: now}, e[0])
+		s.Picked(&Request{Session: "s1", Now: now}, e[1])
+		if a, _ := tab.Get("s1", now); a != "b" {
+			t.Errorf("s1 -> %q, want rebound to b", a)
+		}
+		s.Picked(&Request{Session: "s2", Now: now}, e[0])
+		s.Picked(&Request{Session: "s3", Now: now}, e[0])
+		if _, ok := tab.Get("s1", now); ok || tab.Len() != 2 {
+			t.Errorf("least recent session kept (len %d)", tab.Len())
+		}
+	})
+}
+
+func TestSaturation(t *testing.T) {
+	t.Parallel()
+	th := Thresholds{Queue: 5, KV: 0.8}
+	for _, tc := range []struct {
+		desc string
+		eps  []m
+		want bool
+	}{
+		{"every queue over threshold", []m{{waiting: 5}, {waiting: 9}}, true},
+		{"one endpoint under both", []m{{waiting: 5}, {waiting: 4, kv: 0.5}}, false},
+		{"every KV over threshold", []m{{kv: 0.8}, {kv: 0.95}}, true},
+		{"mixed queue and KV", []m{{waiting: 6}, {kv: 0.9}}, true},
+		{"stale counts as saturated", []m{{stale: true}, {waiting: 7}}, true},
+		{"stale with a free endpoint", []m{{stale: true}, {waiting: 1}}, false},
+		{"unscraped endpoint is not judged", []m{{none: true}, {waiting: 7}}, false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			if got := th.Saturated(now, mkEps(tc.eps...)); got != tc.want {
+				t.Errorf("saturated %v, want %v", got, tc.want)
+			}
+		})
+	}
+	t.Run("any rule", func(t *testing.T) {
+		e := mkEps(m{inflight: 3}, m{inflight: 3})
+		if !(AnySaturated{th, InFlightLimit{Max: 3}}).Saturated(now, e) || (AnySaturated{th, InFlightLimit{Max: 4}}).Saturated(now, e) {
+			t.Error("in-flight guard must count in AnySaturated")
+		}
+	})
+}
+
+func TestPickers(t *testing.T) {
+	t.Parallel()
+	t.Run("weighted random follows scores, fallbacks by score", func(t *testing.T) {
+		for range 200 {
+			e := mkEps(m{}, m{}, m{})
+			got := WeightedRandom{}.Pick(e, []float64{0, 1, 0.5, 0.25}[:3], 3, nil)
+			// b or c first (weights 1 : 0.5, a has 0), then by score.
+			if n := names(got); n != "bca" && n != "cba" {
+				t.Fatalf("order %q, want bca or cba", n)
+			}
+		}
+		counts := map[string]int{}
+		for range 4000 {
+			e := mkEps(m{}, m{})
+			counts[WeightedRandom{}.Pick(e, []float64{1, 3}, 1, nil)[0].Address]++
+		}
+		if counts["b"] < 2700 || counts["b"] > 3300 {
+			t.Errorf("b picked %d of 4000, want ~3000 (weights 1:3)", counts["b"])
+		}
+	})
+	t.Run("round robin walks", func(t *testing.T) {
+		var c atomic.Uint64
+		rr := RoundRobin{Counter: &c}
+		e := mkEps(m{}, m{}, m{})
+		var got []string
+		for range 4 {
+			got = append(got, names(rr.Pick(e, nil, 2, nil)))
+		}
+		if strings.Join(got, " ") != "ab bc ca ab" {
+			t.Errorf("round robin %v", got)
+		}
+	})
+}
+
+func TestValidateAndBuildProfiles(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		desc string
+		sc   *registry.Scheduling
+		want []string // substrings of the error; nil means valid
+	}{
+		{"nil is defaults", nil, nil},
+		{"all knobs", &registry.Scheduling{Profile: "least-queue", Picker: "weighted-random", Scorers: map[string]float64{"prefix": 1, "kv-cache": 0},
+			QueueThreshold: 3, KVThreshold: 0.9, Metrics: map[string]string{"waiting": "my_queue"}}, nil},
+		{"unknown names", &registry.Scheduling{Profile: "fastest", Picker: "best", Scorers: map[string]float64{"magic": 1}},
+			[]string{`profile "fastest"`, `picker "best"`, `scorer "magic"`}},
+		{"bad numbers", &registry.Scheduling{Scorers: map[string]float64{"queue": -1}, KVThreshold: 2, QueueThreshold: -1},
+			[]string{`"queue": weight -1`, "kv_threshold 2", "queue_threshold -1"}},
+		{"bad metric override", &registry.Scheduling{Metrics: map[string]string{"nope": "x"}}, []string{`"nope"`}},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			err := ValidateScheduling(tc.sc)
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("want an error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+			if _, berr := BuildProfile(tc.sc, Deps{}); berr == nil {
+				t.Error("BuildProfile must reject what ValidateScheduling rejects")
+			}
+		})
+	}
+	deps := Deps{Prefix: prefix.NewIndex(prefix.Config{}), Sessions: NewSessions(0, 0), RoundRobin: new(atomic.Uint64)}
+	p, err := BuildProfile(nil, deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, ws := range p.Scorers {
+		got[ws.Scorer.Name()] = ws.Weight
+	}
+	for n, w := range DefaultWeights() {
+		if got[n] != w {
+			t.Errorf("default profile %s weight %g, want %g", n, got[n], w)
+		}
+	}
+	if p.Picker.Name() != PickerMaxScore || !p.Uses(ScorerPrefix) || !p.Uses(ScorerSession) {
+		t.Errorf("default profile: picker %s, prefix %v, session %v", p.Picker.Name(), p.Uses(ScorerPrefix), p.Uses(ScorerSession))
+	}
+	p, _ = BuildProfile(&registry.Scheduling{Profile: "least-queue", Scorers: map[string]float64{"kv-cache": 0.5}, Picker: "weighted-random"}, deps)
+	if len(p.Scorers) != 2 || p.Picker.Name() != PickerWeightedRandom {
+		t.Errorf("override: %d scorers, picker %s", len(p.Scorers), p.Picker.Name())
+	}
+	p, _ = BuildProfile(&registry.Scheduling{Profile: "round-robin"}, deps)
+	if p.Picker.Name() != "round-robin" || len(p.Scorers) != 0 {
+		t.Errorf("round-robin profile: picker %s, %d scorers", p.Picker.Name(), len(p.Scorers))
+	}
+}
+
+// TestDefaultProfileRanksEndToEnd checks the whole default mix on a
+// hand-built pool: the endpoint holding the prompt wins while it is not
+// overloaded, and loses to the idle one once its queue passes the guard.
+func TestDefaultProfileRanksEndToEnd(t *testing.T) {
+	t.Parallel()
+	h := prefix.NewHasher(prefix.HashConfig{})
+	hashes := h.Hash(nil, "m", strings.Repeat("system prompt words ", 200))
+	for _, tc := range []struct {
+		desc    string
+		holderQ int
+		want    string
+	}{
+		{"prefix holder with a short queue", 2, "a"},
+		{"prefix holder overloaded", 10, "b"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			idx := prefix.NewIndex(prefix.Config{})
+			idx.Add("a", hashes)
+			p, _ := BuildProfile(nil, Deps{Prefix: idx, Sessions: NewSessions(0, 0)})
+			e := mkEps(m{waiting: tc.holderQ, kv: 0.3}, m{kv: 0.1}, m{waiting: 1, kv: 0.2})
+			var sc Scratch
+			req := &Request{Model: "m", TargetModel: "m", Now: now, Hashes: hashes, Explain: true}
+			got := p.Schedule(req, e, 3, &sc)
+			if got[0].Address != tc.want {
+				t.Errorf("primary %s, want %s (%s)", got[0].Address, tc.want, sc.Explanation)
+			}
+			if !strings.Contains(sc.Explanation, "prefix=") {
+				t.Errorf("explanation %q lacks per-scorer scores", sc.Explanation)
+			}
+		})
+	}
+}
+
+// The registry validates configuration against its own copy of the
+// scheduling vocabulary (it must not import the picker); this keeps the
+// two in step.
+func TestVocabularyMatchesRegistry(t *testing.T) {
+	for _, c := range []struct {
+		what           string
+		picker, config []string
+	}{
+		{"scorers", ScorerNames(), registry.Scorers()},
+		{"profiles", ProfileNames(), registry.Profiles()},
+		{"pickers", PickerNames(), registry.Pickers()},
+	} {
+		if !slices.Equal(c.picker, c.config) {
+			t.Errorf("%s: picker knows %q, registry accepts %q", c.what, c.picker, c.config)
+		}
+	}
+}
