@@ -2,11 +2,11 @@ package xds
 
 import (
 	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"testing"
 	"time"
@@ -139,23 +139,29 @@ func TestEnvoyServesTranslatedConfig(t *testing.T) {
 	waitPicker(t, admin, picker.Addr, true)
 
 	url := "http://" + listen + "/v1/completions"
-	t.Run("no pool gets 404 JSON", func(t *testing.T) {
-		r, err := post(t, url, nil, `{"model":"x"}`)
+	t.Run("pool unknown to Envoy gets 404 JSON", func(t *testing.T) {
+		// The picker chose a pool the routes do not have (yet).
+		r, err := post(t, url, map[string]string{"x-test-pool": "not-a-pool", "x-test-pick": a.Addr}, `{"model":"x"}`)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.status != http.StatusNotFound || r.header.Get("content-type") != "application/json" || !json.Valid([]byte(r.body)) {
+		if r.status != http.StatusNotFound || r.header.Get("content-type") != "application/json" || r.body != ir.NoPoolBody {
 			t.Fatalf("got %d %q %q, want 404 application/json", r.status, r.header.Get("content-type"), r.body)
 		}
 	})
 
-	t.Run("client pool header without picker metadata gets 404", func(t *testing.T) {
+	t.Run("unprocessed request gets 503 JSON whatever the client sends", func(t *testing.T) {
+		// The responder continues a request without x-test-pool
+		// unprocessed, as Envoy does when the picker is unreachable. With
+		// only fail-closed pools it gets the picker-unavailable answer; a
+		// client-sent pool header or destination never reaches a pool.
 		r, err := post(t, url, map[string]string{ir.PoolHeader: "llama", ir.DestinationKey: a.Addr}, `{"model":"x"}`)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.status != http.StatusNotFound {
-			t.Fatalf("client-chosen pool reached an upstream: %d %q", r.status, r.body)
+		if r.status != http.StatusServiceUnavailable || r.header.Get("x-served-by") != "" ||
+			r.header.Get("content-type") != "application/json" || r.body != ir.PickerUnavailableBody {
+			t.Fatalf("got %d %q %q from %q, want 503 %s from Envoy", r.status, r.header.Get("content-type"), r.body, r.header.Get("x-served-by"), ir.PickerUnavailableBody)
 		}
 	})
 
@@ -319,31 +325,86 @@ func TestEnvoyFailOpenAndFailClosed(t *testing.T) {
 		t.Fatalf("client header pinned every request to %s: %v", b.Addr, servedBy)
 	}
 
-	v := srv.Stats().Version
-	closed := newState(2, listen, pool("llama", registry.FailClosed, a.Addr))
-	pub.Publish(closed)
-	testutil.Eventually(t, 5*time.Second, "fail-closed answers 503", func() error {
-		if srv.Stats().Version == v {
-			return fmt.Errorf("not translated yet")
-		}
-		r, err := post(t, url, nil, body)
+	// Switch the pool between fail-open and fail-closed and back. The
+	// Listener resource stays the same (Envoy never modifies its
+	// listener), so a client connection opened before a switch follows it
+	// at once: the routes alone decide.
+	modified := func() string {
+		out, err := httpGet(admin + "/stats?filter=^listener_manager.listener_(modified|added)$")
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
-		if r.status != http.StatusServiceUnavailable {
-			return fmt.Errorf("got %d %q", r.status, r.body)
+		return out
+	}
+	before := modified()
+	keep := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxConnsPerHost: 1, MaxIdleConnsPerHost: 1}}
+	defer keep.CloseIdleConnections()
+	// send sends a request without a body on keep's single connection
+	// (Envoy closes an HTTP/1.1 connection after answering before the
+	// request body was read) and reports whether the connection was reused.
+	send := func() (reply, bool, error) {
+		reused := false
+		req, err := http.NewRequest(http.MethodGet, url, nil)
+		if err != nil {
+			return reply{}, false, err
 		}
-		return nil
-	})
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused },
+		}))
+		resp, err := keep.Do(req)
+		if err != nil {
+			return reply{}, false, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return reply{status: resp.StatusCode, header: resp.Header, body: string(b)}, reused, err
+	}
+	if r, _, err := send(); err != nil || r.status != http.StatusOK {
+		t.Fatalf("fail-open on the kept connection: %+v %v", r, err)
+	}
+	for i, mode := range []registry.FailureMode{registry.FailClosed, registry.FailOpen, registry.FailClosed} {
+		v := srv.Stats().Version
+		pub.Publish(newState(uint64(i+2), listen, pool("llama", mode, a.Addr)))
+		want := http.StatusOK
+		if mode == registry.FailClosed {
+			want = http.StatusServiceUnavailable
+		}
+		testutil.Eventually(t, 5*time.Second, fmt.Sprintf("%s answers %d on a connection opened before", mode, want), func() error {
+			if srv.Stats().Version == v {
+				return fmt.Errorf("not translated yet")
+			}
+			r, reused, err := send()
+			if err != nil {
+				return err
+			}
+			if !reused {
+				t.Fatalf("%s: Envoy closed the kept connection", mode)
+			}
+			if r.status != want {
+				return fmt.Errorf("got %d %q", r.status, r.body)
+			}
+			if want == http.StatusServiceUnavailable && (r.body != ir.PickerUnavailableBody || r.header.Get("content-type") != "application/json") {
+				t.Fatalf("fail-closed with the picker down: %q %q, want %s as JSON", r.header.Get("content-type"), r.body, ir.PickerUnavailableBody)
+			}
+			return nil
+		})
+	}
+	if after := modified(); after != before {
+		t.Fatalf("Envoy's listener was modified by pool edits:\nbefore %s\nafter  %s", before, after)
+	}
 	if n := srv.Stats().NACKs; n != 0 {
 		t.Fatalf("Envoy NACKed %d times", n)
 	}
 }
 
 // TestEnvoyPickerCrashFailsOpen kills a live picker under a fail-open
-// pool: outlier detection ejects it on the first refused connection, so at
-// most the request in flight fails before traffic flows without it; once
-// the picker is back, requests go through it again.
+// pool several times: outlier detection ejects it on the first refused
+// stream every time (not only the first: Envoy's default 1 s
+// update_merge_window once delayed an ejection that followed an
+// unejection), so at most the request in flight fails before traffic
+// flows without it; once the picker is back, requests go through it again
+// within a few health-check intervals. One round restarts the picker only
+// after Envoy's health check marked it down, the others at once.
 func TestEnvoyPickerCrashFailsOpen(t *testing.T) {
 	a := startBackend(t)
 	picker := startResponder(t)
@@ -361,34 +422,45 @@ func TestEnvoyPickerCrashFailsOpen(t *testing.T) {
 		t.Fatalf("through picker: %+v %v served=%v", r, err, picker.Served())
 	}
 
-	picker.Stop()
-	failures := 0
-	testutil.Eventually(t, 5*time.Second, "fail-open after picker crash", func() error {
-		r, err := post(t, url, picked, body)
-		if err != nil {
-			return err
+	cur := picker
+	for round, waitUnhealthy := range []bool{false, false, true, false} {
+		cur.Stop()
+		killed := time.Now()
+		failures := 0
+		testutil.Eventually(t, 5*time.Second, "fail-open after picker crash", func() error {
+			r, err := post(t, url, picked, body)
+			if err != nil {
+				return err
+			}
+			if r.status != http.StatusOK {
+				failures++
+				return fmt.Errorf("status %d", r.status)
+			}
+			return nil
+		})
+		t.Logf("crash %d: failing open %v after the kill, %d requests failed before", round, time.Since(killed).Round(time.Millisecond), failures)
+		// The request in flight fails; one more may, since the ejection
+		// reaches Envoy's worker threads asynchronously.
+		if failures > 2 {
+			t.Fatalf("crash %d: %d requests failed after the picker crashed; want at most the first two", round, failures)
 		}
-		if r.status != http.StatusOK {
-			failures++
-			return fmt.Errorf("status %d", r.status)
+		if waitUnhealthy {
+			waitPicker(t, admin, picker.Addr, false)
 		}
-		return nil
-	})
-	if failures > 2 {
-		t.Fatalf("%d requests failed after the picker crashed; want at most the first", failures)
-	}
-	t.Logf("requests failed after picker crash: %d", failures)
 
-	again := startResponderAt(t, picker.Addr)
-	testutil.Eventually(t, 10*time.Second, "traffic back through the restarted picker", func() error {
-		if _, err := post(t, url, picked, body); err != nil {
-			return err
-		}
-		if len(again.Served()) == 0 {
-			return fmt.Errorf("restarted picker saw no request yet")
-		}
-		return nil
-	})
+		cur = startResponderAt(t, picker.Addr)
+		back := time.Now()
+		testutil.Eventually(t, 10*time.Second, "traffic back through the restarted picker", func() error {
+			if _, err := post(t, url, picked, body); err != nil {
+				return err
+			}
+			if len(cur.Served()) == 0 {
+				return fmt.Errorf("restarted picker saw no request yet")
+			}
+			return nil
+		})
+		t.Logf("crash %d: routed through the restarted picker %v after its restart (health-checked down first: %v)", round, time.Since(back).Round(time.Millisecond), waitUnhealthy)
+	}
 }
 
 // TestEnvoySurvivesSwitchyardRestart restarts the xDS server in place: the

@@ -84,7 +84,7 @@ func startEnvoy(t *testing.T, nodeID, xdsAddr string) (string, *testutil.Process
 		t.Fatal(err)
 	}
 	path := testutil.WriteFile(t, t.TempDir(), "bootstrap.yaml", cfg)
-	proc := testutil.Start(t, "envoy", bin, "-c", path, "--use-dynamic-base-id", "-l", "warning", "--drain-time-s", "0", "--concurrency", "1")
+	proc := testutil.Start(t, "envoy", bin, "-c", path, "--use-dynamic-base-id", "-l", envoyLogLevel(), "--drain-time-s", "0", "--concurrency", "1")
 	admin := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
 	testutil.WaitHTTP(t, admin+"/ready", 10*time.Second)
 	return admin, proc
@@ -292,4 +292,13 @@ func streamedBody(request bool, body []byte, end bool) *extprocv3.ProcessingResp
 		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
 	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
+}
+
+// envoyLogLevel is the log level of test Envoys: $SY_ENVOY_LOG (e.g.
+// "debug" to see host selection and health checks), default "warning".
+func envoyLogLevel() string {
+	if l := os.Getenv("SY_ENVOY_LOG"); l != "" {
+		return l
+	}
+	return "warning"
 }

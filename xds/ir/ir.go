@@ -62,11 +62,20 @@ type Options struct {
 	PickerAddr string
 	// PickerConnectTimeout bounds connecting to the picker (default 1s).
 	PickerConnectTimeout time.Duration
-	// PickerHealthInterval is how often Envoy health-checks the picker
-	// (default 1s); a dead picker is noticed within about one interval.
+	// PickerHealthInterval is how often Envoy health-checks the picker,
+	// healthy or not, with or without traffic (default 100ms). An idle
+	// Envoy notices a dead picker within two intervals (two refused
+	// connections); with traffic the first refused stream ejects it at
+	// once. A restarted picker is used again within one interval of
+	// answering SERVING.
 	PickerHealthInterval time.Duration
 	// PickerHealthTimeout bounds one health check (default 500ms).
 	PickerHealthTimeout time.Duration
+	// PickerEjectionTime is the outlier-detection base ejection time of
+	// the picker (default 1s). A passing health check unejects the picker
+	// sooner, so this only bounds how long a picker whose health checks
+	// cannot run stays ejected.
+	PickerEjectionTime time.Duration
 	// MessageTimeout bounds ext_proc messages that are not part of a
 	// full-duplex body exchange (default 10s). Envoy applies no message
 	// timeout to FULL_DUPLEX_STREAMED bodies.
@@ -106,8 +115,9 @@ type ListenerOptions struct {
 const (
 	DefaultPickerAddr             = "127.0.0.1:9002"
 	DefaultPickerConnectTimeout   = time.Second
-	DefaultPickerHealthInterval   = time.Second
+	DefaultPickerHealthInterval   = 100 * time.Millisecond
 	DefaultPickerHealthTimeout    = 500 * time.Millisecond
+	DefaultPickerEjectionTime     = time.Second
 	DefaultMessageTimeout         = 10 * time.Second
 	DefaultUpstreamConnectTimeout = 2 * time.Second
 	DefaultMaxRequests            = 100000
@@ -128,6 +138,9 @@ func (o Options) WithDefaults() Options {
 	}
 	if o.PickerHealthTimeout <= 0 {
 		o.PickerHealthTimeout = DefaultPickerHealthTimeout
+	}
+	if o.PickerEjectionTime <= 0 {
+		o.PickerEjectionTime = DefaultPickerEjectionTime
 	}
 	if o.MessageTimeout <= 0 {
 		o.MessageTimeout = DefaultMessageTimeout
@@ -187,6 +200,7 @@ type Picker struct {
 	HealthInterval time.Duration
 	HealthTimeout  time.Duration
 	HealthService  string
+	EjectionTime   time.Duration
 	MessageTimeout time.Duration
 }
 
@@ -207,9 +221,10 @@ type Listener struct {
 	RouteConfigName string
 	StatPrefix      string
 	Address         Address
-	// FailureModeAllow lets requests continue without the picker when the
-	// ext_proc stream cannot be opened; true only when FailOpenPool is set.
-	FailureModeAllow  bool
+	// The ext_proc filter always lets a request continue when the picker
+	// cannot be reached (failure_mode_allow); the routes decide what
+	// happens to it (fail-open pool or 503), so the Listener resource does
+	// not change when pools or their failure modes do.
 	StreamIdleTimeout time.Duration
 	AccessLog         bool
 	Routes            []Route // in match order
@@ -275,6 +290,13 @@ const RetryOn = "connect-failure,refused-stream,reset-before-request"
 // NoPoolBody is the JSON body of the 404 answered when no pool matched.
 const NoPoolBody = `{"error":{"type":"not_found_error","code":404,"message":"no model pool matched this request"}}`
 
+// PickerUnavailableBody is the JSON body of the 503 answered for a request
+// the picker did not process (it was unreachable) when no pool fails open.
+const PickerUnavailableBody = `{"error":{"type":"service_unavailable","code":503,"message":"endpoint picker unavailable"}}`
+
+// PickerUnavailableRoute names the route answering PickerUnavailableBody.
+const PickerUnavailableRoute = "picker-unavailable"
+
 // HealthFunc reports whether the picker considers endpoint addr of pool
 // unhealthy. A nil HealthFunc treats every endpoint as healthy.
 type HealthFunc func(pool, addr string) bool
@@ -300,6 +322,7 @@ func Build(s *registry.State, o Options, health HealthFunc) (*Config, error) {
 		HealthInterval: o.PickerHealthInterval,
 		HealthTimeout:  o.PickerHealthTimeout,
 		HealthService:  PickerHealthService,
+		EjectionTime:   o.PickerEjectionTime,
 		MessageTimeout: o.MessageTimeout,
 	}
 	if s == nil {
@@ -375,7 +398,6 @@ func Build(s *registry.State, o Options, health HealthFunc) (*Config, error) {
 			RouteConfigName:   RouteConfigName(l.Name),
 			StatPrefix:        l.Name,
 			Address:           a,
-			FailureModeAllow:  cfg.FailOpenPool != "",
 			StreamIdleTimeout: lo.StreamIdleTimeout,
 			AccessLog:         lo.AccessLog,
 			Routes:            routes(cfg, o, lo),
@@ -419,10 +441,12 @@ func failOpenPool(s *registry.State, pools []Pool, warnings []string) (string, [
 //  1. one route per pool, matching x-switchyard-pool AND the picker's
 //     envoy.lb destination metadata, so a client-sent header alone never
 //     selects a pool;
-//  2. when a pool fails open, a route sending requests without picker
-//     metadata (the picker was unreachable) to that pool, where the
-//     cluster's fallback policy balances them;
-//  3. a catch-all 404 JSON answer.
+//  2. a route for requests without picker metadata: the picker either
+//     picks or answers a request itself, so such a request passed ext_proc
+//     unprocessed because the picker was unreachable. It goes to the
+//     fail-open pool, whose fallback policy balances it, or, when every
+//     pool fails closed, gets a 503 JSON answer;
+//  3. a catch-all 404 JSON answer (a pool the routes do not know yet).
 func routes(cfg *Config, o Options, lo ListenerOptions) []Route {
 	var retry *Retry
 	if o.NumRetries > 0 {
@@ -446,6 +470,12 @@ func routes(cfg *Config, o Options, lo ListenerOptions) []Route {
 			Cluster: ClusterName(cfg.FailOpenPool),
 			Timeout: lo.RouteTimeout,
 			Retry:   retry,
+		})
+	} else {
+		rs = append(rs, Route{
+			Name:   PickerUnavailableRoute,
+			Picked: PickedNo,
+			Direct: &DirectResponse{Status: 503, ContentType: "application/json", Body: PickerUnavailableBody},
 		})
 	}
 	rs = append(rs, Route{

@@ -69,8 +69,22 @@ func TestFailOpenPoolChoice(t *testing.T) {
 				t.Fatalf("fail-open pool %q warnings %q; want %q and %d warnings", cfg.FailOpenPool, cfg.Warnings, tc.want, tc.warnings)
 			}
 			l := cfg.Listeners[0]
-			if l.FailureModeAllow != (tc.want != "") {
-				t.Fatalf("FailureModeAllow = %v", l.FailureModeAllow)
+			// Requests the picker did not process (no metadata) go to the
+			// fail-open pool, or get the 503 route when there is none.
+			var unpicked *Route
+			for i, r := range l.Routes {
+				if r.Picked == PickedNo {
+					unpicked = &l.Routes[i]
+					break
+				}
+			}
+			switch {
+			case unpicked == nil:
+				t.Fatal("no route for requests the picker did not process")
+			case tc.want != "" && unpicked.Cluster != ClusterName(tc.want):
+				t.Fatalf("unprocessed requests go to %+v, want pool %q", unpicked, tc.want)
+			case tc.want == "" && (unpicked.Direct == nil || unpicked.Direct.Status != 503 || unpicked.Name != PickerUnavailableRoute):
+				t.Fatalf("unprocessed requests get %+v, want the 503 %s route", unpicked, PickerUnavailableRoute)
 			}
 			last := l.Routes[len(l.Routes)-1]
 			if last.Direct == nil || last.Direct.Status != 404 {

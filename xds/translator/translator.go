@@ -148,15 +148,44 @@ func adsSource() *corev3.ConfigSource {
 	}
 }
 
+// Flow-control windows Envoy advertises to the picker (what the picker may
+// send back unacknowledged: streamed request and response bodies). They
+// equal Envoy's defaults, stated so a change of defaults cannot shrink
+// them; request bodies towards the picker are limited by the picker's own
+// (gRPC server) windows instead.
+const (
+	pickerStreamWindow     = 16 << 20
+	pickerConnectionWindow = 24 << 20
+)
+
 // pickerCluster is the picker's gRPC cluster: HTTP/2, actively health
 // checked with the ext_proc gRPC health service, and with a panic threshold
 // of 0 so that a dead picker has no host at all and ext_proc fails when it
 // opens the stream, before any request body is sent.
+//
+// How fast Envoy stops and resumes using the picker:
+//   - update_merge_window 0: Envoy merges host health changes that follow
+//     another within this window (default 1s) and applies them only when
+//     it ends. A crash soon after the picker came back (its unejection
+//     starts a window) would then leave the ejected picker in use for up
+//     to a second, every stream failing after its body was sent.
+//   - a crash under traffic: the first refused stream ejects the picker
+//     (outlier detection below), at once.
+//   - an idle crash: health checks every HealthInterval, healthy or not,
+//     two refused connections in a row mark it unhealthy; NOT_SERVING
+//     does at once (Envoy applies the threshold to network failures only).
+//     Two, so that one slow check under load cannot take the picker out.
+//   - recovery: checks continue every HealthInterval while it is down; the
+//     first SERVING answer marks it healthy and also lifts an outlier
+//     ejection (successful_active_health_check_uneject_host).
 func (t *translation) pickerCluster(p ir.Picker) *clusterv3.Cluster {
 	h2 := &httpv3.HttpProtocolOptions{
 		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
 			ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
-				Http2ProtocolOptions: &corev3.Http2ProtocolOptions{},
+				Http2ProtocolOptions: &corev3.Http2ProtocolOptions{
+					InitialStreamWindowSize:     wrapperspb.UInt32(pickerStreamWindow),
+					InitialConnectionWindowSize: wrapperspb.UInt32(pickerConnectionWindow),
+				},
 			},
 		}},
 	}
@@ -172,24 +201,30 @@ func (t *translation) pickerCluster(p ir.Picker) *clusterv3.Cluster {
 		},
 		TypedExtensionProtocolOptions: map[string]*anypb.Any{httpProtocolKey: t.any(h2)},
 		HealthChecks: []*corev3.HealthCheck{{
-			Timeout:            dur(p.HealthTimeout),
-			Interval:           dur(p.HealthInterval),
-			NoTrafficInterval:  dur(p.HealthInterval),
-			UnhealthyThreshold: wrapperspb.UInt32(1),
-			HealthyThreshold:   wrapperspb.UInt32(1),
+			Timeout:                  dur(p.HealthTimeout),
+			Interval:                 dur(p.HealthInterval),
+			NoTrafficInterval:        dur(p.HealthInterval),
+			NoTrafficHealthyInterval: dur(p.HealthInterval),
+			UnhealthyInterval:        dur(p.HealthInterval),
+			UnhealthyEdgeInterval:    dur(p.HealthInterval),
+			HealthyEdgeInterval:      dur(p.HealthInterval),
+			UnhealthyThreshold:       wrapperspb.UInt32(2),
+			HealthyThreshold:         wrapperspb.UInt32(1),
 			HealthChecker: &corev3.HealthCheck_GrpcHealthCheck_{GrpcHealthCheck: &corev3.HealthCheck_GrpcHealthCheck{
 				ServiceName: p.HealthService,
 			}},
 		}},
 		CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{
 			HealthyPanicThreshold: &typev3.Percent{Value: 0},
+			UpdateMergeWindow:     dur(0),
 		},
 		// Eject the picker on its first local-origin failure (connection
 		// refused, reset, connect timeout), so a crashed picker stops being
 		// tried at once instead of at the next health check: with no host
 		// left, ext_proc fails when opening the stream, which is what makes
 		// fail-open work. gRPC errors the picker returns on purpose never
-		// eject it (consecutive 5xx enforcement is off).
+		// eject it (consecutive 5xx enforcement is off). max_ejection_percent
+		// 100 lets the only host be ejected (the default 10% would not).
 		OutlierDetection: &clusterv3.OutlierDetection{
 			SplitExternalLocalOriginErrors:         true,
 			ConsecutiveLocalOriginFailure:          wrapperspb.UInt32(1),
@@ -197,9 +232,22 @@ func (t *translation) pickerCluster(p ir.Picker) *clusterv3.Cluster {
 			EnforcingConsecutive_5Xx:               wrapperspb.UInt32(0),
 			EnforcingSuccessRate:                   wrapperspb.UInt32(0),
 			Interval:                               dur(p.HealthInterval),
-			BaseEjectionTime:                       dur(p.HealthInterval),
-			MaxEjectionTime:                        dur(5 * p.HealthInterval),
+			BaseEjectionTime:                       dur(p.EjectionTime),
+			MaxEjectionTime:                        dur(10 * p.EjectionTime),
 			MaxEjectionPercent:                     wrapperspb.UInt32(100),
+			SuccessfulActiveHealthCheckUnejectHost: wrapperspb.Bool(true),
+		},
+		// Kernel keepalive probes on idle picker connections, so a peer
+		// that vanished without closing them (host down, NAT state lost) is
+		// noticed. HTTP/2 PINGs would do it faster but gRPC-Go closes
+		// connections that ping more often than its enforcement policy
+		// allows, which would kill streams waiting on a long generation.
+		UpstreamConnectionOptions: &clusterv3.UpstreamConnectionOptions{
+			TcpKeepalive: &corev3.TcpKeepalive{
+				KeepaliveTime:     wrapperspb.UInt32(30),
+				KeepaliveInterval: wrapperspb.UInt32(5),
+				KeepaliveProbes:   wrapperspb.UInt32(3),
+			},
 		},
 	}
 }
@@ -280,7 +328,11 @@ func (t *translation) extProc(p ir.Picker, l ir.Listener) *extprocv3.ExternalPro
 		GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{
 			ClusterName: p.ClusterName,
 		}}},
-		FailureModeAllow:  l.FailureModeAllow,
+		// Always allow: a request the picker could not process continues
+		// without its metadata and the routes decide (fail-open pool or a
+		// 503), so editing pools never changes the Listener (which would
+		// leave open connections on the old filter chain until drained).
+		FailureModeAllow:  true,
 		ProcessingMode:    ProcessingMode(),
 		MessageTimeout:    dur(p.MessageTimeout),
 		AllowModeOverride: false,

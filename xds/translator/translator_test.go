@@ -222,3 +222,51 @@ func TestTranslateRejectsInvalidResource(t *testing.T) {
 		t.Fatalf("err = %v, want a validation error naming listener/x", err)
 	}
 }
+
+// TestListenerStableAcrossPoolEdits checks that adding, removing and
+// re-moding pools never changes a Listener resource: Envoy would otherwise
+// drain every open connection onto a new filter chain (up to its drain
+// time), and connections opened before the edit would keep the old one.
+func TestListenerStableAcrossPoolEdits(t *testing.T) {
+	steps := []struct {
+		desc  string
+		state *registry.State
+	}{
+		{"no pools", state(oneListener)},
+		{"one fail-closed pool", state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000"))},
+		{"first fail-open pool added", state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000"), vllmPool("qwen", registry.FailOpen, "10.0.1.1:8000"))},
+		{"fail-closed pool turned fail-open", state(oneListener, vllmPool("llama", registry.FailOpen, "10.0.0.1:8000"), vllmPool("qwen", registry.FailOpen, "10.0.1.1:8000"))},
+		{"fail-open pool removed", state(oneListener, vllmPool("llama", registry.FailOpen, "10.0.0.1:8000"))},
+		{"back to fail-closed", state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.2:8000"))},
+	}
+	var first []byte
+	unpicked := map[string]bool{}
+	for _, st := range steps {
+		cfg, err := ir.Build(st.state, ir.Options{}, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", st.desc, err)
+		}
+		res, err := Translate(cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", st.desc, err)
+		}
+		got := render(t, res[resource.ListenerType])
+		if first == nil {
+			first = got
+		} else if !bytes.Equal(got, first) {
+			t.Fatalf("%s: the Listener changed:\n--- first ---\n%s\n--- now ---\n%s", st.desc, first, got)
+		}
+		// The routes, not the listener, carry the difference.
+		for _, r := range cfg.Listeners[0].Routes {
+			if r.Picked == ir.PickedNo {
+				unpicked[r.Name] = true
+			}
+		}
+	}
+	if !unpicked[ir.PickerUnavailableRoute] || !unpicked["fail-open/qwen"] || !unpicked["fail-open/llama"] {
+		t.Fatalf("routes for unprocessed requests across the steps = %v, want the 503 route and both fail-open routes", unpicked)
+	}
+	if !strings.Contains(string(first), `"failureModeAllow": true`) {
+		t.Fatalf("listener does not let unprocessed requests reach the routes:\n%s", first)
+	}
+}
