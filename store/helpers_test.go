@@ -84,6 +84,8 @@ func makeState(pools, perPool int, version uint64) *registry.State {
 				Metrics:          map[string]string{"waiting": "vllm:num_requests_waiting"},
 				SessionHeader:    "x-session-id",
 			}
+		} else {
+			pool.Consul = &registry.ConsulSelector{Service: "vllm-" + name, Tag: "gpu", Datacenter: "dc1", PassingOnly: true}
 		}
 		for e := range perPool {
 			ep := registry.Endpoint{Address: fmt.Sprintf("10.%d.%d.%d:8000", p, e/250, e%250), Source: "file"}

@@ -35,6 +35,14 @@ type poolRecord struct {
 	MetricsPath string            `json:"metrics_path,omitempty"`
 	Scheduling  *schedulingRecord `json:"scheduling,omitempty"`
 	DeclRange   string            `json:"decl_range,omitempty"`
+	Consul      *consulRecord     `json:"consul,omitempty"`
+}
+
+type consulRecord struct {
+	Service     string `json:"service"`
+	Tag         string `json:"tag,omitempty"`
+	Datacenter  string `json:"datacenter,omitempty"`
+	PassingOnly bool   `json:"passing_only,omitempty"`
 }
 
 type endpointRecord struct {
@@ -113,6 +121,9 @@ func fromState(s *registry.State) stateRecord {
 				SessionHeader:    sc.SessionHeader,
 			}
 		}
+		if c := p.Consul; c != nil {
+			pr.Consul = &consulRecord{Service: c.Service, Tag: c.Tag, Datacenter: c.Datacenter, PassingOnly: c.PassingOnly}
+		}
 		r.Pools = append(r.Pools, pr)
 	}
 	for _, name := range s.ModelNames() {
@@ -163,6 +174,9 @@ func (r *stateRecord) toState() *registry.State {
 				Metrics:          sc.Metrics,
 				SessionHeader:    sc.SessionHeader,
 			}
+		}
+		if c := pr.Consul; c != nil {
+			p.Consul = &registry.ConsulSelector{Service: c.Service, Tag: c.Tag, Datacenter: c.Datacenter, PassingOnly: c.PassingOnly}
 		}
 		s.Pools[pr.Name] = p
 	}

@@ -130,11 +130,10 @@ func newApp(f serveFlags, fileState *registry.State, logger *slog.Logger) (*app,
 	}
 	a := &app{flags: f, log: logger}
 	var (
-		initial   *registry.State
-		versions  xds.VersionSource
-		saved     map[string]uint64
-		mgrOpts   = []registry.ManagerOption{registry.WithLogger(logger)}
-		bootstrap = fileState
+		initial  *registry.State
+		versions xds.VersionSource
+		saved    map[string]uint64
+		mgrOpts  = []registry.ManagerOption{registry.WithLogger(logger)}
 	)
 	if f.storePath != "" {
 		st, snap, err := openStore(f.storePath, logger)
@@ -145,8 +144,9 @@ func newApp(f serveFlags, fileState *registry.State, logger *slog.Logger) (*app,
 		versions = newStoreVersions(st, snap, logger)
 		saved = snap.ConsulIndexes
 		if initial = snap.State(); initial != nil {
+			// Consul's bootstrap stays the HCL file state: it, not the
+			// snapshot, says which pools want Consul members now.
 			logger.Info("serving the persisted state until sources answer", "version", initial.Version, "summary", initial.Summary())
-			bootstrap = initial
 		}
 		mgrOpts = append(mgrOpts, registry.WithInitialVersion(snap.StateVersion))
 	} else {
@@ -156,7 +156,7 @@ func newApp(f serveFlags, fileState *registry.State, logger *slog.Logger) (*app,
 	a.view = a.pub
 	a.files = hclfile.NewSource(f.config, hclfile.WithLogger(logger))
 	a.manager = registry.NewManager(a.pub, mgrOpts...)
-	if a.consul, err = newConsulSource(a.pub, bootstrap, saved, logger); err != nil {
+	if a.consul, err = newConsulSource(a.pub, fileState, saved, logger); err != nil {
 		a.close()
 		return nil, err
 	}
