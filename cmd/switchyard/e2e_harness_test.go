@@ -102,6 +102,8 @@ type fleet struct {
 	envoyArgs []string
 	envoyAdm  string
 	bootstrap string
+	syArgs    []string // extra switchyard serve flags (fleetOptions)
+	syEnv     []string // extra switchyard environment (fleetOptions)
 
 	mu    sync.Mutex
 	sy    *testutil.Process
@@ -113,6 +115,11 @@ type fleet struct {
 
 type fleetOptions struct {
 	envoyConcurrency int // default 1
+	// switchyardArgs are extra `switchyard serve` flags (e.g. -store) and
+	// switchyardEnv extra "KEY=value" environment (e.g. CONSUL_HTTP_ADDR),
+	// used on every (re)start.
+	switchyardArgs []string
+	switchyardEnv  []string
 }
 
 // newFleet writes config (a body of pool/model/routing blocks; the
@@ -132,6 +139,8 @@ func newFleet(t testing.TB, config string, o fleetOptions) *fleet {
 		xds:     testutil.FreeAddr(t),
 		admin:   testutil.FreeAddr(t),
 		nodeID:  "e2e-" + strings.ReplaceAll(t.Name(), "/", "-"),
+		syArgs:  o.switchyardArgs,
+		syEnv:   o.switchyardEnv,
 		client: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
 			MaxIdleConnsPerHost: 64, MaxConnsPerHost: 0, DisableCompression: true,
 		}},
@@ -202,8 +211,9 @@ func (f *fleet) writeConfig(body string) time.Time {
 // for /readyz.
 func (f *fleet) startSwitchyard() {
 	f.t.Helper()
-	p := testutil.StartNoCleanup(f.t, "switchyard", testutil.Binary(f.t, "switchyard"), "serve",
-		"-config", f.dir, "-extproc-addr", f.extproc, "-xds-addr", f.xds, "-admin-addr", f.admin, "-log-level", "info")
+	args := append([]string{"serve", "-config", f.dir, "-extproc-addr", f.extproc, "-xds-addr", f.xds,
+		"-admin-addr", f.admin, "-log-level", "info"}, f.syArgs...)
+	p := testutil.StartNoCleanupEnv(f.t, "switchyard", testutil.Binary(f.t, "switchyard"), f.syEnv, args...)
 	f.mu.Lock()
 	if f.sy != nil {
 		f.old = append(f.old, f.sy)
