@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -22,14 +23,58 @@ import (
 )
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+//
+// Ports come from below the kernel's ephemeral range, chosen at random and
+// never twice in one test binary. A port from "127.0.0.1:0" would be an
+// ephemeral one, and between this call and the process that binds it,
+// any outgoing connection on the machine (tests make thousands) can take
+// it as its local port: Envoy then fails with "Address already in use".
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
+	lo, hi := portRange()
+	ports.mu.Lock()
+	defer ports.mu.Unlock()
+	if ports.given == nil {
+		ports.given = map[int]bool{}
+		ports.rnd = rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	for range 1000 {
+		p := lo + ports.rnd.IntN(hi-lo)
+		if ports.given[p] {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		_ = l.Close()
+		ports.given[p] = true
+		return p
+	}
+	t.Fatalf("free port: none free in [%d, %d)", lo, hi)
+	return 0
+}
+
+// ports remembers what FreePort handed out in this test binary.
+var ports struct {
+	mu    sync.Mutex
+	given map[int]bool
+	rnd   *rand.Rand
+}
+
+// portRange is [10000, start of the ephemeral range), or [10000, 32768)
+// when the kernel does not say.
+func portRange() (lo, hi int) {
+	lo, hi = 10000, 32768
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return lo, hi
+	}
+	var eph int
+	if _, err := fmt.Sscan(string(b), &eph); err == nil && eph > lo+1000 {
+		hi = eph
+	}
+	return lo, hi
 }
 
 // FreeAddr returns "127.0.0.1:<free port>".
