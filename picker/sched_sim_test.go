@@ -229,9 +229,13 @@ func TestUnhealthySimFilteredAndReported(t *testing.T) {
 		}
 		return nil
 	})
+	// A fresh prompt each time: a repeated one would stick to the live
+	// simulator by prefix affinity, as it should.
 	seen := map[string]bool{}
+	n := 0
 	testutil.Eventually(t, 5*time.Second, "recovered simulator gets traffic", func() error {
-		seen[pickOnce(t, h, chatJSON(fmt.Sprint("s", len(seen)), "q", 2))] = true
+		n++
+		seen[pickOnce(t, h, chatJSON(fmt.Sprint("recovery prompt ", n), "q", 2))] = true
 		if !seen[flaky] {
 			return fmt.Errorf("only %v", seen)
 		}

@@ -79,13 +79,16 @@ const (
 )
 
 // Freshness classifies e's metrics at now and returns the snapshot when it
-// is fresh (nil otherwise).
+// is fresh (nil otherwise). An endpoint marked failing (FailureThreshold
+// scrapes in a row failed) is stale even while its last good values are
+// younger than MaxAge: it is the state EDS withholds it for, and a server
+// refusing connections must not keep getting picked until MaxAge passes.
 func (e *Endpoint) Freshness(now time.Time) (Freshness, *metrics.Snapshot) {
 	s := e.Snapshot()
 	switch {
 	case s == nil:
 		return Unscraped, nil
-	case s.Fresh(now):
+	case !s.Failing && s.Fresh(now):
 		return Fresh, s
 	default:
 		return Stale, nil
