@@ -114,3 +114,14 @@ func (h *EndpointHealth) UnhealthyEndpoints() []metrics.Key {
 	})
 	return out
 }
+
+// states copies every known endpoint state (true: failing).
+func (h *EndpointHealth) states() map[metrics.Key]bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make(map[metrics.Key]bool, len(h.failing))
+	for k, v := range h.failing {
+		out[k] = v
+	}
+	return out
+}

@@ -56,6 +56,26 @@ type statusDoc struct {
 	Picker          pickerStatus  `json:"picker"`
 	XDS             xdsStatus     `json:"xds"`
 	Envoys          []envoyStatus `json:"envoys"`
+	Store           *storeStatus  `json:"store,omitempty"` // nil without -store
+}
+
+// storeStatus describes the bbolt store: where it is, what the start
+// restored from it, and the picker-memory saves since.
+type storeStatus struct {
+	Path      string    `json:"path"`
+	LastError string    `json:"last_error,omitempty"`
+	Restored  warmCount `json:"restored"`
+	// WarmSaves counts durable saves of the picker's memory; LastWarmSave
+	// is when the latest finished.
+	WarmSaves    int64     `json:"warm_saves"`
+	LastWarmSave time.Time `json:"last_warm_save,omitzero"`
+}
+
+type warmCount struct {
+	PrefixEndpoints int `json:"prefix_endpoints"`
+	PrefixBlocks    int `json:"prefix_blocks"`
+	Sessions        int `json:"sessions"`
+	FailingEps      int `json:"failing_endpoints"`
 }
 
 type xdsStatus struct {
@@ -139,6 +159,21 @@ func (a *app) status() statusDoc {
 	}
 	if err := a.manager.LastError(); err != nil {
 		doc.ConfigError = err.Error()
+	}
+	if a.store != nil {
+		ss := &storeStatus{Path: a.store.Path()}
+		if err := a.store.LastError(); err != nil {
+			ss.LastError = err.Error()
+		}
+		if a.warm != nil {
+			r := a.warm.restored
+			ss.Restored = warmCount{PrefixEndpoints: r.PrefixEndpoints, PrefixBlocks: r.PrefixBlocks, Sessions: r.Sessions, FailingEps: r.Failing}
+			ss.WarmSaves = a.warm.saves.Load()
+			if ns := a.warm.lastSave.Load(); ns != 0 {
+				ss.LastWarmSave = time.Unix(0, ns).UTC()
+			}
+		}
+		doc.Store = ss
 	}
 	byPool := map[string][]endpointStatus{}
 	eh := a.picker.EndpointHealth()

@@ -608,10 +608,9 @@ func envoyCDSVersion(f *fleet) (string, error) {
 // endpoints, Envoy gets a version it never saw, and requests are routed by
 // the picker again. The prefix-cache hit rate (the simulators'
 // cached_tokens) is measured right before the kill and right after the
-// restart and logged. The picker's prefix index is not persisted yet
-// (prefix.Index Export/Import and store.SavePrefix exist, nothing connects
-// them), so the restarted picker re-learns: only hit rates > 0 are
-// asserted, which holds because the simulators keep their caches.
+// restart: the picker's prefix index comes back from the store, so the
+// first requests after the restart go where their prefixes are cached and
+// the hit rate stays close to what it was.
 func TestE2EConsulWarmRestart(t *testing.T) {
 	t.Parallel()
 	c := testutil.StartConsul(t)
@@ -640,6 +639,15 @@ func TestE2EConsulWarmRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Kill only once the picker's memory of the warm-up is on disk: two
+	// durable saves after the warm-up ended.
+	saves := f.mustStatus().Store.WarmSaves
+	testutil.Eventually(t, 15*time.Second, "the picker's memory saved", func() error {
+		if n := f.mustStatus().Store.WarmSaves; n < saves+2 {
+			return fmt.Errorf("%d warm saves, want %d", n, saves+2)
+		}
+		return nil
+	})
 
 	f.killSwitchyard()
 	killed := time.Now()
@@ -653,7 +661,11 @@ func TestE2EConsulWarmRestart(t *testing.T) {
 	restart := time.Now()
 	f.startSwitchyard()
 	ready := time.Now()
-	// Consul is down: the members can only come from the store.
+	// Consul is down: the members can only come from the store, and so
+	// does the prefix index.
+	if r := f.mustStatus().Store.Restored; r.PrefixEndpoints != len(addrs) || r.PrefixBlocks == 0 {
+		t.Errorf("restored prefix index of %d endpoints (%d blocks), want all %d", r.PrefixEndpoints, r.PrefixBlocks, len(addrs))
+	}
 	if got := slices.Sorted(slices.Values(f.mustStatus().endpoints("llama"))); !slices.Equal(got, slices.Sorted(slices.Values(addrs))) {
 		t.Errorf("restarted with Consul down: picker has members %v at readiness, want the persisted %v", got, addrs)
 	}
@@ -715,8 +727,10 @@ func TestE2EConsulWarmRestart(t *testing.T) {
 		before, envoyBefore, envoyAfter, s.Picker)
 	t.Logf("prefix-cache hit rate (cached/prompt tokens): last 300 before the kill %.3f %v; first 100 after the restart %.3f %v; next 300 %.3f %v",
 		hrBefore, servedSet(pre), hrEarly, servedSet(early), hrLater, servedSet(later))
-	if hrBefore <= 0 || hrEarly <= 0 {
-		t.Errorf("hit rate before %.3f, after %.3f: want both > 0 (the sims keep their caches across a switchyard restart)", hrBefore, hrEarly)
+	// Without the restored index the first 100 requests hit 0.72-0.76
+	// against 0.96 before (measured); with it they route as before.
+	if hrBefore <= 0 || hrEarly < hrBefore-0.1 {
+		t.Errorf("hit rate before the kill %.3f, first 100 after the restart %.3f: want within 0.1 (prefix affinity must survive the restart)", hrBefore, hrEarly)
 	}
 }
 

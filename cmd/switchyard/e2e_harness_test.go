@@ -320,6 +320,14 @@ type status struct {
 		Acked   map[string]string `json:"acked"`
 		NACKs   uint64            `json:"nacks"`
 	} `json:"envoys"`
+	Store *struct {
+		Restored struct {
+			PrefixEndpoints int `json:"prefix_endpoints"`
+			PrefixBlocks    int `json:"prefix_blocks"`
+			Sessions        int `json:"sessions"`
+		} `json:"restored"`
+		WarmSaves int64 `json:"warm_saves"`
+	} `json:"store"`
 }
 
 // counts is picked/served per "pool/address".

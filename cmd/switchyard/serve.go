@@ -118,6 +118,7 @@ type app struct {
 	xds     *xds.Server
 	consul  *consul.Source
 	store   *store.Store // nil without -store
+	warm    *warmSaver   // nil without -store
 }
 
 // newApp builds every component. With -store, the state persisted by the
@@ -131,16 +132,17 @@ func newApp(f serveFlags, fileState *registry.State, logger *slog.Logger) (*app,
 	a := &app{flags: f, log: logger}
 	var (
 		initial  *registry.State
+		snap     *store.Snapshot
 		versions xds.VersionSource
 		saved    map[string]uint64
 		mgrOpts  = []registry.ManagerOption{registry.WithLogger(logger)}
 	)
 	if f.storePath != "" {
-		st, snap, err := openStore(f.storePath, logger)
+		st, loaded, err := openStore(f.storePath, logger)
 		if err != nil {
 			return nil, err
 		}
-		a.store = st
+		a.store, snap = st, loaded
 		versions = newStoreVersions(st, snap, logger)
 		saved = snap.ConsulIndexes
 		if initial = snap.State(); initial != nil {
@@ -165,6 +167,13 @@ func newApp(f serveFlags, fileState *registry.State, logger *slog.Logger) (*app,
 	_ = a.manager.AddSource(hclfile.SourceName, a.files)
 	_ = a.manager.AddSource(consul.SourceName, a.consul)
 	a.picker = picker.New(a.pub, picker.Options{}, logger.With("component", "picker"))
+	if a.store != nil {
+		// The picker starts on the persisted state, so the prefix index,
+		// sessions and health of its endpoints can be restored now.
+		restored := restoreWarm(a.picker, snap, logger)
+		a.warm = newWarmSaver(a.store, snap, a.picker, logger.With("component", "store"))
+		a.warm.restored = restored
+	}
 	a.xds = xds.NewServer(a.pub, xds.Options{
 		Translation: ir.Options{PickerAddr: advertise},
 		// Endpoints whose metrics scrapes fail leave EDS: override_host
@@ -230,7 +239,7 @@ func (a *app) components() []component {
 		{"admin-server", httpComponent(a.flags.adminAddr, a.adminHandler())},
 	}
 	if a.store != nil {
-		comps = append(comps, component{"persist", a.persist})
+		comps = append(comps, component{"persist", a.persist}, component{"persist-warm", a.persistWarm})
 	}
 	return comps
 }

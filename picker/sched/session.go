@@ -85,3 +85,37 @@ func (s *Sessions) Len() int {
 	defer s.mu.Unlock()
 	return s.lru.Len()
 }
+
+// SessionEntry is one session as Export copies it.
+type SessionEntry struct {
+	Key, Addr string
+	Expires   time.Time
+}
+
+// Export copies the unexpired sessions at now, most recently used first.
+func (s *Sessions) Export(now time.Time) []SessionEntry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]SessionEntry, 0, s.lru.Len())
+	for el := s.lru.Front(); el != nil; el = el.Next() {
+		e := el.Value.(*sessionEntry)
+		if exp := e.seen.Add(s.ttl); exp.After(now) {
+			out = append(out, SessionEntry{Key: e.key, Addr: e.addr, Expires: exp})
+		}
+	}
+	return out
+}
+
+// Import remembers an exported session unless the table already knows a
+// more recent one for the key. Import the most recently used last, so the
+// LRU order survives.
+func (s *Sessions) Import(e SessionEntry) {
+	seen := e.Expires.Add(-s.ttl)
+	s.mu.Lock()
+	if el := s.m[e.Key]; el != nil && !el.Value.(*sessionEntry).seen.Before(seen) {
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	s.Put(e.Key, e.Addr, seen)
+}
