@@ -49,9 +49,12 @@ model "m-a" {
 func newConsulFleet(t *testing.T, c *testutil.Consul, config string) (*fleet, string) {
 	t.Helper()
 	store := filepath.Join(t.TempDir(), "switchyard.db")
+	// The agent's address comes from the configuration's consul block,
+	// which must win over the environment (here pointing nowhere).
+	config = fmt.Sprintf("consul {\n  address = %q\n}\n", "http://"+c.Addr) + config
 	f := newFleet(t, config, fleetOptions{
 		switchyardArgs: []string{"-store", store},
-		switchyardEnv:  []string{"CONSUL_HTTP_ADDR=" + c.Addr},
+		switchyardEnv:  []string{"CONSUL_HTTP_ADDR=127.0.0.1:1"},
 	})
 	return f, store
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/switchyard/switchyard/registry"
 	"github.com/switchyard/switchyard/registry/consul"
+	"github.com/switchyard/switchyard/registry/hclfile"
 	"github.com/switchyard/switchyard/store"
 	"github.com/switchyard/switchyard/xds"
 )
@@ -108,13 +109,21 @@ func (a *app) persist(ctx context.Context) error {
 }
 
 // newConsulSource builds the Consul source; it opens no connection until a
-// pool asks for Consul members.
-func newConsulSource(pub *registry.Publisher, bootstrap *registry.State, saved map[string]uint64, logger *slog.Logger) (*consul.Source, error) {
-	cs, err := consul.New(pub, consul.Options{
-		Bootstrap:      bootstrap,
+// pool asks for Consul members. The configuration's top-level consul block,
+// read once at start, overrides the CONSUL_HTTP_* environment.
+func newConsulSource(pub *registry.Publisher, cfg *hclfile.Config, saved map[string]uint64, logger *slog.Logger) (*consul.Source, error) {
+	opts := consul.Options{
+		Bootstrap:      cfg.State,
 		InitialIndexes: consulIndexes(saved),
 		Logger:         logger.With("component", "consul"),
-	})
+	}
+	if ag := cfg.Consul; ag != nil {
+		opts.Address, opts.Token, opts.TokenFile = ag.Address, ag.Token, ag.TokenFile
+		t := ag.TLS
+		opts.TLS = consul.TLSOptions{ServerName: t.ServerName, CAFile: t.CAFile, CAPath: t.CAPath,
+			CertFile: t.CertFile, KeyFile: t.KeyFile, InsecureSkipVerify: t.InsecureSkipVerify}
+	}
+	cs, err := consul.New(pub, opts)
 	if err != nil {
 		return nil, fmt.Errorf("consul: %w", err)
 	}

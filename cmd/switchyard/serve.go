@@ -92,7 +92,7 @@ Flags:
 	}
 	logger.Info("configuration loaded", "path", f.config, "summary", cfg.State.Summary())
 
-	a, err := newApp(f, cfg.State, logger)
+	a, err := newApp(f, cfg, logger)
 	if err != nil {
 		fmt.Fprintf(stderr, "serve: %v\n", err)
 		return 2
@@ -124,7 +124,7 @@ type app struct {
 // newApp builds every component. With -store, the state persisted by the
 // previous run is published before any source answers, so the picker and
 // Envoys serve the last known members at once, even with Consul down.
-func newApp(f serveFlags, fileState *registry.State, logger *slog.Logger) (*app, error) {
+func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error) {
 	advertise, err := advertiseAddr(f.extprocAddr, f.extprocAdvertise)
 	if err != nil {
 		return nil, err
@@ -158,7 +158,7 @@ func newApp(f serveFlags, fileState *registry.State, logger *slog.Logger) (*app,
 	a.view = a.pub
 	a.files = hclfile.NewSource(f.config, hclfile.WithLogger(logger))
 	a.manager = registry.NewManager(a.pub, mgrOpts...)
-	if a.consul, err = newConsulSource(a.pub, fileState, saved, logger); err != nil {
+	if a.consul, err = newConsulSource(a.pub, cfg, saved, logger); err != nil {
 		a.close()
 		return nil, err
 	}

@@ -37,8 +37,10 @@
 //	                   optional, but when set it must equal the pool's
 //	                   engine or the instance is left out with a warning
 //	meta.metrics_path  optional; overrides the pool's metrics path
-//	check    an HTTP check on /health with a short interval (1s) and
-//	         deregister_critical_service_after, so dead hosts leave
+//	check    an HTTP check on /health with a short interval (1s); a
+//	         critical check takes the instance out (no
+//	         deregister_critical_service_after for agent definition files:
+//	         Consul would reap the service and never re-register it)
 //
 // # Health
 //
@@ -55,7 +57,13 @@
 // standard environment variables (CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN,
 // CONSUL_HTTP_TOKEN_FILE, CONSUL_HTTP_SSL, CONSUL_CACERT, CONSUL_CAPATH,
 // CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY, CONSUL_TLS_SERVER_NAME,
-// CONSUL_HTTP_SSL_VERIFY); non-empty Options fields override them.
+// CONSUL_HTTP_SSL_VERIFY); non-empty Options fields override them
+// (switchyard serve fills them from the configuration's top-level consul
+// block).
+//
+// Prefer one Consul service per pool to one service with a tag per pool:
+// blocking queries are per service, so with a shared service every
+// registration wakes every pool's watcher.
 package consul
 
 import (
@@ -113,8 +121,9 @@ type Options struct {
 	// "https://host:port" or "unix:///path". Default: CONSUL_HTTP_ADDR,
 	// else 127.0.0.1:8500.
 	Address string
-	// Token is the ACL token. Default: CONSUL_HTTP_TOKEN(_FILE).
-	Token string
+	// Token is the ACL token, or TokenFile a file holding it. Default:
+	// CONSUL_HTTP_TOKEN, CONSUL_HTTP_TOKEN_FILE.
+	Token, TokenFile string
 	// TLS overrides the CONSUL_CACERT... settings field by field.
 	TLS TLSOptions
 	// AllowStale lets any Consul server answer, not only the leader.
@@ -173,8 +182,11 @@ func New(view registry.View, opts Options) (*Source, error) {
 	if opts.Address != "" {
 		cfg.Address = opts.Address
 	}
-	if opts.Token != "" {
+	switch {
+	case opts.Token != "":
 		cfg.Token, cfg.TokenFile = opts.Token, ""
+	case opts.TokenFile != "":
+		cfg.Token, cfg.TokenFile = "", opts.TokenFile
 	}
 	t := opts.TLS
 	for dst, src := range map[*string]string{

@@ -26,6 +26,28 @@ var rootSchema = &hcl.BodySchema{
 		{Type: "routing"},
 		{Type: "pool", LabelNames: []string{"name"}},
 		{Type: "model", LabelNames: []string{"name"}},
+		{Type: "consul"},
+	},
+}
+
+// agentSchema is the top-level consul block: how to reach the Consul agent.
+var agentSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{
+		{Name: "address"},
+		{Name: "token"},
+		{Name: "token_file"},
+	},
+	Blocks: []hcl.BlockHeaderSchema{{Type: "tls"}},
+}
+
+var agentTLSSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{
+		{Name: "server_name"},
+		{Name: "ca_file"},
+		{Name: "ca_path"},
+		{Name: "cert_file"},
+		{Name: "key_file"},
+		{Name: "insecure_skip_verify"},
 	},
 }
 
@@ -115,6 +137,7 @@ type decoder struct {
 	models    map[string]*registry.Model
 	listeners map[string]*registry.Listener
 	routing   *registry.Routing
+	agent     *ConsulAgent
 	// first declaration of each object, for "already defined at" details.
 	declared map[loc]hcl.Range
 	// per pool: canonical endpoint address -> where it was declared.
@@ -211,6 +234,89 @@ func (d *decoder) file(body hcl.Body) {
 			d.pool(b)
 		case "model":
 			d.model(b)
+		case "consul":
+			d.agentBlock(b)
+		}
+	}
+}
+
+// ConsulAgent is the top-level consul block: how switchyard reaches the
+// Consul HTTP API. Set fields override the CONSUL_HTTP_* environment
+// variables; unset ones leave them in force.
+type ConsulAgent struct {
+	Address   string // "host:port", "http(s)://host:port" or "unix:///path"
+	Token     string
+	TokenFile string
+	TLS       ConsulTLS
+}
+
+// ConsulTLS is the consul block's tls block.
+type ConsulTLS struct {
+	ServerName, CAFile, CAPath, CertFile, KeyFile string
+	InsecureSkipVerify                            bool
+}
+
+func (d *decoder) agentBlock(b *hcl.Block) {
+	const kind = "consul"
+	if !d.declare(kind, "", b) {
+		return
+	}
+	obj := loc{kind: kind}
+	ag := &ConsulAgent{}
+	d.agent = ag
+	content, diags := b.Body.Content(agentSchema)
+	d.diags = append(d.diags, diags...)
+	strAttr := func(attrs hcl.Attributes, name string, dst *string) {
+		a, ok := attrs[name]
+		if !ok {
+			return
+		}
+		v, ok := d.str(obj.with(name), a.Expr)
+		if !ok {
+			return
+		}
+		if strings.TrimSpace(v) == "" {
+			d.errorAt(obj.with(name), a.Expr.Range(), "Empty "+name, fmt.Sprintf("The consul block's %s is empty; leave it out to use the environment.", name))
+			return
+		}
+		*dst = v
+	}
+	attrs := content.Attributes
+	strAttr(attrs, "address", &ag.Address)
+	strAttr(attrs, "token", &ag.Token)
+	strAttr(attrs, "token_file", &ag.TokenFile)
+	if a, ok := attrs["address"]; ok && ag.Address != "" {
+		if strings.ContainsAny(ag.Address, " \t\r\n") || (!strings.Contains(ag.Address, "://") && !strings.Contains(ag.Address, ":")) {
+			d.errorAt(obj.with("address"), a.Expr.Range(), "Invalid Consul address",
+				fmt.Sprintf("%q is not a Consul HTTP address; write \"host:port\", \"https://host:port\" or \"unix:///path\".", ag.Address))
+		}
+	}
+	if ag.Token != "" && ag.TokenFile != "" {
+		d.errorAt(obj.with("token_file"), attrs["token_file"].Expr.Range(), "Conflicting Consul tokens",
+			"Set token or token_file, not both.")
+	}
+	seenTLS := false
+	for _, tb := range content.Blocks {
+		if seenTLS {
+			d.errorAt(obj.with("tls"), tb.DefRange, "Duplicate tls block", "The consul block may have one tls block.")
+			continue
+		}
+		seenTLS = true
+		tc, diags := tb.Body.Content(agentTLSSchema)
+		d.diags = append(d.diags, diags...)
+		ta := tc.Attributes
+		strAttr(ta, "server_name", &ag.TLS.ServerName)
+		strAttr(ta, "ca_file", &ag.TLS.CAFile)
+		strAttr(ta, "ca_path", &ag.TLS.CAPath)
+		strAttr(ta, "cert_file", &ag.TLS.CertFile)
+		strAttr(ta, "key_file", &ag.TLS.KeyFile)
+		if a, ok := ta["insecure_skip_verify"]; ok {
+			if v, ok := d.boolean(obj.with("insecure_skip_verify"), a.Expr); ok {
+				ag.TLS.InsecureSkipVerify = v
+			}
+		}
+		if (ag.TLS.CertFile == "") != (ag.TLS.KeyFile == "") {
+			d.errorAt(obj.with("tls"), tb.DefRange, "Incomplete client certificate", "Set both cert_file and key_file, or neither.")
 		}
 	}
 }

@@ -7,8 +7,26 @@
 // # Schema
 //
 // Top level: any number of listener, pool and model blocks, and at most one
-// routing block, spread over any number of files. Names must be unique
-// across all files.
+// routing block and one consul block, spread over any number of files.
+// Names must be unique across all files.
+//
+//	consul {                      # optional, at most one: how to reach the
+//	                              # Consul agent; each set attribute wins
+//	                              # over its CONSUL_HTTP_* variable. Read
+//	                              # once at start (Config.Consul), not part
+//	                              # of the registry state.
+//	  address    = "https://consul.internal:8501" # host:port,
+//	                              # http(s)://host:port or unix:///path
+//	  token      = "..."          # ACL token, or
+//	  token_file = "/etc/switchyard/consul.token" # not both
+//	  tls {                       # optional
+//	    server_name = "consul.internal"
+//	    ca_file     = "/etc/consul/ca.pem"   # and/or ca_path
+//	    cert_file   = "/etc/consul/client.pem" # client certificate: both
+//	    key_file    = "/etc/consul/key.pem"    # or neither
+//	    insecure_skip_verify = false
+//	  }
+//	}
 //
 //	listener "NAME" {
 //	  address = "0.0.0.0:8080"   # required; ip:port Envoy listens on

@@ -28,6 +28,9 @@ type Config struct {
 	Update registry.Update
 	// State is Update merged on its own (Version 0), for summaries.
 	State *registry.State
+	// Consul is the top-level consul block (nil when there is none). It
+	// is not part of the registry state: serve reads it once, at start.
+	Consul *ConsulAgent
 }
 
 // Load reads the configuration at path: one HCL file, or every *.hcl file
@@ -132,6 +135,7 @@ func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
 	}
 	cfg.Update = u
 	cfg.State = s
+	cfg.Consul = d.agent
 	sortDiagnostics(d.diags)
 	return cfg, d.diags
 }

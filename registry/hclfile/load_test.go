@@ -73,6 +73,12 @@ func TestLoadFull(t *testing.T) {
 	if got := cfg.State.Summary(); got != "2 pools, 3 models, 2 listeners" {
 		t.Errorf("Summary = %q", got)
 	}
+	wantAgent := &ConsulAgent{Address: "https://consul.internal:8501", Token: "3f1c-example", TLS: ConsulTLS{
+		ServerName: "consul.internal", CAFile: "/etc/consul/ca.pem",
+		CertFile: "/etc/consul/client.pem", KeyFile: "/etc/consul/client-key.pem"}}
+	if !reflect.DeepEqual(cfg.Consul, wantAgent) {
+		t.Errorf("consul block = %+v, want %+v", cfg.Consul, wantAgent)
+	}
 }
 
 func dump(s *registry.State) string {
@@ -173,6 +179,12 @@ func TestLoadErrors(t *testing.T) {
 			`5:59: Invalid scheduling: Unknown scorer "fastest": want one of "queue", "running", "kv-cache"`,
 			`6:25: Invalid scheduling: Unknown metric "queue_len"`,
 			`8:3: Duplicate scheduling block: Pool "llama" already has a scheduling block at testdata/bad/scheduling.hcl:2:3`,
+		}},
+		{"consul_agent.hcl", []string{
+			`2:16: Invalid Consul address: "consul.internal" is not a Consul HTTP address`,
+			`4:16: Conflicting Consul tokens: Set token or token_file, not both`,
+			`5:3: Incomplete client certificate: Set both cert_file and key_file, or neither`,
+			`9:1: Duplicate consul: A consul block was already defined at testdata/bad/consul_agent.hcl:1:1.`,
 		}},
 		{"variables.hcl", []string{
 			`2:12: Variables not allowed: Variables may not be used here`,

@@ -54,3 +54,14 @@ model "chat" {
   target "llama-v2" { weight = 10 }
   target "llama-v3" {}
 }
+
+consul {
+  address = "https://consul.internal:8501"
+  token   = "3f1c-example"
+  tls {
+    server_name = "consul.internal"
+    ca_file     = "/etc/consul/ca.pem"
+    cert_file   = "/etc/consul/client.pem"
+    key_file    = "/etc/consul/client-key.pem"
+  }
+}
