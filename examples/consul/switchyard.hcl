@@ -3,6 +3,19 @@
 #
 #   CONSUL_HTTP_ADDR=127.0.0.1:8500 switchyard serve -config examples/consul/switchyard.hcl -store /var/lib/switchyard/switchyard.db
 
+# The agent comes from CONSUL_HTTP_ADDR and friends, or from a block like
+# this one (it wins over the environment):
+#
+#   consul {
+#     address    = "https://consul.internal:8501"
+#     token_file = "/etc/switchyard/consul.token"
+#     tls { ca_file = "/etc/consul/ca.pem" }
+#   }
+#
+# With several pools, give each its own service name (vllm-llama,
+# vllm-qwen, ...) rather than tags on one service: Consul's blocking
+# queries are per service, so a shared one wakes every pool's watcher.
+
 listener "public" {
   address = "0.0.0.0:8080"
 }
