@@ -186,17 +186,7 @@ func Start(t testing.TB, name, bin string, args ...string) *Process {
 // restart or kill the process themselves; they must Stop or Kill it.
 func StartNoCleanup(t testing.TB, name, bin string, args ...string) *Process {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	buf := &syncBuffer{}
-	cmd.Stdout = buf
-	cmd.Stderr = buf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	p := &Process{Name: name, Cmd: cmd, out: buf, done: make(chan struct{})}
-	go func() { p.err = cmd.Wait(); close(p.done) }()
-	return p
+	return StartNoCleanupEnv(t, name, bin, nil, args...)
 }
 
 // Output returns everything the process printed so far.

@@ -20,63 +20,6 @@ import (
 	"github.com/switchyard/switchyard/registry"
 )
 
-// agent is a real `consul agent -dev` on free loopback ports.
-type agent struct {
-	bin  string
-	args []string
-	addr string // HTTP API "127.0.0.1:port"
-	proc *testutil.Process
-}
-
-func startAgent(t *testing.T) *agent {
-	t.Helper()
-	bin := testutil.ConsulPath(t)
-	http := testutil.FreePort(t)
-	a := &agent{bin: bin, addr: "127.0.0.1:" + strconv.Itoa(http), args: []string{
-		"agent", "-dev", "-bind", "127.0.0.1", "-client", "127.0.0.1", "-node", "switchyard-test",
-		"-http-port", strconv.Itoa(http), "-dns-port", "-1", "-grpc-port", "-1", "-grpc-tls-port", "-1",
-		"-serf-lan-port", strconv.Itoa(testutil.FreePort(t)), "-serf-wan-port", strconv.Itoa(testutil.FreePort(t)),
-		"-server-port", strconv.Itoa(testutil.FreePort(t)), "-log-level", "warn",
-	}}
-	a.start(t)
-	return a
-}
-
-func (a *agent) start(t *testing.T) {
-	t.Helper()
-	p := testutil.StartNoCleanup(t, "consul", a.bin, a.args...)
-	a.proc = p
-	t.Cleanup(func() {
-		p.Stop()
-		if t.Failed() {
-			t.Logf("--- output of consul ---\n%s", p.Output())
-		}
-	})
-	client := a.client(t)
-	testutil.Eventually(t, 15*time.Second, "consul leader elected", func() error {
-		if p.Exited() {
-			t.Fatalf("consul exited:\n%s", p.Output())
-		}
-		leader, err := client.Status().Leader()
-		if err != nil {
-			return err
-		}
-		if leader == "" {
-			return fmt.Errorf("no leader yet")
-		}
-		return nil
-	})
-}
-
-func (a *agent) client(t *testing.T) *api.Client {
-	t.Helper()
-	c, err := api.NewClient(&api.Config{Address: a.addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 // modelServer is an httptest server standing in for a vLLM host's /health.
 type modelServer struct {
 	*httptest.Server
@@ -167,8 +110,8 @@ func waitEndpoints(t *testing.T, v registry.View, pool string, want ...string) t
 // TestAgent drives a real registry.Manager with this source against a real
 // Consul agent. The steps share one agent and run in order.
 func TestAgent(t *testing.T) {
-	a := startAgent(t)
-	c := a.client(t)
+	a := testutil.StartConsul(t)
+	c := a.Client()
 
 	passing := registry.ConsulSelector{Service: "vllm", Tag: "llama-8b", PassingOnly: true}
 	all := registry.ConsulSelector{Service: "vllm"}
@@ -183,7 +126,7 @@ func TestAgent(t *testing.T) {
 	}}}); err != nil {
 		t.Fatal(err)
 	}
-	src, err := New(m.View(), Options{Address: "http://" + a.addr, WaitTime: 10 * time.Second, Logger: log,
+	src, err := New(m.View(), Options{Address: "http://" + a.Addr, WaitTime: 10 * time.Second, Logger: log,
 		MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -258,7 +201,7 @@ func TestAgent(t *testing.T) {
 		waitEndpoints(t, v, "llama", h1.addr())
 		before := m.Status().Version
 
-		a.proc.Stop()
+		a.Stop()
 		testutil.Eventually(t, 10*time.Second, "source reports consul down", func() error {
 			for _, st := range src.Status() {
 				if st.Up || st.LastError == nil {
@@ -282,7 +225,7 @@ func TestAgent(t *testing.T) {
 
 		// A dev agent forgets everything: register another host after the
 		// restart; the old one must go, the new one come.
-		a.start(t)
+		a.Restart()
 		h2 := newModelServer(t)
 		register(t, c, "vllm-2", h2)
 		d := waitEndpoints(t, v, "llama", h2.addr())
