@@ -119,7 +119,8 @@ type counters struct {
 	picked         atomic.Int64
 	rewritten      atomic.Int64
 	fallbackServed atomic.Int64
-	rejected       [6]atomic.Int64 // by rejectIndex
+	rejected       [len(rejectCodes)]atomic.Int64 // by rejectIndex
+	decision       histogram                      // time to pick (or reject)
 }
 
 // New returns a picker reading pool state from view. The current state is

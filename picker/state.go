@@ -45,6 +45,9 @@ type poolState struct {
 	sessions *sched.Sessions
 	hasher   atomic.Pointer[poolHasher]
 	rr       atomic.Uint64
+	// Blocks of routed prompts, and how many of them the chosen endpoint
+	// was believed to hold (the prefix index's hit ratio).
+	promptBlocks, matchedBlocks atomic.Int64
 }
 
 // poolHasher is a Hasher with the KV block size it was built for.
@@ -90,6 +93,10 @@ type modelView struct {
 	// targets and cumulative weights for the weighted rewrite choice.
 	targets []string
 	cum     []int
+	// counters[i] counts requests sent to targets[i] (counters[0] the
+	// model itself when it has no targets); running its in-flight requests.
+	counters []*objectiveCounters
+	running  *atomic.Int64
 }
 
 // loadKey identifies an endpoint's counters across rebuilds.
@@ -101,6 +108,9 @@ type loads struct {
 	mu    sync.Mutex
 	m     map[loadKey]*sched.Load
 	pools map[string]*poolState
+	// Per-model counters, kept while the model exists.
+	objectives map[objKey]*objectiveCounters
+	running    map[string]*atomic.Int64
 }
 
 // buildDeps carries what buildSnapshot needs besides the state.
@@ -121,6 +131,8 @@ func buildSnapshot(st *registry.State, ls *loads, d buildDeps) *snapshot {
 	if ls.m == nil {
 		ls.m = map[loadKey]*sched.Load{}
 		ls.pools = map[string]*poolState{}
+		ls.objectives = map[objKey]*objectiveCounters{}
+		ls.running = map[string]*atomic.Int64{}
 	}
 	seen := make(map[loadKey]bool, len(ls.m))
 	snap := &snapshot{
@@ -180,6 +192,7 @@ func buildSnapshot(st *registry.State, ls *loads, d buildDeps) *snapshot {
 			delete(ls.pools, name)
 		}
 	}
+	liveObj := make(map[objKey]bool, len(st.Models))
 	for name, m := range st.Models {
 		mv := &modelView{model: m, pool: snap.pools[m.Pool]}
 		total := 0
@@ -191,7 +204,38 @@ func buildSnapshot(st *registry.State, ls *loads, d buildDeps) *snapshot {
 			mv.targets = append(mv.targets, t.Name)
 			mv.cum = append(mv.cum, total)
 		}
+		mv.running = ls.running[name]
+		if mv.running == nil {
+			mv.running = new(atomic.Int64)
+			ls.running[name] = mv.running
+		}
+		keys := []objKey{{model: name}}
+		if len(mv.targets) > 0 {
+			keys = keys[:0]
+			for _, t := range mv.targets {
+				keys = append(keys, objKey{model: name, target: t})
+			}
+		}
+		for _, k := range keys {
+			c := ls.objectives[k]
+			if c == nil {
+				c = new(objectiveCounters)
+				ls.objectives[k] = c
+			}
+			liveObj[k] = true
+			mv.counters = append(mv.counters, c)
+		}
 		snap.models[name] = mv
+	}
+	for k := range ls.objectives {
+		if !liveObj[k] {
+			delete(ls.objectives, k)
+		}
+	}
+	for m := range ls.running {
+		if _, ok := st.Models[m]; !ok {
+			delete(ls.running, m)
+		}
 	}
 	if dp := st.Routing.DefaultPool; dp != "" {
 		snap.unknownPool = snap.pools[dp]
@@ -220,19 +264,21 @@ func poolProfile(p *registry.Pool, ps *poolState, d buildDeps) *sched.Profile {
 	return prof
 }
 
-// target picks the upstream model name by weight; r is in [0, total).
-func (mv *modelView) target(r func(int) int) string {
+// target picks the upstream model name by weight (r(n) is in [0, n)) and
+// returns it with its counters.
+func (mv *modelView) target(r func(int) int) (string, *objectiveCounters) {
 	if len(mv.targets) == 0 {
-		return mv.model.Name
+		return mv.model.Name, mv.counters[0]
 	}
 	if len(mv.targets) == 1 {
-		return mv.targets[0]
+		return mv.targets[0], mv.counters[0]
 	}
 	x := r(mv.cum[len(mv.cum)-1])
 	for i, c := range mv.cum {
 		if x < c {
-			return mv.targets[i]
+			return mv.targets[i], mv.counters[i]
 		}
 	}
-	return mv.targets[len(mv.targets)-1]
+	last := len(mv.targets) - 1
+	return mv.targets[last], mv.counters[last]
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -59,6 +60,8 @@ type stream struct {
 	released    bool
 	clientModel string
 	rewritten   bool
+	obj         *objectiveCounters // the declared model/target, nil otherwise
+	running     *atomic.Int64      // the model's in-flight gauge once picked
 
 	// Response side.
 	servedSeen bool
@@ -77,6 +80,9 @@ func (st *stream) release() {
 	st.released = true
 	st.primary.Load.InFlightRequests.Add(-1)
 	st.primary.Load.InFlightTokens.Add(-st.tokens)
+	if st.running != nil {
+		st.running.Add(-1)
+	}
 }
 
 // handle processes one message; done means the stream is finished (an
@@ -252,7 +258,11 @@ func (st *stream) onRequestTrailers(send sendFunc) (bool, error) {
 // reject sends a local reply and ends the stream.
 func (st *stream) reject(code int, msg string, send sendFunc) (bool, error) {
 	st.decided = true
-	st.s.stats.rejected[rejectIndex(code)].Add(1)
+	i := rejectIndex(code)
+	st.s.stats.rejected[i].Add(1)
+	if st.obj != nil {
+		st.obj.errors[i].Add(1)
+	}
 	if st.s.debug {
 		st.s.log.Debug("request rejected", "status", code, "reason", msg, "path", string(st.path))
 	}
@@ -264,7 +274,9 @@ func (st *stream) reject(code int, msg string, send sendFunc) (bool, error) {
 func (st *stream) decide(send sendFunc) (bool, error) {
 	st.decided = true
 	st.s.stats.requests.Add(1)
+	t0 := time.Now()
 	code, msg, body, dest := st.pick()
+	st.s.stats.decision.observe(time.Since(t0))
 	if code != 0 {
 		return st.reject(code, msg, send)
 	}
@@ -372,7 +384,9 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 		} else {
 			st.clientModel = mv.model.Name
 			pv = mv.pool
-			if target = mv.target(randN); target != mv.model.Name {
+			target, st.obj = mv.target(randN)
+			st.obj.requests.Add(1)
+			if target != mv.model.Name {
 				body = openai.RewriteModel(body, r, target)
 				st.rewritten = true
 				s.stats.rewritten.Add(1)
@@ -418,6 +432,12 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	prof.Picked(&sreq, picked[0])
 	if pv.usesPrefix {
 		pv.state.learnBlockSize(picked[0])
+		if len(sreq.Hashes) > 0 {
+			pv.state.promptBlocks.Add(int64(len(sreq.Hashes)))
+			if m, ok := sc.PrefixMatch(picked[0].Address); ok {
+				pv.state.matchedBlocks.Add(int64(m))
+			}
+		}
 	}
 	n := len(picked) - 1
 	for _, e := range picked {
@@ -435,6 +455,10 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	st.primary.Load.InFlightRequests.Add(1)
 	st.primary.Load.InFlightTokens.Add(st.tokens)
 	st.primary.Load.Picked.Add(1)
+	if mv != nil {
+		st.running = mv.running
+		st.running.Add(1)
+	}
 	s.stats.picked.Add(1)
 	if s.debug {
 		s.log.Debug("picked endpoint", "pool", pv.name, "profile", prof.Name, "model", st.clientModel, "target", target,

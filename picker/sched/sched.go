@@ -204,10 +204,27 @@ type Scratch struct {
 	Hashes []uint64
 	// Explanation holds Rank's explanation when Request.Explain is set.
 	Explanation string
-	// Scorer-private buffers.
-	matched []int
-	names   []string
-	per     [][]float64
+	// Scorer-private buffers. names and matched hold the prefix scorer's
+	// per-candidate matches when matchedOK.
+	matched   []int
+	names     []string
+	matchedOK bool
+	per       [][]float64
+}
+
+// PrefixMatch returns how many of the request's blocks the prefix scorer
+// believed endpoint addr holds, in the last Rank; ok is false when the
+// prefix scorer did not run or addr was not a candidate.
+func (sc *Scratch) PrefixMatch(addr string) (int, bool) {
+	if !sc.matchedOK {
+		return 0, false
+	}
+	for i, n := range sc.names {
+		if n == addr {
+			return sc.matched[i], true
+		}
+	}
+	return 0, false
 }
 
 // Schedule runs the profile over pool and returns up to n endpoints, best
@@ -255,6 +272,7 @@ func (p *Profile) Rank(req *Request, cands []*Endpoint, n int, sc *Scratch) []*E
 		req.Now = time.Now()
 	}
 	req.scratch = sc
+	sc.matchedOK = false
 	defer func() { req.scratch = nil }()
 	sc.scores = grow(sc.scores, len(cands))
 	sc.tmp = grow(sc.tmp, len(cands))

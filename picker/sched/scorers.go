@@ -254,6 +254,7 @@ func (p *PrefixScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	}
 	m := sc.matched[:len(eps)]
 	p.Index.MatchInto(req.Hashes, sc.names, m)
+	sc.matchedOK = true
 	any := false
 	for _, n := range m {
 		any = any || n > 0
