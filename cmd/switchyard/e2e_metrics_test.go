@@ -56,6 +56,8 @@ next:
 			return m.GetGauge().GetValue(), true
 		case m.Counter != nil:
 			return m.GetCounter().GetValue(), true
+		case m.Histogram != nil:
+			return float64(m.GetHistogram().GetSampleCount()), true
 		}
 	}
 	return 0, false
@@ -114,6 +116,21 @@ model "m-a" { pool = "llama" }
 	}
 	if v, ok := metricValue(fams, "switchyard_xds_nacks_total", map[string]string{"node": f.nodeID}); !ok || v != 0 {
 		t.Errorf("xDS NACKs for node %s = %v (present %v), want 0", f.nodeID, v, ok)
+	}
+	if v, _ := metricValue(fams, "inference_objective_request_total", map[string]string{"model_name": "m-a", "target_model_name": "m-a"}); v != 4 {
+		t.Errorf("inference_objective_request_total{m-a} = %v, want 4", v)
+	}
+	if v, ok := metricValue(fams, "inference_objective_running_requests", map[string]string{"model_name": "m-a"}); !ok || v != 0 {
+		t.Errorf("inference_objective_running_requests{m-a} = %v (present %v), want 0 after the responses", v, ok)
+	}
+	if v, _ := metricValue(fams, "inference_extension_scheduler_e2e_duration_seconds", nil); v < 5 {
+		t.Errorf("decision histogram counted %v decisions, want >= 5", v)
+	}
+	if v, ok := metricValue(fams, "switchyard_pool_saturated", map[string]string{"name": "llama"}); !ok || v != 0 {
+		t.Errorf("switchyard_pool_saturated{llama} = %v (present %v), want 0 on an idle fleet", v, ok)
+	}
+	if _, ok := metricValue(fams, "inference_extension_prefix_indexer_size", map[string]string{"name": "llama"}); !ok {
+		t.Error("no prefix index size for pool llama")
 	}
 	if v, _ := metricValue(fams, "switchyard_config_error", nil); v != 0 {
 		t.Errorf("switchyard_config_error = %v, want 0", v)

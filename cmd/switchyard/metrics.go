@@ -58,13 +58,23 @@ var (
 	mConsulUp       = desc("switchyard_consul_up", "1 when the latest Consul query for the selector succeeded.", "service", "tag", "datacenter", "passing_only")
 	mConsulInst     = desc("switchyard_consul_instances", "Instances in Consul's latest answer for the selector.", "service", "tag", "datacenter", "passing_only")
 	mConsulLastSync = desc("switchyard_consul_last_success_timestamp_seconds", "When Consul last answered for the selector.", "service", "tag", "datacenter", "passing_only")
+	mObjRequests    = desc("inference_objective_request_total", "Requests for each declared model, by the target it was sent as.", "model_name", "target_model_name")
+	mObjErrors      = desc("inference_objective_request_error_total", "Requests for each declared model the picker answered with an error, by HTTP status.", "model_name", "target_model_name", "error_code")
+	mObjRunning     = desc("inference_objective_running_requests", "Requests for each declared model picked and not finished yet.", "model_name")
+	mDecision       = desc("inference_extension_scheduler_e2e_duration_seconds", "Time the picker took to decide a request (parse, filter, score, pick), rejections included.")
+	mPrefixSize     = desc("inference_extension_prefix_indexer_size", "Entries in the pool's prefix-cache index (per-endpoint LRU entries).", "name")
+	mPrefixBytes    = desc("switchyard_prefix_index_bytes", "Memory held by the pool's prefix-cache index.", "name")
+	mPrefixPrompt   = desc("switchyard_prefix_prompt_blocks_total", "KV blocks of the prompts the picker routed in the pool.", "name")
+	mPrefixMatched  = desc("switchyard_prefix_matched_blocks_total", "Of those, blocks the chosen endpoint was believed to hold; matched/prompt is the prefix hit ratio.", "name")
+	mPoolSaturated  = desc("switchyard_pool_saturated", "1 while every eligible endpoint of the pool is over queue_threshold or kv_threshold (sheddable requests get 429).", "name")
 )
 
 func (c *appCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{mBuild, mRegVersion, mConfigError, mPoolReady, mPoolQueue, mPoolKV, mPodQueue,
 		mEpRunning, mEpKV, mEpHealthy, mEpScrapeAge, mEpInFlight, mEpInFlightTok, mEpPicked, mEpServed,
 		mRequests, mRewrites, mFallback, mLocalReplies, mXDSSnapshots, mXDSFailures, mXDSAcks, mXDSNacks, mXDSStreams,
-		mConsulUp, mConsulInst, mConsulLastSync} {
+		mConsulUp, mConsulInst, mConsulLastSync, mObjRequests, mObjErrors, mObjRunning, mDecision,
+		mPrefixSize, mPrefixBytes, mPrefixPrompt, mPrefixMatched, mPoolSaturated} {
 		ch <- d
 	}
 }
@@ -132,6 +142,29 @@ func (c *appCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(mFallback, float64(ps.FallbackServed))
 	for code, n := range ps.Rejected {
 		counter(mLocalReplies, float64(n), strconv.Itoa(code))
+	}
+	obs := a.picker.Observe(now)
+	for _, o := range obs.Objectives {
+		counter(mObjRequests, float64(o.Requests), o.Model, o.Target)
+		for code, n := range o.Errors {
+			counter(mObjErrors, float64(n), o.Model, o.Target, strconv.Itoa(code))
+		}
+	}
+	for m, n := range obs.Running {
+		gauge(mObjRunning, float64(n), m)
+	}
+	h := obs.Decision
+	buckets := make(map[float64]uint64, len(h.Bounds))
+	for i, b := range h.Bounds {
+		buckets[b] = h.Cumulative[i]
+	}
+	ch <- prometheus.MustNewConstHistogram(mDecision, h.Count, h.SumSeconds, buckets)
+	for _, p := range obs.Pools {
+		gauge(mPrefixSize, float64(p.PrefixEntries), p.Name)
+		gauge(mPrefixBytes, float64(p.PrefixBytes), p.Name)
+		counter(mPrefixPrompt, float64(p.PromptBlocks), p.Name)
+		counter(mPrefixMatched, float64(p.MatchedBlocks), p.Name)
+		gauge(mPoolSaturated, boolf(p.Saturated), p.Name)
 	}
 
 	xs := a.xds.Stats()
