@@ -23,7 +23,7 @@ endif
 export SWITCHYARD_ENVOY := $(ENVOY_BIN)
 export SWITCHYARD_CONSUL := $(CONSUL_BIN)
 
-.PHONY: all build test unit bench run envoy consul chromium tools vet fmt clean fuzz
+.PHONY: all build test unit bench bench-routing run envoy consul chromium tools vet fmt clean fuzz
 
 all: build
 
@@ -52,6 +52,29 @@ unit:
 
 bench: tools
 	$(GO) test -run '^$$' -bench . -benchmem ./picker/... ./xds/... ./registry/... ./store/...
+
+# The routing baseline (issue 3): SIMS simulators in real time and loadgen
+# sending to them in turn, with no picker in the way; the picker's figures
+# (README, Performance) are compared with this. Override ROUTING_LOAD for
+# another workload or load.
+SIMS         ?= 4
+ROUTING_PORT ?= 18500
+ROUTING_LOAD ?= -workload shared-prefix -groups 32 -users-per-group 16 -system-len 2048 -question-len 128 -output-len 128 -arrival poisson -stages 25:20s,40:20s
+bench-routing: build
+	@set -e; pids=""; urls=""; \
+	trap 'kill $$pids 2>/dev/null || true' EXIT INT TERM; \
+	for i in $$(seq 1 $(SIMS)); do \
+	  port=$$(( $(ROUTING_PORT) + i )); \
+	  $(BIN)/vllm-sim -port $$port -model llama3-8b -num-gpu-blocks 3000 -log-level warn & pids="$$pids $$!"; \
+	  urls="$$urls,http://127.0.0.1:$$port"; \
+	done; \
+	for i in $$(seq 1 $(SIMS)); do \
+	  port=$$(( $(ROUTING_PORT) + i )); n=0; \
+	  until curl -sf http://127.0.0.1:$$port/health >/dev/null; do \
+	    n=$$((n+1)); [ $$n -lt 100 ] || { echo "vllm-sim on $$port did not start"; exit 1; }; sleep 0.1; \
+	  done; \
+	done; \
+	$(BIN)/loadgen -url $${urls#,} -api chat -model llama3-8b $(ROUTING_LOAD)
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 30s ./picker/

@@ -51,7 +51,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	headers := &headerFlag{h: http.Header{}}
 	var (
-		url         = fs.String("url", "http://127.0.0.1:8080", "OpenAI-compatible base URL (a trailing /v1 is accepted)")
+		url         = fs.String("url", "http://127.0.0.1:8080", "OpenAI-compatible base URL (a trailing /v1 is accepted); several, comma-separated, are used in turn (client-side round-robin, the routing baseline)")
 		api         = fs.String("api", "completions", "API: completions or chat")
 		model       = fs.String("model", "", "model name to send (required)")
 		stream      = fs.Bool("stream", true, "stream responses (SSE with usage) so TTFT and ITL are measured")

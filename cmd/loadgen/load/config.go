@@ -137,7 +137,9 @@ type LoRASplit struct {
 // Config is a whole load run.
 type Config struct {
 	// URL is the OpenAI-compatible base URL, e.g. http://127.0.0.1:8080
-	// (a trailing /v1 is accepted).
+	// (a trailing /v1 is accepted). Several comma-separated URLs are used
+	// in turn, request by request: client-side round-robin straight to
+	// model servers, the baseline routing is measured against.
 	URL   string `json:"url"`
 	API   API    `json:"api"`
 	Model string `json:"model"`
@@ -209,8 +211,10 @@ func (c *Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 
-	if u, err := url.Parse(cfg.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		bad("url %q: want http(s)://host[:port]", cfg.URL)
+	for _, raw := range strings.Split(cfg.URL, ",") {
+		if u, err := url.Parse(strings.TrimSpace(raw)); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("url %q: want http(s)://host[:port], or several separated by commas", raw)
+		}
 	}
 	if cfg.API != APICompletions && cfg.API != APIChat {
 		bad("api %q: want %q or %q", cfg.API, APICompletions, APIChat)
@@ -298,14 +302,20 @@ func (c *Config) TotalDuration() time.Duration {
 	return d
 }
 
-// endpoint returns the request URL for the configured API.
-func (c *Config) endpoint() string {
-	base := strings.TrimRight(c.URL, "/")
-	if !strings.HasSuffix(base, "/v1") {
-		base += "/v1"
+// endpoints returns the request URL of every configured base URL for the
+// configured API.
+func (c *Config) endpoints() []string {
+	var out []string
+	for _, raw := range strings.Split(c.URL, ",") {
+		base := strings.TrimRight(strings.TrimSpace(raw), "/")
+		if !strings.HasSuffix(base, "/v1") {
+			base += "/v1"
+		}
+		if c.API == APIChat {
+			out = append(out, base+"/chat/completions")
+		} else {
+			out = append(out, base+"/completions")
+		}
 	}
-	if c.API == APIChat {
-		return base + "/chat/completions"
-	}
-	return base + "/completions"
+	return out
 }

@@ -129,11 +129,18 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 	if err := good.Validate(); err != nil {
 		t.Errorf("valid config rejected: %v", err)
 	}
-	if e := good.withDefaults(); e.endpoint() != "http://127.0.0.1:8080/v1/completions" {
-		t.Errorf("endpoint %s", e.endpoint())
+	if e := good.withDefaults(); !slices.Equal(e.endpoints(), []string{"http://127.0.0.1:8080/v1/completions"}) {
+		t.Errorf("endpoints %q", e.endpoints())
 	}
-	good.URL, good.API = "http://h:1/", APIChat
-	if good.endpoint() != "http://h:1/v1/chat/completions" {
-		t.Errorf("endpoint %s", good.endpoint())
+	good.URL, good.API = "http://h:1/, http://h:2/v1", APIChat
+	if got := good.endpoints(); !slices.Equal(got, []string{"http://h:1/v1/chat/completions", "http://h:2/v1/chat/completions"}) {
+		t.Errorf("endpoints %q", got)
+	}
+	if err := good.Validate(); err != nil {
+		t.Errorf("two URLs rejected: %v", err)
+	}
+	good.URL = "http://h:1,ftp://h:2"
+	if err := good.Validate(); err == nil || !strings.Contains(err.Error(), "ftp://h:2") {
+		t.Errorf("bad second URL: %v", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,12 +34,12 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 		gen: newGenerator(cfg),
 		col: newCollector(cfg.Stages),
 		snd: &sender{
-			client:   client,
-			endpoint: cfg.endpoint(),
-			headers:  cfg.Headers.Clone(),
-			stream:   !cfg.NoStream,
-			timeout:  cfg.Timeout,
-			session:  cfg.Workload.SessionHeader,
+			client:    client,
+			endpoints: cfg.endpoints(),
+			headers:   cfg.Headers.Clone(),
+			stream:    !cfg.NoStream,
+			timeout:   cfg.Timeout,
+			session:   cfg.Workload.SessionHeader,
 		},
 	}
 	reqCtx, cancelReqs := context.WithCancel(ctx)
@@ -46,7 +47,7 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 	r.reqCtx = reqCtx
 
 	r.start = time.Now()
-	cfg.Logger.Info("load run starting", "url", cfg.endpoint(), "workload", cfg.Workload.Kind,
+	cfg.Logger.Info("load run starting", "url", strings.Join(cfg.endpoints(), ","), "workload", cfg.Workload.Kind,
 		"arrival", cfg.Arrival, "stages", len(cfg.Stages), "duration", cfg.TotalDuration())
 	if cfg.Arrival == ArrivalConcurrency {
 		r.closedLoop(ctx)

@@ -439,3 +439,21 @@ func TestWriteText(t *testing.T) {
 		}
 	}
 }
+
+// Several URLs are used in turn: the round-robin baseline against model
+// servers directly.
+func TestSeveralURLsRoundRobin(t *testing.T) {
+	a, b, c := newFakeServer(t), newFakeServer(t), newFakeServer(t)
+	cfg := baseConfig(a.url + "," + b.url + ", " + c.url)
+	cfg.Arrival = ArrivalConcurrency
+	cfg.Stages = []Stage{{Concurrency: 1, Duration: 300 * time.Millisecond}}
+	rep := mustRun(t, context.Background(), cfg)
+	na, nb, nc := a.n.Load(), b.n.Load(), c.n.Load()
+	if rep.Total.Sent != na+nb+nc || rep.Total.Sent < 6 {
+		t.Fatalf("sent %d; servers saw %d, %d, %d", rep.Total.Sent, na, nb, nc)
+	}
+	// One at a time, in turn: the counts differ by at most one.
+	if max(na, nb, nc)-min(na, nb, nc) > 1 {
+		t.Errorf("servers saw %d, %d, %d requests: not round-robin", na, nb, nc)
+	}
+}

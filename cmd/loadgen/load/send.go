@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -127,12 +128,13 @@ func newHTTPClient(maxConns int) *http.Client {
 
 // sender sends requests and measures them.
 type sender struct {
-	client   *http.Client
-	endpoint string
-	headers  http.Header
-	stream   bool
-	timeout  time.Duration
-	session  string // session header name
+	client    *http.Client
+	endpoints []string      // used in turn (round-robin) when several
+	next      atomic.Uint64 // the next endpoint's index
+	headers   http.Header
+	stream    bool
+	timeout   time.Duration
+	session   string // session header name
 }
 
 // do sends req and measures it. parent is cancelled on Ctrl-C or when the
@@ -142,7 +144,11 @@ func (s *sender) do(parent context.Context, req *request, stage int) *result {
 	ctx, cancel := context.WithTimeout(parent, s.timeout)
 	defer cancel()
 
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, s.endpoint, bytes.NewReader(req.body))
+	endpoint := s.endpoints[0]
+	if len(s.endpoints) > 1 {
+		endpoint = s.endpoints[(s.next.Add(1)-1)%uint64(len(s.endpoints))]
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(req.body))
 	if err != nil {
 		res.start = time.Now()
 		res.end = res.start
