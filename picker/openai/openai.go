@@ -293,12 +293,9 @@ func (s *scanner) str() bool {
 		return false
 	}
 	i := s.i + 1
+	quote := -1 // position of the next '"' at or after i, once searched
 	for i < len(b) {
-		// Skip 8 plain bytes at a time (no quote, backslash or control
-		// character); the long prompt strings dominate request bodies.
-		for i+8 <= len(b) && plain8(binary.LittleEndian.Uint64(b[i:])) {
-			i += 8
-		}
+		i = skipPlain(b, i, &quote)
 		if i >= len(b) {
 			break
 		}
@@ -341,12 +338,32 @@ const (
 	msb = 0x8080808080808080
 )
 
-// plain8 reports whether none of the 8 bytes in w is '"', '\\' or below
-// 0x20 (classic SWAR zero-byte tests).
-func plain8(w uint64) bool {
-	hasZero := func(x uint64) uint64 { return (x - lsb) &^ x & msb }
-	below20 := (w - 0x20*lsb) &^ w & msb
-	return below20|hasZero(w^('"'*lsb))|hasZero(w^('\\'*lsb)) == 0
+// skipPlain returns the position of the first '"', '\\' or control
+// character at or after i (len(b) if none); the long prompt strings
+// dominate request bodies. The quote and backslash are found with
+// bytes.IndexByte (vectorised); *quote caches the next quote's position
+// across calls for one string, so every byte is searched once however
+// many escapes the string has. Control characters are found 8 bytes at a
+// time (a SWAR "byte below 0x20" test).
+func skipPlain(b []byte, i int, quote *int) int {
+	if *quote < i {
+		if k := bytes.IndexByte(b[i:], '"'); k >= 0 {
+			*quote = i + k
+		} else {
+			*quote = len(b)
+		}
+	}
+	end := *quote
+	if k := bytes.IndexByte(b[i:end], '\\'); k >= 0 {
+		end = i + k
+	}
+	for i+8 <= end && (binary.LittleEndian.Uint64(b[i:])-0x20*lsb)&^binary.LittleEndian.Uint64(b[i:])&msb == 0 {
+		i += 8
+	}
+	for i < end && b[i] >= 0x20 {
+		i++
+	}
+	return i
 }
 
 func isHex(c byte) bool {

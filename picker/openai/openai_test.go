@@ -171,3 +171,20 @@ func TestJSONRewrite(t *testing.T) {
 		t.Errorf("oversized body changed: %s%s", a, b)
 	}
 }
+
+// Long strings go through the vectorised skip: every position of a quote,
+// escape or control character relative to the 8-byte words must be seen,
+// and validity must agree with encoding/json.
+func TestLongStringsAgreeWithEncodingJSON(t *testing.T) {
+	for _, n := range []int{0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 1000} {
+		pad := strings.Repeat("x", n)
+		for _, mid := range []string{``, `\"`, `\\`, `\n`, `\u00e9`, `é`, "\x01", "\x1f", `\q`, `\u12`, "\"\"", "\\\\\\\""} {
+			body := []byte(`{"prompt":"` + pad + mid + pad + `","model":"m"}`)
+			_, err := ParseRequest(body)
+			valid := json.Valid(body)
+			if (err == nil) != valid {
+				t.Errorf("pad %d, middle %q: parser error %v, encoding/json valid %v", n, mid, err, valid)
+			}
+		}
+	}
+}
