@@ -126,17 +126,34 @@ func (s *Server) Observe(now time.Time) Observability {
 		ps := PoolStats{Name: name, PromptBlocks: pv.state.promptBlocks.Load(), MatchedBlocks: pv.state.matchedBlocks.Load()}
 		st := pv.state.index.Stats()
 		ps.PrefixEntries, ps.PrefixBlocks, ps.PrefixBytes = st.Entries, st.Blocks, st.Bytes
-		eligible := make([]*sched.Endpoint, 0, len(pv.eps))
-		for _, e := range pv.eps {
-			if !e.Draining {
-				eligible = append(eligible, e)
-			}
-		}
-		req := sched.Request{Now: now}
-		ps.Saturated = pv.profile.Saturated(&req, eligible) ||
-			(s.opts.Saturation != nil && s.opts.Saturation.Saturated(now, eligible))
+		ps.Saturated = s.saturated(pv, now)
 		out.Pools = append(out.Pools, ps)
 	}
 	sort.Slice(out.Pools, func(i, j int) bool { return out.Pools[i].Name < out.Pools[j].Name })
 	return out
+}
+
+// Saturated reports, per pool, whether the pool is saturated at now (see
+// PoolStats.Saturated). It takes no locks; a status page may poll it.
+func (s *Server) Saturated(now time.Time) map[string]bool {
+	snap := s.snap.Load()
+	out := make(map[string]bool, len(snap.pools))
+	for name, pv := range snap.pools {
+		out[name] = s.saturated(pv, now)
+	}
+	return out
+}
+
+// saturated applies the pool's saturation rule (and Options.Saturation)
+// to its endpoints that are not draining.
+func (s *Server) saturated(pv *poolView, now time.Time) bool {
+	eligible := make([]*sched.Endpoint, 0, len(pv.eps))
+	for _, e := range pv.eps {
+		if !e.Draining {
+			eligible = append(eligible, e)
+		}
+	}
+	req := sched.Request{Now: now}
+	return pv.profile.Saturated(&req, eligible) ||
+		(s.opts.Saturation != nil && s.opts.Saturation.Saturated(now, eligible))
 }

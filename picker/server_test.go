@@ -509,8 +509,14 @@ func TestLeastInFlightAndFallbackOrder(t *testing.T) {
 
 func TestSheddableGets429WhenSaturated(t *testing.T) {
 	h := newHarness(t, testState(), Options{MaxInFlightPerEndpoint: 1})
+	if h.srv.Saturated(time.Now())["alpha"] {
+		t.Fatal("idle pool reported saturated")
+	}
 	for i := 0; i < 3; i++ {
 		openAndPick(t, h, "llama")
+	}
+	if sat := h.srv.Saturated(time.Now()); !sat["alpha"] || sat["beta"] {
+		t.Errorf("saturation %v: want alpha only", sat)
 	}
 	s := h.duplex()
 	s.send(postHeaders("/v1/completions"))

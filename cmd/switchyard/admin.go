@@ -105,6 +105,7 @@ type poolStatus struct {
 	Name        string           `json:"name"`
 	Engine      string           `json:"engine"`
 	FailureMode string           `json:"failure_mode"`
+	Saturated   bool             `json:"saturated"`
 	Endpoints   []endpointStatus `json:"endpoints"`
 }
 
@@ -188,6 +189,7 @@ func (a *app) status() statusDoc {
 		}
 		byPool[e.Pool] = append(byPool[e.Pool], es)
 	}
+	saturated := a.picker.Saturated(time.Now())
 	for _, name := range st.PoolNames() {
 		p := st.Pools[name]
 		eps := byPool[name]
@@ -195,7 +197,7 @@ func (a *app) status() statusDoc {
 			eps = []endpointStatus{}
 		}
 		doc.Pools = append(doc.Pools, poolStatus{Name: name, Engine: string(p.Engine),
-			FailureMode: string(p.FailureMode), Endpoints: eps})
+			FailureMode: string(p.FailureMode), Saturated: saturated[name], Endpoints: eps})
 	}
 	for _, name := range st.ModelNames() {
 		m := st.Models[name]
