@@ -396,25 +396,29 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	if pv == nil {
 		return 503, "no pool is configured for this request", nil, nil
 	}
-	sreq := sched.Request{
+	sc := s.scratch.Get().(*sched.Scratch)
+	defer s.scratch.Put(sc)
+	// The request lives in the scratch: plug-ins take it by pointer
+	// through interfaces, so a local one would be a heap allocation.
+	sreq := &sc.Req
+	*sreq = sched.Request{
 		Model: st.clientModel, TargetModel: target,
 		Tokens: openai.EstimateTokens(body), Subset: st.subset, HasSubset: st.hasSubset, Body: body,
 		Now: time.Now(), Explain: s.debug,
 	}
+	defer func() { *sreq = sched.Request{} }() // drop references to this request's body
 	if mv != nil {
 		sreq.Priority = mv.model.Priority
 	}
-	sc := s.scratch.Get().(*sched.Scratch)
-	defer s.scratch.Put(sc)
 	prof := pv.profile
-	cands := prof.Filter(&sreq, pv.eps, sc)
+	cands := prof.Filter(sreq, pv.eps, sc)
 	if len(cands) == 0 {
 		if st.hasSubset {
 			return 503, fmt.Sprintf("no ready endpoint in pool %q matches the endpoint subset", pv.name), nil, nil
 		}
 		return 503, fmt.Sprintf("no ready endpoint in pool %q", pv.name), nil, nil
 	}
-	if sreq.Priority < 0 && (prof.Saturated(&sreq, cands) || (s.opts.Saturation != nil && s.opts.Saturation.Saturated(sreq.Now, cands))) {
+	if sreq.Priority < 0 && (prof.Saturated(sreq, cands) || (s.opts.Saturation != nil && s.opts.Saturation.Saturated(sreq.Now, cands))) {
 		return 429, fmt.Sprintf("pool %q is saturated and model %q is sheddable", pv.name, st.clientModel), nil, nil
 	}
 	if pv.usesSession {
@@ -425,11 +429,11 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 		sc.Hashes = ph.h.Hash(sc.Hashes[:0], target, promptText(body))
 		sreq.Hashes = sc.Hashes
 	}
-	picked := prof.Rank(&sreq, cands, s.opts.MaxEndpoints, sc)
+	picked := prof.Rank(sreq, cands, s.opts.MaxEndpoints, sc)
 	if len(picked) == 0 {
 		return 503, fmt.Sprintf("no ready endpoint in pool %q", pv.name), nil, nil
 	}
-	prof.Picked(&sreq, picked[0])
+	prof.Picked(sreq, picked[0])
 	if pv.usesPrefix {
 		pv.state.learnBlockSize(picked[0])
 		if len(sreq.Hashes) > 0 {

@@ -196,6 +196,11 @@ type Profile struct {
 // Scratch is per-request working memory; reuse it (e.g. via sync.Pool) to
 // keep scheduling allocation-free.
 type Scratch struct {
+	// Req is a reusable Request for callers that keep one Scratch per
+	// decision: plug-ins take the request by pointer through interfaces,
+	// so a fresh one per decision would be a heap allocation.
+	Req Request
+
 	cands  []*Endpoint
 	scores []float64
 	tmp    []float64
