@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sync"
 	"time"
 
@@ -41,6 +42,10 @@ type Source struct {
 	lastErr  error
 	lastWarn string
 	loads    int
+	// agent is the consul block of the first good load: serve connects
+	// with it once, so a later change is reported as needing a restart.
+	agent     *ConsulAgent
+	agentSeen bool
 }
 
 var (
@@ -199,6 +204,15 @@ func (s *Source) loadAndSend(ctx context.Context, up chan<- registry.Update) boo
 		u = cfg.Update
 	}
 	s.mu.Lock()
+	if err == nil {
+		switch {
+		case !s.agentSeen:
+			s.agent, s.agentSeen = cfg.Consul, true
+		case !reflect.DeepEqual(cfg.Consul, s.agent):
+			s.log.Warn("the consul block changed; the Consul connection keeps its settings from start until switchyard restarts", "path", s.path)
+			s.agent = cfg.Consul // warn once per change
+		}
+	}
 	if w := FormatDiagnostics(warningsOf(diags)); w != s.lastWarn {
 		s.lastWarn = w
 		if w != "" {

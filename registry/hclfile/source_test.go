@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -237,5 +238,51 @@ func TestEmptyConfigurationIsAnError(t *testing.T) {
 	_, diags := Parse([]Input{{Name: "empty.hcl", Src: []byte("# nothing yet\n")}})
 	if got := FormatDiagnostics(diags); !diags.HasErrors() || !strings.HasPrefix(got, "error: Empty configuration") {
 		t.Fatalf("diagnostics = %q", got)
+	}
+}
+
+// lockedBuffer collects log output written from the source's goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// The consul block is read once at start; changing it later is applied
+// only by a restart, and the source says so.
+func TestSourceWarnsWhenConsulBlockChanges(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	withAgent := func(addr, endpoint string) string {
+		return fmt.Sprintf("consul {\n  address = %q\n}\n", addr) + good(endpoint)
+	}
+	file := testutil.WriteFile(t, dir, "switchyard.hcl", withAgent("127.0.0.1:8500", "127.0.0.1:8001"))
+	var logs lockedBuffer
+	h := start(t, file, WithoutWatch(), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	h.waitEndpoints(t, "127.0.0.1:8001")
+
+	replaceFile(t, file, withAgent("127.0.0.1:8500", "127.0.0.1:8002"))
+	h.m.Reload()
+	h.waitEndpoints(t, "127.0.0.1:8002")
+	if strings.Contains(logs.String(), "consul block changed") {
+		t.Fatalf("warned although the consul block did not change:\n%s", logs.String())
+	}
+
+	replaceFile(t, file, withAgent("10.0.0.5:8500", "127.0.0.1:8003"))
+	h.m.Reload()
+	h.waitEndpoints(t, "127.0.0.1:8003") // the rest of the change applies
+	if n := strings.Count(logs.String(), "consul block changed"); n != 1 {
+		t.Errorf("%d warnings about the changed consul block, want 1:\n%s", n, logs.String())
 	}
 }
