@@ -74,7 +74,9 @@ func TestDemoSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatalf("demo -smoke: %v\n%s", err, out)
 	}
-	for _, want := range []string{"switchyard demo is up", "curl -s http://127.0.0.1:", "smoke request answered", `"model":"chat"`, `"object":"chat.completion"`} {
+	// The adapter lives on the third simulator only (demo port 8003).
+	lora := fmt.Sprintf("sql-lora requests answered by map[127.0.0.1:%d:6]", basePorts.sims[2]+off)
+	for _, want := range []string{"switchyard demo is up", "curl -s http://127.0.0.1:", "smoke request answered", `"model":"chat"`, `"object":"chat.completion"`, lora} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
@@ -171,7 +173,8 @@ func TestDemoStatusPageInChromium(t *testing.T) {
 	// Send a few requests so the page has load to show.
 	base := fmt.Sprintf("http://127.0.0.1:%d", basePorts.listener+off)
 	for i := 0; i < 5; i++ {
-		if _, err := chat(context.Background(), base); err != nil {
+		if _, _, err := post(context.Background(), base+"/v1/chat/completions",
+			`{"model":"chat","messages":[{"role":"user","content":"hello"}],"max_tokens":8}`); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -5,8 +5,14 @@
 pool "llama" {
   engine = "vllm"
 
-  endpoint "127.0.0.1:8001" {}
-  endpoint "127.0.0.1:8002" {}
+  # Every endpoint lists what it serves: an endpoint without a list would
+  # serve every model of the pool, the adapter included.
+  endpoint "127.0.0.1:8001" {
+    models = ["meta-llama/Llama-3.1-8B-Instruct", "llama-v2"]
+  }
+  endpoint "127.0.0.1:8002" {
+    models = ["meta-llama/Llama-3.1-8B-Instruct", "llama-v2"]
+  }
   endpoint "127.0.0.1:8003" {
     models = ["meta-llama/Llama-3.1-8B-Instruct", "llama-v2", "sql-lora"]
   }

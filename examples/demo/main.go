@@ -154,11 +154,23 @@ Press Ctrl-C to stop everything.
 `, o.dir, base, admin, p(basePorts.sims[0]), p(basePorts.sims[2]), p(basePorts.sims[2]), curl, base, base)
 
 	if o.smoke {
-		body, err := chat(ctx, base)
+		body, _, err := post(ctx, base+"/v1/chat/completions",
+			`{"model":"chat","messages":[{"role":"user","content":"Why route LLM traffic by KV cache?"}],"max_tokens":32}`)
 		if err != nil {
 			return sup.explain(err)
 		}
 		fmt.Fprintf(out, "\nsmoke request answered:\n%s\n", body)
+		// The adapter request of the printed examples, a few times: only
+		// the simulator with the adapter may answer it.
+		servers := map[string]int{}
+		for range 6 {
+			_, servedBy, err := post(ctx, base+"/v1/completions", `{"model":"sql-lora","prompt":"SELECT","max_tokens":8}`)
+			if err != nil {
+				return sup.explain(err)
+			}
+			servers[servedBy]++
+		}
+		fmt.Fprintf(out, "sql-lora requests answered by %v\n", servers)
 		return nil
 	}
 	select {
@@ -170,26 +182,27 @@ Press Ctrl-C to stop everything.
 	}
 }
 
-func chat(ctx context.Context, base string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions",
-		strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"Why route LLM traffic by KV cache?"}],"max_tokens":32}`))
+// post sends a JSON request through the demo and returns the answer and
+// the simulator that served it (its x-served-by header).
+func post(ctx context.Context, url, body string) (string, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return "", fmt.Errorf("smoke request: %w", err)
+		return "", "", fmt.Errorf("smoke request: %w", err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return "", fmt.Errorf("smoke response: %w", err)
+		return "", "", fmt.Errorf("smoke response: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("smoke request: HTTP %d: %s", resp.StatusCode, b)
+		return "", "", fmt.Errorf("smoke request %s: HTTP %d: %s", body, resp.StatusCode, b)
 	}
-	return string(b), nil
+	return string(b), resp.Header.Get("x-served-by"), nil
 }
 
 // writeConfig copies the demo's HCL files into dst, shifting every demo
