@@ -127,6 +127,7 @@ func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
 		d.diags = append(d.diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Empty configuration",
 			Detail: "The configuration declares no listener, routing, pool or model block."})
 	}
+	d.mixedModelLists()
 	s, _, mergeErr := registry.Merge([]registry.Update{u})
 	d.validation(errors.Join(mergeErr, registry.Validate(s)))
 	if len(u.Listeners) == 0 && !d.diags.HasErrors() {
@@ -138,6 +139,55 @@ func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
 	cfg.Consul = d.agent
 	sortDiagnostics(d.diags)
 	return cfg, d.diags
+}
+
+// mixedModelLists warns about pools where some endpoints list the models
+// they serve and others list none: an endpoint without a list serves every
+// model of the pool, so it also gets the models the lists were written to
+// confine (typically a LoRA adapter loaded on some servers only), and
+// those requests fail there.
+func (d *decoder) mixedModelLists() {
+	for _, name := range sortedNames(d.pools) {
+		p := d.pools[name]
+		var bare []string
+		listed := map[string][]string{} // model -> endpoints listing it
+		for _, ep := range p.Endpoints {
+			if len(ep.Models) == 0 {
+				bare = append(bare, ep.Address)
+				continue
+			}
+			for _, m := range ep.Models {
+				listed[m] = append(listed[m], ep.Address)
+			}
+		}
+		if len(bare) == 0 || len(listed) == 0 {
+			continue
+		}
+		var parts []string
+		for _, m := range sortedNames(listed) {
+			parts = append(parts, fmt.Sprintf("%q (listed by %s)", m, strings.Join(listed[m], ", ")))
+		}
+		r, ok := d.endpointAt[name][bare[0]]
+		if !ok {
+			r = d.ranges[loc{kind: registry.KindPool, name: name}]
+		}
+		d.diags = append(d.diags, &hcl.Diagnostic{
+			Severity: hcl.DiagWarning,
+			Summary:  "Endpoints without a models list",
+			Detail: fmt.Sprintf("In pool %q, %s list no models, so they receive requests for every model of the pool, including %s. "+
+				"Give them a models list if they do not serve all of these.", name, strings.Join(bare, ", "), strings.Join(parts, ", ")),
+			Subject: r.Ptr(),
+		})
+	}
+}
+
+func sortedNames[V any](m map[string]V) []string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
 }
 
 // validation turns registry.Validate problems into diagnostics at the

@@ -16,7 +16,8 @@ import (
 func TestLoadFull(t *testing.T) {
 	t.Parallel()
 	cfg, diags := Load("testdata/full.hcl")
-	if len(diags) > 0 {
+	// full.hcl mixes endpoints with and without models lists on purpose.
+	if len(diags) != 1 || diags[0].Summary != "Endpoints without a models list" || diags[0].Severity != hcl.DiagWarning {
 		t.Fatalf("diagnostics:\n%s", FormatDiagnostics(diags))
 	}
 	want := &registry.State{
@@ -288,6 +289,38 @@ func TestNoListenerWarning(t *testing.T) {
 	}
 	if cfg.State.Models["m"].Pool != "p" {
 		t.Fatalf("state = %+v", cfg.State)
+	}
+}
+
+// A pool mixing endpoints with and without models lists gets a warning at
+// the first endpoint without one; a pool where every endpoint lists its
+// models, or none does, gets none.
+func TestMixedModelListsWarning(t *testing.T) {
+	t.Parallel()
+	src := `listener "l" { address = "127.0.0.1:8080" }
+pool "mixed" {
+  endpoints = ["10.0.0.1:8000"]
+  endpoint "10.0.0.2:8000" { models = ["base", "sql-lora"] }
+}
+pool "listed" {
+  endpoint "10.0.1.1:8000" { models = ["base"] }
+  endpoint "10.0.1.2:8000" { models = ["base", "sql-lora"] }
+}
+pool "bare" {
+  endpoints = ["10.0.2.1:8000", "10.0.2.2:8000"]
+}
+`
+	_, diags := Parse([]Input{{Name: "p.hcl", Src: []byte(src)}})
+	if diags.HasErrors() || len(diags) != 1 {
+		t.Fatalf("want one warning, got %s", FormatDiagnostics(diags))
+	}
+	w := diags[0]
+	want := `In pool "mixed", 10.0.0.1:8000 list no models, so they receive requests for every model of the pool, including "base" (listed by 10.0.0.2:8000), "sql-lora" (listed by 10.0.0.2:8000).`
+	if w.Severity != hcl.DiagWarning || w.Summary != "Endpoints without a models list" || !strings.HasPrefix(w.Detail, want) {
+		t.Errorf("warning %q: %q", w.Summary, w.Detail)
+	}
+	if w.Subject == nil || w.Subject.Start.Line != 3 {
+		t.Errorf("warning at %v, want line 3 (the endpoints list)", w.Subject)
 	}
 }
 
