@@ -277,3 +277,46 @@ func TestSheddableShedWhenSimsSaturated(t *testing.T) {
 		t.Errorf("priority 0 request routed to %q", got)
 	}
 }
+
+// TestAdapterFollowsServedModels: no endpoint lists its models, yet
+// requests for a LoRA adapter go only to the simulator that has it,
+// because the picker reads every server's /v1/models; the base model
+// still spreads over all of them.
+func TestAdapterFollowsServedModels(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts vllm-sim")
+	}
+	plain := startSims(t, 2)
+	lora := startSims(t, 1, "-lora-modules", "sql-lora", "-max-loras", "2")
+	all := append(append([]string(nil), plain...), lora...)
+	slices.Sort(all)
+	st := simState(all, nil)
+	st.Models["sql-lora"] = &registry.Model{Name: "sql-lora", Pool: "alpha"}
+	h := newScrapingHarness(t, st, fastScrape)
+	waitScraped(t, h)
+	testutil.Eventually(t, 5*time.Second, "served models read", func() error {
+		for _, e := range h.srv.Stats().Endpoints {
+			if e.Metrics == nil || e.Metrics.ServedModels == nil {
+				return fmt.Errorf("%s: served models unknown", e.Address)
+			}
+		}
+		return nil
+	})
+	adapter := func(i int) []byte {
+		b, _ := json.Marshal(map[string]any{"model": "sql-lora", "max_tokens": 2,
+			"messages": []map[string]string{{"role": "user", "content": fmt.Sprint("select ", i)}}})
+		return b
+	}
+	for i := range 12 {
+		if got := pickOnce(t, h, adapter(i)); got != lora[0] {
+			t.Fatalf("adapter request %d went to %s, which does not serve sql-lora (only %s does)", i, got, lora[0])
+		}
+	}
+	seen := map[string]bool{}
+	for i := range 40 {
+		seen[pickOnce(t, h, chatJSON(fmt.Sprint("base prompt ", i), "q", 2))] = true
+	}
+	if len(seen) != 3 {
+		t.Errorf("base-model requests went to %v, want all three servers", seen)
+	}
+}

@@ -3,6 +3,7 @@ package metrics
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -76,7 +77,17 @@ type Snapshot struct {
 	Failing bool
 	// MaxAge is how old LastSuccess may be for Values to count as fresh.
 	MaxAge time.Duration
+	// ServedModels are the model names the server's GET /v1/models lists
+	// (its served model names and LoRA adapters), refreshed every
+	// ModelsInterval; nil while unknown (never answered, or no such API).
+	// It is shared between snapshots: read only.
+	ServedModels []string
 }
+
+// ModelsInterval is how often each server's /v1/models is read (after a
+// successful metrics scrape); an adapter loaded at run time is seen
+// within it.
+const ModelsInterval = 5 * time.Second
 
 // Fresh reports whether the Values come from a successful scrape no older
 // than MaxAge at now. Scorers should treat an endpoint that is not fresh as
@@ -348,6 +359,8 @@ type worker struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	body   bytes.Buffer
+	// modelsDue is when /v1/models is read next.
+	modelsDue time.Time
 }
 
 func (m *Manager) newWorker(t Target, p *Parser, h *Handle) *worker {
@@ -401,9 +414,20 @@ func (w *worker) once() int {
 	now := time.Now()
 	prev := w.h.Load()
 	s := &Snapshot{Key: w.t.Key(), ScrapedAt: now, MaxAge: w.maxAge, Err: err}
+	if prev != nil {
+		s.ServedModels = prev.ServedModels
+	}
 	if err == nil {
 		s.Values = vals
 		s.LastSuccess = now
+		if !now.Before(w.modelsDue) {
+			w.modelsDue = now.Add(ModelsInterval)
+			if models, merr := w.servedModels(); merr == nil {
+				s.ServedModels = models
+			} else {
+				w.m.opts.Logger.Debug("reading served models failed", "pool", w.t.Pool, "endpoint", w.t.Address, "err", merr)
+			}
+		}
 	} else {
 		if prev != nil {
 			s.Values = prev.Values
@@ -436,6 +460,45 @@ func (w *worker) once() int {
 		w.m.opts.Logger.Debug("metrics scrape failed", "pool", w.t.Pool, "endpoint", w.t.Address, "err", err)
 	}
 	return s.ConsecutiveFailures
+}
+
+// servedModels reads the server's OpenAI model list (GET /v1/models): the
+// ids of its "data" entries, sorted.
+func (w *worker) servedModels() ([]string, error) {
+	ctx, cancel := context.WithTimeout(w.ctx, w.m.opts.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+w.t.Address+"/v1/models", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := w.m.opts.Client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return nil, fmt.Errorf("GET /v1/models: HTTP %d", resp.StatusCode)
+	}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, w.m.opts.MaxBodyBytes)).Decode(&list); err != nil {
+		return nil, fmt.Errorf("GET /v1/models: %w", err)
+	}
+	models := make([]string, 0, len(list.Data))
+	for _, d := range list.Data {
+		if d.ID != "" {
+			models = append(models, d.ID)
+		}
+	}
+	if len(models) == 0 {
+		return nil, errors.New("GET /v1/models: no models listed")
+	}
+	slices.Sort(models)
+	return models, nil
 }
 
 func (w *worker) scrape() (Values, error) {

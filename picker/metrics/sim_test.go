@@ -40,6 +40,11 @@ func TestScrapeRealSimulator(t *testing.T) {
 	if idle.Waiting != 0 || idle.Running != 0 || idle.KVUsage != 0 || len(idle.Missing) != 0 {
 		t.Fatalf("idle simulator: %+v", idle.Values)
 	}
+	// The first successful scrape also read /v1/models: the served name
+	// and both adapters.
+	if want := []string{"ad-a", "ad-b", "sim-model"}; !slices.Equal(idle.ServedModels, want) {
+		t.Errorf("served models %q, want %q", idle.ServedModels, want)
+	}
 
 	// Five long requests against max-num-seqs 2: two run, three queue.
 	var wg sync.WaitGroup

@@ -25,7 +25,8 @@ func (DrainingFilter) Filter(_ *Request, eps []*Endpoint) []*Endpoint {
 }
 
 // ModelFilter keeps endpoints that advertise the request's target model (or
-// the client's model name), or advertise no models at all.
+// the client's model name), or advertise no models at all and whose server
+// lists the model in /v1/models (or has not been asked yet).
 type ModelFilter struct{}
 
 // Name implements Filter.
@@ -36,13 +37,28 @@ func (ModelFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
 	if req.TargetModel == "" && req.Model == "" {
 		return eps
 	}
+	// Endpoints without a models list are judged by what their server
+	// lists in /v1/models (base model names and LoRA adapters), unless
+	// that leaves nobody: then the lists are ignored rather than trusted to
+	// black-hole a model (a server that names its model differently, say).
+	discovered := false
+	for _, e := range eps {
+		if servesRequest(e, req, true) {
+			discovered = true
+			break
+		}
+	}
 	out := eps[:0]
 	for _, e := range eps {
-		if e.Serves(req.TargetModel) || (req.Model != req.TargetModel && e.Serves(req.Model)) {
+		if servesRequest(e, req, discovered) {
 			out = append(out, e)
 		}
 	}
 	return out
+}
+
+func servesRequest(e *Endpoint, req *Request, discovered bool) bool {
+	return e.serves(req.TargetModel, discovered) || (req.Model != req.TargetModel && e.serves(req.Model, discovered))
 }
 
 // SubsetFilter keeps only endpoints named in the request's subset hint when

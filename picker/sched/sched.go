@@ -10,6 +10,7 @@ package sched
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -104,15 +105,21 @@ func (e *Endpoint) fresh(now time.Time) *metrics.Snapshot {
 // Serves reports whether the endpoint advertises model (or advertises
 // nothing, meaning it serves everything in its pool).
 func (e *Endpoint) Serves(model string) bool {
-	if len(e.Models) == 0 {
-		return true
+	return e.serves(model, false)
+}
+
+// serves is Serves; with discovered, an endpoint that advertises nothing
+// is judged by the models its server lists (/v1/models) once known.
+func (e *Endpoint) serves(model string, discovered bool) bool {
+	if len(e.Models) > 0 {
+		return slices.Contains(e.Models, model)
 	}
-	for _, m := range e.Models {
-		if m == model {
-			return true
+	if discovered {
+		if s := e.Snapshot(); s != nil && s.ServedModels != nil {
+			return slices.Contains(s.ServedModels, model)
 		}
 	}
-	return false
+	return true
 }
 
 // Request is what the scheduler knows about one request.

@@ -426,3 +426,46 @@ func TestVocabularyMatchesRegistry(t *testing.T) {
 		}
 	}
 }
+
+// Endpoints without a models list are judged by what their server lists
+// in /v1/models; when that would leave nobody, the lists are ignored.
+func TestModelFilterUsesServedModels(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	served := func(models ...string) MetricsSource {
+		return fixedSource{&metrics.Snapshot{LastSuccess: now, MaxAge: time.Minute, ServedModels: models}}
+	}
+	e := eps([2]int64{}, [2]int64{}, [2]int64{}, [2]int64{})
+	e[0].Metrics = served("base")             // a: base only
+	e[1].Metrics = served("base", "sql-lora") // b: has the adapter
+	e[2].Models = []string{"base"}            // c: declared list wins over discovery
+	e[2].Metrics = served("base", "sql-lora")
+	// d: not scraped yet, so unknown: kept
+	for _, tc := range []struct {
+		desc string
+		req  Request
+		want string
+	}{
+		{"adapter goes where it is loaded", Request{Model: "sql-lora", TargetModel: "sql-lora"}, "bd"},
+		{"base model everywhere", Request{Model: "base", TargetModel: "base"}, "abcd"},
+		{"client name listed counts", Request{Model: "sql-lora", TargetModel: "sql-lora-v2"}, "bd"},
+	} {
+		in := append([]*Endpoint(nil), e...)
+		got := ""
+		for _, x := range (ModelFilter{}).Filter(&tc.req, in) {
+			got += x.Address
+		}
+		if got != tc.want {
+			t.Errorf("%s: got %q, want %q", tc.desc, got, tc.want)
+		}
+	}
+	// Nobody lists the model (say servers name it differently): the
+	// discovered lists are ignored instead of failing every request.
+	known := eps([2]int64{}, [2]int64{})
+	known[0].Metrics = served("llama-3-8b")
+	known[1].Metrics = served("llama-3-8b")
+	req := Request{Model: "llama", TargetModel: "llama"}
+	if got := (ModelFilter{}).Filter(&req, known); len(got) != 2 {
+		t.Errorf("model nobody lists: kept %d endpoints, want both", len(got))
+	}
+}
