@@ -5,8 +5,9 @@
 pool "llama" {
   engine = "vllm"
 
-  # Every endpoint lists what it serves: an endpoint without a list would
-  # serve every model of the pool, the adapter included.
+  # Every endpoint lists what it serves. Without lists the picker would
+  # learn it from each server's /v1/models, but only after the server's
+  # first answer; lists make routing certain from the first request.
   endpoint "127.0.0.1:8001" {
     models = ["meta-llama/Llama-3.1-8B-Instruct", "llama-v2"]
   }

@@ -91,7 +91,9 @@
 //	                              # from EDS
 //	    metrics_path = "/m"       # default: the pool's metrics_path
 //	    models       = ["sql-lora"] # default none: models and LoRA adapters
-//	                              # this endpoint advertises
+//	                              # this endpoint advertises; without it the
+//	                              # picker goes by what the server lists in
+//	                              # GET /v1/models
 //	  }
 //	}
 //

@@ -142,10 +142,11 @@ func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
 }
 
 // mixedModelLists warns about pools where some endpoints list the models
-// they serve and others list none: an endpoint without a list serves every
-// model of the pool, so it also gets the models the lists were written to
-// confine (typically a LoRA adapter loaded on some servers only), and
-// those requests fail there.
+// they serve and others list none. The picker judges an endpoint without a
+// list by what its server lists in /v1/models, but until the server has
+// answered (or when it has no such API) such an endpoint may get any model
+// of the pool, including those the lists were written to confine
+// (typically a LoRA adapter loaded on some servers only).
 func (d *decoder) mixedModelLists() {
 	for _, name := range sortedNames(d.pools) {
 		p := d.pools[name]
@@ -174,8 +175,9 @@ func (d *decoder) mixedModelLists() {
 		d.diags = append(d.diags, &hcl.Diagnostic{
 			Severity: hcl.DiagWarning,
 			Summary:  "Endpoints without a models list",
-			Detail: fmt.Sprintf("In pool %q, %s list no models, so they receive requests for every model of the pool, including %s. "+
-				"Give them a models list if they do not serve all of these.", name, strings.Join(bare, ", "), strings.Join(parts, ", ")),
+			Detail: fmt.Sprintf("In pool %q, %s list no models: the picker sends them only models their servers list in /v1/models, "+
+				"but before a server has answered (or if it has no such API) any model of the pool, including %s. "+
+				"Give them a models list to be certain.", name, strings.Join(bare, ", "), strings.Join(parts, ", ")),
 			Subject: r.Ptr(),
 		})
 	}

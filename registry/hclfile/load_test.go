@@ -315,7 +315,7 @@ pool "bare" {
 		t.Fatalf("want one warning, got %s", FormatDiagnostics(diags))
 	}
 	w := diags[0]
-	want := `In pool "mixed", 10.0.0.1:8000 list no models, so they receive requests for every model of the pool, including "base" (listed by 10.0.0.2:8000), "sql-lora" (listed by 10.0.0.2:8000).`
+	want := `In pool "mixed", 10.0.0.1:8000 list no models: the picker sends them only models their servers list in /v1/models, but before a server has answered (or if it has no such API) any model of the pool, including "base" (listed by 10.0.0.2:8000), "sql-lora" (listed by 10.0.0.2:8000).`
 	if w.Severity != hcl.DiagWarning || w.Summary != "Endpoints without a models list" || !strings.HasPrefix(w.Detail, want) {
 		t.Errorf("warning %q: %q", w.Summary, w.Detail)
 	}
