@@ -285,6 +285,8 @@ type EndpointStats struct {
 	InFlightTokens   int64
 	Picked           int64
 	Served           int64
+	// Models is the endpoint's declared models list (nil: none declared).
+	Models []string
 	// Metrics is the latest scraped snapshot (nil if not scraped).
 	Metrics *metrics.Snapshot
 }
@@ -325,6 +327,7 @@ func (s *Server) Stats() Stats {
 				InFlightTokens:   e.Load.InFlightTokens.Load(),
 				Picked:           e.Load.Picked.Load(),
 				Served:           e.Load.Served.Load(),
+				Models:           e.Models,
 				Metrics:          e.Snapshot(),
 			})
 		}

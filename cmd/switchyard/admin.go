@@ -123,6 +123,11 @@ type endpointStatus struct {
 	Waiting      *int     `json:"waiting,omitempty"`
 	Running      *int     `json:"running,omitempty"`
 	KVCacheUsage *float64 `json:"kv_cache_usage,omitempty"`
+	// Models the endpoint serves as the picker sees them, and where that
+	// came from: "config" (a models list) or "server" (its /v1/models).
+	// Absent while unknown: the endpoint then gets every model of its pool.
+	Models     []string `json:"models,omitempty"`
+	ModelsFrom string   `json:"models_from,omitempty"`
 }
 
 type modelStatus struct {
@@ -182,6 +187,12 @@ func (a *app) status() statusDoc {
 		es := endpointStatus{Address: e.Address, Draining: e.Draining,
 			InFlightRequests: e.InFlightRequests, InFlightTokens: e.InFlightTokens, Picked: e.Picked, Served: e.Served,
 			Healthy: !eh.Unhealthy(e.Pool, e.Address)}
+		switch {
+		case len(e.Models) > 0:
+			es.Models, es.ModelsFrom = e.Models, "config"
+		case e.Metrics != nil && e.Metrics.ServedModels != nil:
+			es.Models, es.ModelsFrom = e.Metrics.ServedModels, "server"
+		}
 		if m := e.Metrics; m != nil && !m.LastSuccess.IsZero() {
 			v := m.Values
 			es.Waiting, es.Running, es.KVCacheUsage = &v.Waiting, &v.Running, &v.KVUsage

@@ -180,7 +180,7 @@ func TestDemoStatusPageInChromium(t *testing.T) {
 	}
 	page := fmt.Sprintf("http://127.0.0.1:%d/", basePorts.admin+off)
 	dom := string(headless(t, "--dump-dom", page))
-	want := []string{"switchyard", "llama", "vllm, fail_closed"}
+	want := []string{"switchyard", "llama", "vllm, fail_closed", "llama-v2, sql-lora"}
 	for _, sp := range basePorts.sims {
 		want = append(want, fmt.Sprintf("127.0.0.1:%d", sp+off))
 	}
