@@ -163,7 +163,7 @@ func toolPath(t testing.TB, env, name, fallback, install string) string {
 type Process struct {
 	Name string
 	Cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *SyncBuffer
 	done chan struct{}
 	err  error
 }
@@ -230,12 +230,14 @@ func (p *Process) Kill() {
 // Signal sends sig to the process (not its group).
 func (p *Process) Signal(sig syscall.Signal) error { return p.Cmd.Process.Signal(sig) }
 
-type syncBuffer struct {
+// SyncBuffer is an io.Writer safe for concurrent use that keeps the last
+// few MiB written: process output, or logs written from other goroutines.
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+func (s *SyncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// Keep memory bounded for chatty processes: the last 4 MiB is enough.
@@ -247,7 +249,8 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) String() string {
+// String returns what was kept.
+func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -241,24 +240,6 @@ func TestEmptyConfigurationIsAnError(t *testing.T) {
 	}
 }
 
-// lockedBuffer collects log output written from the source's goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // The consul block is read once at start; changing it later is applied
 // only by a restart, and the source says so.
 func TestSourceWarnsWhenConsulBlockChanges(t *testing.T) {
@@ -268,7 +249,7 @@ func TestSourceWarnsWhenConsulBlockChanges(t *testing.T) {
 		return fmt.Sprintf("consul {\n  address = %q\n}\n", addr) + good(endpoint)
 	}
 	file := testutil.WriteFile(t, dir, "switchyard.hcl", withAgent("127.0.0.1:8500", "127.0.0.1:8001"))
-	var logs lockedBuffer
+	var logs testutil.SyncBuffer
 	h := start(t, file, WithoutWatch(), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	h.waitEndpoints(t, "127.0.0.1:8001")
 
