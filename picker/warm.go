@@ -70,11 +70,18 @@ func (s *Server) ExportWarm(now time.Time, lim WarmLimits) Warm {
 		pools[name] = ps
 	}
 	s.loads.mu.Unlock()
-	dumps := make(map[string]prefix.Dump, len(pools))
+	// One hasher per pool for both the dump and its blobs' block size, so
+	// a block-size change meanwhile cannot pair one with the other.
+	type poolDump struct {
+		d           prefix.Dump
+		blockTokens int
+	}
+	dumps := make(map[string]poolDump, len(pools))
 	endpoints := 0
 	for pool, ps := range pools {
-		d := ps.index.Export(ps.hasher.Load().h.Fingerprint())
-		dumps[pool] = d
+		h := ps.hasher.Load()
+		d := ps.index.Export(h.h.Fingerprint())
+		dumps[pool] = poolDump{d: d, blockTokens: h.blockTokens}
 		endpoints += len(d.Endpoints)
 	}
 	maxPrefixBytes := lim.MaxPrefixBlob
@@ -85,9 +92,8 @@ func (s *Server) ExportWarm(now time.Time, lim WarmLimits) Warm {
 		}
 	}
 	for pool, ps := range pools {
-		h := ps.hasher.Load()
-		d := dumps[pool]
-		for _, e := range d.Endpoints {
+		pd := dumps[pool]
+		for _, e := range pd.d.Endpoints {
 			if len(e.Hashes) == 0 {
 				continue
 			}
@@ -101,7 +107,7 @@ func (s *Server) ExportWarm(now time.Time, lim WarmLimits) Warm {
 				}
 			}
 			w.Prefix = append(w.Prefix, PrefixBlob{Pool: pool, Endpoint: e.Endpoint,
-				Data: encodePrefix(h.blockTokens, prefix.Dump{Fingerprint: d.Fingerprint, Endpoints: []prefix.EndpointDump{e}})})
+				Data: encodePrefix(pd.blockTokens, prefix.Dump{Fingerprint: pd.d.Fingerprint, Endpoints: []prefix.EndpointDump{e}})})
 		}
 		for _, se := range ps.sessions.Export(now) {
 			w.Sessions = append(w.Sessions, WarmSession{Pool: pool, ID: se.Key, Endpoint: se.Addr, Expires: se.Expires})

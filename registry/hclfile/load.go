@@ -3,8 +3,10 @@ package hclfile
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -148,7 +150,7 @@ func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
 // of the pool, including those the lists were written to confine
 // (typically a LoRA adapter loaded on some servers only).
 func (d *decoder) mixedModelLists() {
-	for _, name := range sortedNames(d.pools) {
+	for _, name := range slices.Sorted(maps.Keys(d.pools)) {
 		p := d.pools[name]
 		var bare []string
 		listed := map[string][]string{} // model -> endpoints listing it
@@ -165,7 +167,7 @@ func (d *decoder) mixedModelLists() {
 			continue
 		}
 		var parts []string
-		for _, m := range sortedNames(listed) {
+		for _, m := range slices.Sorted(maps.Keys(listed)) {
 			parts = append(parts, fmt.Sprintf("%q (listed by %s)", m, strings.Join(listed[m], ", ")))
 		}
 		r, ok := d.endpointAt[name][bare[0]]
@@ -181,15 +183,6 @@ func (d *decoder) mixedModelLists() {
 			Subject: r.Ptr(),
 		})
 	}
-}
-
-func sortedNames[V any](m map[string]V) []string {
-	names := make([]string, 0, len(m))
-	for n := range m {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
 }
 
 // validation turns registry.Validate problems into diagnostics at the
