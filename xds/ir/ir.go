@@ -90,6 +90,9 @@ type Options struct {
 	NumRetries uint32
 	// DisableRetries turns retries off entirely.
 	DisableRetries bool
+	// PickerTLS, when set, makes Envoy talk to the picker over mutual TLS
+	// (the picker then requires it). Nil: plaintext.
+	PickerTLS *PickerTLS
 	// Listener holds the defaults for every listener.
 	Listener ListenerOptions
 	// PerListener overrides Listener for the listener of that name; zero
@@ -202,6 +205,23 @@ type Picker struct {
 	HealthService  string
 	EjectionTime   time.Duration
 	MessageTimeout time.Duration
+	TLS            *PickerTLS // nil: plaintext
+}
+
+// PickerTLS says where each Envoy finds, on its own host, what it needs for
+// mutual TLS with the picker: file-based SDS resources naming its client
+// certificate and key, and the CA (plus the SANs) it accepts on the
+// picker's certificate. Key material never travels over xDS; Envoy watches
+// WatchDir and reloads the files when one is moved into it, so a rotation
+// on the Envoy host needs no restart and no new configuration.
+type PickerTLS struct {
+	CertificateSDS    string // path of the SDS file with the client certificate
+	CertificateSecret string // name of that secret
+	ValidationSDS     string // path of the SDS file with the validation context
+	ValidationSecret  string // name of that secret
+	WatchDir          string // directory Envoy watches for moves
+	// SNI is the server name Envoy sends; empty sends none.
+	SNI string
 }
 
 // Address is a resolved socket address.
@@ -324,6 +344,13 @@ func Build(s *registry.State, o Options, health HealthFunc) (*Config, error) {
 		HealthService:  PickerHealthService,
 		EjectionTime:   o.PickerEjectionTime,
 		MessageTimeout: o.MessageTimeout,
+	}
+	if t := o.PickerTLS; t != nil {
+		if t.CertificateSDS == "" || t.CertificateSecret == "" || t.ValidationSDS == "" || t.ValidationSecret == "" {
+			errs = append(errs, errors.New("picker TLS: SDS paths and secret names are required"))
+		}
+		tc := *t
+		cfg.Picker.TLS = &tc
 	}
 	if s == nil {
 		s = registry.Empty()

@@ -24,6 +24,7 @@ import (
 	leastrequestv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/least_request/v3"
 	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
 	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	metadatav3 "github.com/envoyproxy/go-control-plane/envoy/type/metadata/v3"
@@ -68,6 +69,7 @@ const (
 	previousHostsName  = "envoy.retry_host_predicates.previous_hosts"
 	httpProtocolKey    = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 	stdoutAccessLog    = "envoy.access_loggers.stdout"
+	tlsSocketName      = "envoy.transport_sockets.tls"
 )
 
 // Translate builds every resource for cfg. It returns all problems joined;
@@ -191,6 +193,7 @@ func (t *translation) pickerCluster(p ir.Picker) *clusterv3.Cluster {
 	}
 	return &clusterv3.Cluster{
 		Name:                 p.ClusterName,
+		TransportSocket:      t.pickerTLS(p.TLS),
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
 		ConnectTimeout:       dur(p.ConnectTimeout),
 		LoadAssignment: &endpointv3.ClusterLoadAssignment{
@@ -249,6 +252,43 @@ func (t *translation) pickerCluster(p ir.Picker) *clusterv3.Cluster {
 				KeepaliveProbes:   wrapperspb.UInt32(3),
 			},
 		},
+	}
+}
+
+// pickerTLS is the picker cluster's mutual-TLS transport socket, nil for
+// plaintext. Certificate, key and CA come from file-based SDS on the Envoy
+// host (ir.PickerTLS says why); the same files serve the bootstrap's ADS
+// cluster, so Envoy loads them once. ALPN h2 is stated because gRPC-Go
+// refuses TLS connections that do not negotiate it. Health checks use this
+// socket too.
+func (t *translation) pickerTLS(p *ir.PickerTLS) *corev3.TransportSocket {
+	if p == nil {
+		return nil
+	}
+	source := func(path string) *corev3.ConfigSource {
+		return &corev3.ConfigSource{
+			ResourceApiVersion: corev3.ApiVersion_V3,
+			ConfigSourceSpecifier: &corev3.ConfigSource_PathConfigSource{PathConfigSource: &corev3.PathConfigSource{
+				Path:             path,
+				WatchedDirectory: &corev3.WatchedDirectory{Path: p.WatchDir},
+			}},
+		}
+	}
+	ctx := &tlsv3.UpstreamTlsContext{
+		Sni: p.SNI,
+		CommonTlsContext: &tlsv3.CommonTlsContext{
+			AlpnProtocols: []string{"h2"},
+			TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{{
+				Name: p.CertificateSecret, SdsConfig: source(p.CertificateSDS),
+			}},
+			ValidationContextType: &tlsv3.CommonTlsContext_ValidationContextSdsSecretConfig{
+				ValidationContextSdsSecretConfig: &tlsv3.SdsSecretConfig{Name: p.ValidationSecret, SdsConfig: source(p.ValidationSDS)},
+			},
+		},
+	}
+	return &corev3.TransportSocket{
+		Name:       tlsSocketName,
+		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: t.any(ctx)},
 	}
 }
 

@@ -74,6 +74,12 @@ func goldenCases() map[string]struct {
 		"empty-state":    {state: registry.Empty()},
 		"all-unhealthy":  {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), health: func(string, string) bool { return true }},
 		"two-fail-open":  {state: state(oneListener, vllmPool("a", registry.FailOpen, "10.0.0.1:8000"), vllmPool("b", registry.FailOpen, "10.0.0.2:8000"))},
+		"picker-mtls": {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), opts: ir.Options{
+			PickerAddr: "10.1.0.5:9002",
+			PickerTLS: &ir.PickerTLS{CertificateSDS: "/etc/envoy/switchyard-tls/cert-sds.yaml", CertificateSecret: "switchyard-client",
+				ValidationSDS: "/etc/envoy/switchyard-tls/ca-sds.yaml", ValidationSecret: "switchyard-ca",
+				WatchDir: "/etc/envoy/switchyard-tls", SNI: "switchyard"},
+		}},
 	}
 }
 
