@@ -1,6 +1,9 @@
-// Package envoy owns the Envoy bootstrap configuration that points a plain
-// Envoy at switchyard's ADS server. The YAML file is runnable as is; Bootstrap
-// renders it with other addresses for tests, the demo and cmd/switchyard.
+// Package envoy owns what an Envoy host needs to use switchyard: the
+// bootstrap configuration that points a plain Envoy at switchyard's ADS
+// server, and, for mutual TLS, the layout of its certificate directory and
+// the file-based SDS resources in it (tls.go). The YAML files are runnable
+// as they are; Bootstrap renders them with other addresses for tests, the
+// demo and cmd/switchyard.
 package envoy
 
 import (
@@ -14,6 +17,14 @@ import (
 //go:embed bootstrap.yaml
 var bootstrapYAML string
 
+// tlsSocketYAML is the ADS cluster's mutual-TLS transport socket, put in
+// place of the @xds_transport_socket line when Params.TLSDir is set.
+//
+//go:embed tls_socket.yaml
+var tlsSocketYAML string
+
+const socketMarker = "# @xds_transport_socket"
+
 // Template returns the bootstrap file exactly as shipped.
 func Template() string { return bootstrapYAML }
 
@@ -26,6 +37,13 @@ type Params struct {
 	XDSPort     int    // default 18000
 	AdminHost   string // default 127.0.0.1
 	AdminPort   int    // default 9901
+	// TLSDir, when set, connects to switchyard with mutual TLS using the
+	// certificate directory at this path on the Envoy host (see TLSLayout;
+	// DefaultTLSDir is what bootstrap-mtls.yaml uses).
+	TLSDir string
+	// XDSSNI is the server name sent to switchyard with TLS (default
+	// "switchyard").
+	XDSSNI string
 }
 
 var marker = regexp.MustCompile(`^(\s*[a-z_]+:\s*)(\S+)(\s*# @([a-z_]+))\s*$`)
@@ -52,6 +70,21 @@ func Bootstrap(p Params) (string, error) {
 	set("xds_port", port(p.XDSPort))
 	set("admin_host", p.AdminHost)
 	set("admin_port", port(p.AdminPort))
+	set("xds_sni", p.XDSSNI)
+	tmpl := bootstrapYAML
+	if p.TLSDir != "" {
+		l := TLSLayout(p.TLSDir)
+		set("tls_dir", l.Dir)
+		set("tls_cert_sds", l.CertSDS)
+		set("tls_ca_sds", l.CASDS)
+		i := strings.Index(tmpl, socketMarker)
+		if i < 0 {
+			return "", fmt.Errorf("envoy bootstrap: no %q line in bootstrap.yaml", socketMarker)
+		}
+		start := strings.LastIndex(tmpl[:i], "\n") + 1
+		end := i + strings.Index(tmpl[i:], "\n") + 1
+		tmpl = tmpl[:start] + tlsSocketYAML + tmpl[end:]
+	}
 	for _, n := range []int{p.XDSPort, p.AdminPort} {
 		if n < 0 || n > 65535 {
 			return "", fmt.Errorf("envoy bootstrap: port %d out of range", n)
@@ -59,7 +92,7 @@ func Bootstrap(p Params) (string, error) {
 	}
 
 	seen := map[string]bool{}
-	lines := strings.Split(bootstrapYAML, "\n")
+	lines := strings.Split(tmpl, "\n")
 	for i, line := range lines {
 		m := marker.FindStringSubmatch(line)
 		if m == nil {
@@ -81,7 +114,7 @@ func Bootstrap(p Params) (string, error) {
 // quote returns v as a YAML scalar, quoting anything that is not a plain
 // name, address or number.
 func quote(v string) string {
-	if regexp.MustCompile(`^[A-Za-z0-9._:-]+$`).MatchString(v) && !strings.HasPrefix(v, ":") {
+	if regexp.MustCompile(`^[A-Za-z0-9._:/-]+$`).MatchString(v) && !strings.HasPrefix(v, ":") {
 		return v
 	}
 	return strconv.Quote(v)

@@ -1,11 +1,14 @@
 package envoy
 
 import (
+	"flag"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/switchyard/switchyard/internal/certgen"
 	"github.com/switchyard/switchyard/internal/testutil"
 )
 
@@ -59,5 +62,71 @@ func TestBootstrapValidatesInEnvoy(t *testing.T) {
 		if b, err := cmd.CombinedOutput(); err != nil {
 			t.Errorf("envoy --mode validate %s: %v\n%s", filepath.Base(path), err, b)
 		}
+	}
+}
+
+var update = flag.Bool("update", false, "rewrite bootstrap-mtls.yaml from bootstrap.yaml and tls_socket.yaml")
+
+// TestShippedMTLSBootstrapIsCurrent keeps bootstrap-mtls.yaml equal to
+// what Bootstrap renders for DefaultTLSDir, so the two shipped files
+// cannot drift apart.
+func TestShippedMTLSBootstrapIsCurrent(t *testing.T) {
+	want, err := Bootstrap(Params{TLSDir: DefaultTLSDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *update {
+		if err := os.WriteFile("bootstrap-mtls.yaml", []byte(want), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := os.ReadFile("bootstrap-mtls.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != want {
+		t.Fatal("bootstrap-mtls.yaml is stale: go test ./envoy -run TestShippedMTLSBootstrapIsCurrent -update")
+	}
+	for _, s := range []string{"transport_socket:", "path: /etc/envoy/switchyard-tls/cert-sds.yaml # @tls_cert_sds", "name: switchyard-ca"} {
+		if !strings.Contains(want, s) {
+			t.Fatalf("mTLS bootstrap lacks %q", s)
+		}
+	}
+}
+
+// TestMTLSBootstrapValidatesInEnvoy renders the mTLS bootstrap for a
+// directory written by Layout.Write and has Envoy validate it.
+func TestMTLSBootstrapValidatesInEnvoy(t *testing.T) {
+	envoy := testutil.EnvoyPath(t)
+	ca, err := certgen.NewCA("ca", certgen.Validity{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(certgen.LeafOptions{CommonName: "envoy", Client: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	l := TLSLayout(filepath.Join(dir, "tls"))
+	if err := l.Write(leaf.CertPEM, leaf.KeyPEM, ca.CertPEM, []string{"switchyard", "127.0.0.1", "spiffe://dc1/svc/switchyard"}); err != nil {
+		t.Fatal(err)
+	}
+	_, caSDS := l.SDSFiles([]string{"switchyard", "127.0.0.1", "spiffe://dc1/svc/switchyard"})
+	for _, s := range []string{"san_type: DNS", "san_type: IP_ADDRESS", "san_type: URI"} {
+		if !strings.Contains(caSDS, s) {
+			t.Fatalf("ca-sds.yaml lacks %q:\n%s", s, caSDS)
+		}
+	}
+	rendered, err := Bootstrap(Params{NodeID: "validate", TLSDir: l.Dir, XDSSNI: "sy.internal", AdminPort: testutil.FreePort(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(rendered, "sni: sy.internal # @xds_sni") || !strings.Contains(rendered, l.CASDS) {
+		t.Fatalf("TLS parameters not rendered:\n%s", rendered)
+	}
+	path := testutil.WriteFile(t, dir, "envoy.yaml", rendered)
+	cmd := exec.Command(envoy, "--mode", "validate", "-c", path, "-l", "warning", "--use-dynamic-base-id")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("envoy --mode validate: %v\n%s", err, b)
 	}
 }
