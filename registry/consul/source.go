@@ -153,31 +153,11 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// fetchFunc runs one health query: the instances of sel, and the index to
-// block on next.
-type fetchFunc func(ctx context.Context, sel registry.ConsulSelector, waitIndex uint64) ([]*api.ServiceEntry, uint64, error)
-
-// Source is the Consul registry.Source. Create it with New; Run it once.
-type Source struct {
-	view registry.View
-	opts Options
-	log  *slog.Logger
-	// fetch is the Consul query; tests replace it.
-	fetch fetchFunc
-
-	wake chan struct{} // 1-buffered: a watcher has news
-
-	mu       sync.Mutex
-	watchers map[registry.ConsulSelector]*watcher
-}
-
-var _ registry.Source = (*Source)(nil)
-
-// New returns a Source that reads the pools wanting Consul members from view
-// (the Manager's own View) and queries Consul as opts say. It fails only on
-// unusable client settings (for example unreadable TLS files); an
-// unreachable Consul is a runtime condition Run retries.
-func New(view registry.View, opts Options) (*Source, error) {
+// NewClient returns a Consul API client for the agent opts name (Address,
+// Token, TokenFile, TLS; each set field wins over its CONSUL_HTTP_*
+// variable). Other users of the same agent (Connect certificates) share
+// these settings.
+func NewClient(opts Options) (*api.Client, error) {
 	cfg := api.DefaultConfig()
 	if opts.Address != "" {
 		cfg.Address = opts.Address
@@ -206,6 +186,38 @@ func New(view registry.View, opts Options) (*Source, error) {
 	client, err := api.NewClient(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("consul: client for %s: %w", cfg.Address, err)
+	}
+	return client, nil
+}
+
+// fetchFunc runs one health query: the instances of sel, and the index to
+// block on next.
+type fetchFunc func(ctx context.Context, sel registry.ConsulSelector, waitIndex uint64) ([]*api.ServiceEntry, uint64, error)
+
+// Source is the Consul registry.Source. Create it with New; Run it once.
+type Source struct {
+	view registry.View
+	opts Options
+	log  *slog.Logger
+	// fetch is the Consul query; tests replace it.
+	fetch fetchFunc
+
+	wake chan struct{} // 1-buffered: a watcher has news
+
+	mu       sync.Mutex
+	watchers map[registry.ConsulSelector]*watcher
+}
+
+var _ registry.Source = (*Source)(nil)
+
+// New returns a Source that reads the pools wanting Consul members from view
+// (the Manager's own View) and queries Consul as opts say. It fails only on
+// unusable client settings (for example unreadable TLS files); an
+// unreachable Consul is a runtime condition Run retries.
+func New(view registry.View, opts Options) (*Source, error) {
+	client, err := NewClient(opts)
+	if err != nil {
+		return nil, err
 	}
 	s := newSource(view, opts, nil)
 	health := client.Health()

@@ -27,6 +27,7 @@ var rootSchema = &hcl.BodySchema{
 		{Type: "pool", LabelNames: []string{"name"}},
 		{Type: "model", LabelNames: []string{"name"}},
 		{Type: "consul"},
+		{Type: "tls"},
 	},
 }
 
@@ -138,6 +139,7 @@ type decoder struct {
 	listeners map[string]*registry.Listener
 	routing   *registry.Routing
 	agent     *ConsulAgent
+	tls       *TLS
 	// first declaration of each object, for "already defined at" details.
 	declared map[loc]hcl.Range
 	// per pool: canonical endpoint address -> where it was declared.
@@ -236,6 +238,8 @@ func (d *decoder) file(body hcl.Body) {
 			d.model(b)
 		case "consul":
 			d.agentBlock(b)
+		case "tls":
+			d.tlsBlock(b)
 		}
 	}
 }

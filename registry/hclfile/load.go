@@ -33,6 +33,9 @@ type Config struct {
 	// Consul is the top-level consul block (nil when there is none). It
 	// is not part of the registry state: serve reads it once, at start.
 	Consul *ConsulAgent
+	// TLS is the top-level tls block (nil when there is none), read once
+	// at start like Consul.
+	TLS *TLS
 }
 
 // Load reads the configuration at path: one HCL file, or every *.hcl file
@@ -139,6 +142,7 @@ func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
 	cfg.Update = u
 	cfg.State = s
 	cfg.Consul = d.agent
+	cfg.TLS = d.tls
 	sortDiagnostics(d.diags)
 	return cfg, d.diags
 }
