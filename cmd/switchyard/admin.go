@@ -30,6 +30,13 @@ func (a *app) adminHandler() http.Handler {
 		writeText(w, http.StatusOK, "ready\n")
 	})
 	mux.Handle("GET /metrics", a.metricsHandler())
+	// The one state-changing request (adminauth guards it): re-read the
+	// configuration now, like SIGHUP.
+	mux.HandleFunc("POST /api/reload", func(w http.ResponseWriter, r *http.Request) {
+		a.log.Info("configuration reload requested over the admin API", "peer", r.RemoteAddr)
+		a.manager.Reload()
+		writeText(w, http.StatusAccepted, "reloading\n")
+	})
 	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
@@ -57,6 +64,7 @@ type statusDoc struct {
 	XDS             xdsStatus     `json:"xds"`
 	Envoys          []envoyStatus `json:"envoys"`
 	Store           *storeStatus  `json:"store,omitempty"` // nil without -store
+	TLS             *tlsStatus    `json:"tls,omitempty"`   // nil without TLS
 }
 
 // storeStatus describes the bbolt store: where it is, what the start
@@ -155,6 +163,7 @@ func (a *app) status() statusDoc {
 		Picker: pickerStatus{Requests: ps.Requests, Picked: ps.Picked, Rewritten: ps.Rewritten,
 			FallbackServed: ps.FallbackServed, Rejected: ps.Rejected},
 	}
+	doc.TLS = a.tlsStatus()
 	xs := a.xds.Stats()
 	doc.XDS = xdsStatus{Version: xs.Version, RegistryVersion: xs.RegistryVersion, Snapshots: xs.Snapshots,
 		Failures: xs.Failures, LastError: xs.LastError, ACKs: xs.ACKs, NACKs: xs.NACKs, Warnings: xs.Warnings}

@@ -120,6 +120,9 @@ type fleetOptions struct {
 	// used on every (re)start.
 	switchyardArgs []string
 	switchyardEnv  []string
+	// envoyTLSDir, when set, makes Envoy connect to switchyard with mutual
+	// TLS from this certificate directory (envoy.TLSLayout).
+	envoyTLSDir string
 }
 
 // newFleet writes config (a body of pool/model/routing blocks; the
@@ -150,7 +153,7 @@ func newFleet(t testing.TB, config string, o fleetOptions) *fleet {
 	f.envoyAdm = fmt.Sprintf("http://127.0.0.1:%d", adminPort)
 	host, port, _ := net.SplitHostPort(f.xds)
 	xdsPort, _ := strconv.Atoi(port)
-	bs, err := envoy.Bootstrap(envoy.Params{NodeID: f.nodeID, NodeCluster: "e2e", XDSHost: host, XDSPort: xdsPort, AdminPort: adminPort})
+	bs, err := envoy.Bootstrap(envoy.Params{NodeID: f.nodeID, NodeCluster: "e2e", XDSHost: host, XDSPort: xdsPort, AdminPort: adminPort, TLSDir: o.envoyTLSDir})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ func (a *app) metricsHandler() http.Handler {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&appCollector{a: a},
+		tlsCollector{a: a},
 	)
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 }

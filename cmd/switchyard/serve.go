@@ -16,6 +16,8 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
+	"github.com/switchyard/switchyard/internal/adminauth"
+	"github.com/switchyard/switchyard/internal/mtls"
 	"github.com/switchyard/switchyard/picker"
 	"github.com/switchyard/switchyard/registry"
 	"github.com/switchyard/switchyard/registry/consul"
@@ -39,6 +41,7 @@ type serveFlags struct {
 	adminAddr        string
 	logLevel         string
 	logFormat        string
+	tls              tlsFlags
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
@@ -50,6 +53,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.adminAddr, "admin-addr", "127.0.0.1:9090", "`address` of the admin HTTP server (status page, /metrics, health)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log `format`: text or json")
+	f.tls.register(fs)
 }
 
 func serveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -119,6 +123,10 @@ type app struct {
 	consul  *consul.Source
 	store   *store.Store // nil without -store
 	warm    *warmSaver   // nil without -store
+	// tls serves ADS and ext_proc certificates; nil without TLS.
+	tls       *mtls.Server
+	connect   mtls.ConnectAgent // Consul agent with -tls-consul-service
+	adminAuth adminauth.Options
 }
 
 // newApp builds every component. With -store, the state persisted by the
@@ -130,6 +138,9 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 		return nil, err
 	}
 	a := &app{flags: f, log: logger}
+	if err := a.setupTLS(context.Background(), cfg); err != nil {
+		return nil, err
+	}
 	var (
 		initial  *registry.State
 		snap     *store.Snapshot
@@ -175,7 +186,7 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 		a.warm.restored = restored
 	}
 	a.xds = xds.NewServer(a.pub, xds.Options{
-		Translation: ir.Options{PickerAddr: advertise},
+		Translation: ir.Options{PickerAddr: advertise, PickerTLS: a.pickerTLS()},
 		// Endpoints whose metrics scrapes fail leave EDS: override_host
 		// does not check health itself.
 		Health:   a.picker.EndpointHealth(),
@@ -225,9 +236,9 @@ type component struct {
 // added here; each gets a.view to follow registry states and the address
 // from a.flags.
 func (a *app) components() []component {
-	extproc := grpc.NewServer(a.picker.GRPCServerOptions()...)
+	extproc := grpc.NewServer(append(a.picker.GRPCServerOptions(), a.grpcCreds("extproc")...)...)
 	a.picker.Register(extproc)
-	ads := grpc.NewServer(xds.GRPCServerOptions()...)
+	ads := grpc.NewServer(append(xds.GRPCServerOptions(), a.grpcCreds("xds")...)...)
 	a.xds.Register(ads)
 	comps := []component{
 		{"registry", a.manager.Run},
@@ -236,7 +247,10 @@ func (a *app) components() []component {
 		{"xds", a.xds.Run},
 		{"extproc-server", grpcComponent(a.flags.extprocAddr, extproc)},
 		{"xds-server", grpcComponent(a.flags.xdsAddr, ads)},
-		{"admin-server", httpComponent(a.flags.adminAddr, a.adminHandler())},
+		{"admin-server", httpsComponent(a.flags.adminAddr, adminauth.Wrap(a.adminHandler(), a.adminAuth), a.adminTLSConfig(), a.log)},
+	}
+	if a.tls != nil {
+		comps = append(comps, component{"tls-reload", a.watchTLS})
 	}
 	if a.store != nil {
 		comps = append(comps, component{"persist", a.persist}, component{"persist-warm", a.persistWarm})

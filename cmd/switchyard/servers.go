@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"time"
@@ -45,12 +47,22 @@ func grpcComponent(addr string, srv *grpc.Server) func(context.Context) error {
 
 // httpComponent serves h on addr until ctx ends, then shuts down gracefully.
 func httpComponent(addr string, h http.Handler) func(context.Context) error {
+	return httpsComponent(addr, h, nil, nil)
+}
+
+// httpsComponent is httpComponent over TLS when tlsCfg is set; failed
+// handshakes are logged through logger.
+func httpsComponent(addr string, h http.Handler, tlsCfg *tls.Config, logger *slog.Logger) func(context.Context) error {
 	return func(ctx context.Context) error {
 		lis, err := net.Listen("tcp", addr)
 		if err != nil {
 			return fmt.Errorf("listen on %s: %w", addr, err)
 		}
 		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		if tlsCfg != nil {
+			lis = tls.NewListener(lis, tlsCfg)
+			srv.ErrorLog = slog.NewLogLogger(logger.With("component", "admin").Handler(), slog.LevelWarn)
+		}
 		errc := make(chan error, 1)
 		go func() { errc <- srv.Serve(lis) }()
 		select {
