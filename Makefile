@@ -23,7 +23,7 @@ endif
 export SWITCHYARD_ENVOY := $(ENVOY_BIN)
 export SWITCHYARD_CONSUL := $(CONSUL_BIN)
 
-.PHONY: all build test unit bench bench-routing run envoy consul chromium tools vet fmt clean fuzz
+.PHONY: all build test unit bench bench-routing run envoy consul chromium tools vet fmt clean fuzz compose-certs
 
 all: build
 
@@ -75,6 +75,12 @@ bench-routing: build
 	  done; \
 	done; \
 	$(BIN)/loadgen -url $${urls#,} -api chat -model llama3-8b $(ROUTING_LOAD)
+
+# A local CA and the mutual-TLS certificates of the docker-compose stack
+# (examples/compose/tls/, not in git). Run again to rotate the leaf
+# certificates: switchyard and Envoy reload them without a restart.
+compose-certs:
+	$(GO) run ./cmd/devcerts -out examples/compose/tls
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 30s ./picker/

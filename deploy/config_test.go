@@ -34,6 +34,9 @@ const (
 	envoyBootstrapFile     = "examples/compose/envoy-bootstrap.yaml"
 	envoyNodeID            = "envoy-1"
 	envoyAdminPort         = 9901
+	envoyTLSTarget         = envoy.DefaultTLSDir
+	switchyardTLSTarget    = "/etc/switchyard-tls"
+	composeTLSDir          = "examples/compose/tls"
 )
 
 // serveFlags returns the flags of the switchyard service's "serve" command.
@@ -318,13 +321,15 @@ func TestEnvoyBootstrap(t *testing.T) {
 
 	sy := service(t, p, svcSwitchyard)
 	_, xdsPort := hostPort(t, "-xds-addr", serveFlags(t, sy)["xds-addr"])
-	want, err := envoy.Bootstrap(envoy.Params{
+	params := envoy.Params{
 		NodeID:    envoyNodeID,
 		XDSHost:   svcSwitchyard,
 		XDSPort:   xdsPort,
 		AdminHost: "127.0.0.1",
 		AdminPort: envoyAdminPort,
-	})
+		TLSDir:    envoyTLSTarget,
+	}
+	want, err := envoy.Bootstrap(params)
 	if err != nil {
 		t.Fatalf("render bootstrap: %v", err)
 	}
@@ -354,6 +359,18 @@ func TestEnvoyBootstrap(t *testing.T) {
 
 	t.Run("envoy-validate", func(t *testing.T) {
 		bin := testutil.EnvoyPath(t)
+		// The certificate directory as the container would see it, made
+		// by devcerts in a temporary directory.
+		certs := t.TempDir()
+		dir := filepath.Join(certs, "envoy")
+		devcerts(t, certs, "-envoy-dir", dir)
+		p := params
+		p.TLSDir = dir
+		cfg, err := envoy.Bootstrap(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := testutil.WriteFile(t, t.TempDir(), "envoy.yaml", cfg)
 		out, err := exec.Command(bin, "--mode", "validate", "-c", path, "--log-level", "warn").CombinedOutput()
 		if err != nil {
 			t.Fatalf("envoy --mode validate -c %s: %v\n%s", path, err, out)

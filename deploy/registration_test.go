@@ -211,6 +211,9 @@ func startSwitchyardLikeCompose(t *testing.T, p *types.Project, consulAddr strin
 	}
 
 	extproc, admin := testutil.FreeAddr(t), testutil.FreeAddr(t)
+	// The certificates `make compose-certs` would mount.
+	certs := t.TempDir()
+	devcerts(t, certs)
 	args := []string{"serve"}
 	for _, name := range sortedKeys(flags) {
 		v := flags[name]
@@ -229,6 +232,8 @@ func startSwitchyardLikeCompose(t *testing.T, p *types.Project, consulAddr strin
 			v = admin
 		case "xds-addr":
 			v = testutil.FreeAddr(t)
+		case "tls-cert", "tls-key", "tls-client-ca":
+			v = filepath.Join(certs, "switchyard", path.Base(v))
 		}
 		args = append(args, "-"+name+"="+v)
 	}

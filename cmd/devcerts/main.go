@@ -1,0 +1,156 @@
+// Command devcerts creates a local CA and the certificates for mutual TLS
+// between Envoy and switchyard: the docker-compose stack's (make
+// compose-certs) or any small test setup's. It needs no openssl.
+//
+//	devcerts -out examples/compose/tls
+//
+// writes
+//
+//	OUT/ca/ca.pem, ca-key.pem            the CA (kept: re-running reuses it)
+//	OUT/switchyard/cert.pem, key.pem, ca.pem  for -tls-cert, -tls-key, -tls-client-ca
+//	OUT/envoy/cert.pem, key.pem, ca.pem, cert-sds.yaml, ca-sds.yaml
+//	                                     an Envoy certificate directory
+//	                                     (envoy.TLSLayout) for -envoy-dir
+//
+// Re-running it issues new leaf certificates from the same CA and replaces
+// the files by rename: that is a rotation, picked up by a running
+// switchyard within a second and by Envoy when the files move in.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/switchyard/switchyard/envoy"
+	"github.com/switchyard/switchyard/internal/certgen"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+type options struct {
+	out           string
+	switchyardSAN string
+	envoySAN      string
+	envoyDir      string
+	days          int
+	keyMode       os.FileMode
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("devcerts", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o options
+	var worldReadable bool
+	fs.StringVar(&o.out, "out", "examples/compose/tls", "output `directory`")
+	fs.StringVar(&o.switchyardSAN, "switchyard-san", "switchyard,10.231.0.11,127.0.0.1", "comma-separated `names` (DNS or IP) of switchyard's certificate; Envoy accepts switchyard by these")
+	fs.StringVar(&o.envoySAN, "envoy-san", "envoy.switchyard.internal", "comma-separated `names` of the Envoy certificate (switchyard's -tls-allowed-san)")
+	fs.StringVar(&o.envoyDir, "envoy-dir", envoy.DefaultTLSDir, "`path` where Envoy sees its certificate directory (the SDS files name it)")
+	fs.IntVar(&o.days, "days", 365, "validity of the leaf certificates in `days`")
+	fs.BoolVar(&worldReadable, "world-readable-keys", true, "write private keys world-readable, as containers running under their own users need for bind mounts; false writes them 0600")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	o.keyMode = 0o600
+	if worldReadable {
+		o.keyMode = 0o644
+	}
+	if err := generate(o, stdout); err != nil {
+		fmt.Fprintf(stderr, "devcerts: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func split(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func generate(o options, stdout io.Writer) error {
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	ca, created, err := loadOrCreateCA(filepath.Join(o.out, "ca"))
+	if err != nil {
+		return err
+	}
+	validity := certgen.Validity{NotAfter: time.Now().AddDate(0, 0, o.days)}
+	sySANs := split(o.switchyardSAN)
+	sy, err := ca.Issue(certgen.LeafOptions{CommonName: "switchyard", SANs: sySANs, Server: true, Validity: validity})
+	if err != nil {
+		return err
+	}
+	syDir := filepath.Join(o.out, "switchyard")
+	if err := os.MkdirAll(syDir, 0o755); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name string
+		data []byte
+		mode os.FileMode
+	}{{"key.pem", sy.KeyPEM, o.keyMode}, {"cert.pem", sy.CertPEM, 0o644}, {"ca.pem", ca.CertPEM, 0o644}} {
+		if err := envoy.WriteAtomic(filepath.Join(syDir, f.name), f.data, f.mode); err != nil {
+			return err
+		}
+	}
+	ev, err := ca.Issue(certgen.LeafOptions{CommonName: "envoy", SANs: split(o.envoySAN), Client: true, Validity: validity})
+	if err != nil {
+		return err
+	}
+	if err := envoy.TLSLayout(o.envoyDir).WriteTo(filepath.Join(o.out, "envoy"), ev.CertPEM, ev.KeyPEM, ca.CertPEM, sySANs, o.keyMode); err != nil {
+		return err
+	}
+	what := "reused the CA in"
+	if created {
+		what = "created a CA in"
+	}
+	fmt.Fprintf(stdout, "devcerts: %s %s; switchyard certificate %v and Envoy certificate %v valid until %s\n",
+		what, filepath.Join(o.out, "ca"), sySANs, split(o.envoySAN), sy.Cert.NotAfter.UTC().Format(time.DateOnly))
+	return nil
+}
+
+func loadOrCreateCA(dir string) (*certgen.CA, bool, error) {
+	certPath, keyPath := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
+	c, cerr := os.ReadFile(certPath)
+	k, kerr := os.ReadFile(keyPath)
+	if cerr == nil && kerr == nil {
+		ca, err := certgen.LoadCA(c, k)
+		if err != nil {
+			return nil, false, fmt.Errorf("%s: %w", dir, err)
+		}
+		return ca, false, nil
+	}
+	if !errors.Is(cerr, os.ErrNotExist) || !errors.Is(kerr, os.ErrNotExist) {
+		return nil, false, fmt.Errorf("CA in %s is incomplete or unreadable: %v, %v", dir, cerr, kerr)
+	}
+	ca, err := certgen.NewCA("switchyard local CA", certgen.Validity{NotAfter: time.Now().AddDate(5, 0, 0)})
+	if err != nil {
+		return nil, false, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, false, err
+	}
+	if err := envoy.WriteAtomic(keyPath, ca.KeyPEM, 0o600); err != nil {
+		return nil, false, err
+	}
+	if err := envoy.WriteAtomic(certPath, ca.CertPEM, 0o644); err != nil {
+		return nil, false, err
+	}
+	return ca, true, nil
+}
