@@ -146,3 +146,19 @@ func TestServeAdminAuth(t *testing.T) {
 		t.Fatalf("reload not logged:\n%s", proc.Output())
 	}
 }
+
+// TestTLSFlagsMerge: the HCL tls block fills what flags left unset; a flag
+// that is set wins.
+func TestTLSFlagsMerge(t *testing.T) {
+	f := tlsFlags{cert: "/flag/cert.pem", envoyDir: "/etc/envoy/switchyard-tls"}
+	f.merge(&hclfile.TLS{CertFile: "/hcl/cert.pem", KeyFile: "/hcl/key.pem", ClientCAFile: "/hcl/ca.pem",
+		AllowedSANs: []string{"a", "b"}, EnvoyDir: "/srv/tls", AdminTLS: true})
+	want := tlsFlags{cert: "/flag/cert.pem", key: "/hcl/key.pem", clientCA: "/hcl/ca.pem", allowedSANs: "a,b",
+		envoyDir: "/srv/tls", adminTLS: true}
+	if f != want {
+		t.Fatalf("merged %+v, want %+v", f, want)
+	}
+	if got := f.sans(); len(got) != 2 || got[1] != "b" {
+		t.Fatalf("sans %q", got)
+	}
+}

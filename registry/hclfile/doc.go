@@ -7,8 +7,8 @@
 // # Schema
 //
 // Top level: any number of listener, pool and model blocks, and at most one
-// routing block and one consul block, spread over any number of files.
-// Names must be unique across all files.
+// routing block, one consul block and one tls block, spread over any number
+// of files. Names must be unique across all files.
 //
 //	consul {                      # optional, at most one: how to reach the
 //	                              # Consul agent; each set attribute wins
@@ -26,6 +26,24 @@
 //	    key_file    = "/etc/consul/key.pem"    # or neither
 //	    insecure_skip_verify = false
 //	  }
+//	}
+//
+//	tls {                         # optional, at most one: mutual TLS for
+//	                              # ADS and ext_proc; read once at start;
+//	                              # serve's -tls-* flags win over it
+//	  cert_file      = "/etc/switchyard/tls/cert.pem"  # the three files
+//	  key_file       = "/etc/switchyard/tls/key.pem"   # together, re-read
+//	  client_ca_file = "/etc/switchyard/tls/ca.pem"    # every second
+//	  consul_service = "switchyard" # or: Consul Connect leaf + CA roots
+//	  allowed_sans   = ["envoy.internal"] # optional client SAN allowlist
+//	  envoy_dir      = "/etc/envoy/switchyard-tls" # certificate directory
+//	                              # on every Envoy host (the default)
+//	  allow_plaintext  = false    # without TLS: serve on non-loopback
+//	                              # addresses anyway (warns)
+//	  admin_token_file = "/etc/switchyard/admin.token" # bearer token for
+//	                              # state-changing admin requests
+//	  admin_tls        = false    # admin over HTTPS; a client certificate
+//	                              # of the CA also authorises changes
 //	}
 //
 //	listener "NAME" {
