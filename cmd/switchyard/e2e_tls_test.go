@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/consul/api"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -440,4 +441,103 @@ func servedSerial(addr string, ca *certgen.CA, dir *envoy.Layout) (*big.Int, err
 	}
 	defer conn.Close()
 	return conn.ConnectionState().PeerCertificates[0].SerialNumber, nil
+}
+
+// TestE2EMTLSEnvoyChecksSwitchyard: an Envoy that expects another SAN on
+// switchyard's certificate refuses it (fail_verify_san) and gets no
+// configuration; mutual TLS authenticates the control plane too.
+func TestE2EMTLSEnvoyChecksSwitchyard(t *testing.T) {
+	t.Parallel()
+	p := newE2EPKI(t)
+	s1 := startSim(t, simOptions{})
+	f := newFleet(t, fmt.Sprintf("pool \"main\" {\n  endpoints = [%q]\n}\nmodel \"m-a\" {\n  pool = \"main\"\n}\n", s1.Addr),
+		fleetOptions{switchyardArgs: p.args(), envoyTLSDir: p.envoy.Dir})
+	l, err := p.ca.Issue(certgen.LeafOptions{CommonName: "envoy", SANs: []string{p.allow}, Client: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := envoy.TLSLayout(filepath.Join(t.TempDir(), "tls"))
+	if err := dir.Write(l.CertPEM, l.KeyPEM, p.ca.CertPEM, []string{"impostor-check.e2e"}); err != nil {
+		t.Fatal(err)
+	}
+	admin := f.startRogueEnvoy(t, "expects-other-san", func(pr envoy.Params) string {
+		pr.TLSDir = dir.Dir
+		bs, err := envoy.Bootstrap(pr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bs
+	})
+	testutil.Eventually(t, 30*time.Second, "Envoy refuses switchyard's certificate", func() error {
+		n, err := envoyStat(admin, "cluster.switchyard_xds.ssl.fail_verify_san")
+		if err != nil {
+			return err
+		}
+		if n < 1 {
+			return errors.New("no SAN verification failure yet")
+		}
+		return nil
+	})
+	if n, err := envoyStat(admin, "cluster_manager.cds.update_success"); err != nil || n != 0 {
+		t.Fatalf("Envoy took configuration from a server it did not accept: %d, %v", n, err)
+	}
+}
+
+// TestE2EMTLSConsulConnect runs switchyard with its certificate and client
+// CA from a real Consul dev agent's Connect CA (-tls-consul-service), and
+// an Envoy whose certificate directory holds a Connect leaf of its own
+// service: the Envoy gets configuration and picks, identified by its
+// SPIFFE ID.
+func TestE2EMTLSConsulConnect(t *testing.T) {
+	t.Parallel()
+	c := testutil.StartConsul(t)
+	client, err := api.NewClient(&api.Config{Address: c.Addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	agent := client.Agent()
+	envoyLeaf, _, err := agent.ConnectCALeaf("envoy-edge", (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	syLeaf, _, err := agent.ConnectCALeaf("switchyard", (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots, _, err := agent.ConnectCARoots((&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bundle strings.Builder
+	for _, r := range roots.Roots {
+		bundle.WriteString(r.RootCertPEM + "\n")
+	}
+	dir := envoy.TLSLayout(filepath.Join(t.TempDir(), "tls"))
+	if err := dir.Write([]byte(envoyLeaf.CertPEM), []byte(envoyLeaf.PrivateKeyPEM), []byte(bundle.String()), []string{syLeaf.ServiceURI}); err != nil {
+		t.Fatal(err)
+	}
+	s1 := startSim(t, simOptions{})
+	f := newFleet(t, fmt.Sprintf("pool \"main\" {\n  endpoints = [%q]\n}\nmodel \"m-a\" {\n  pool = \"main\"\n}\n", s1.Addr), fleetOptions{
+		switchyardArgs: []string{"-tls-consul-service", "switchyard", "-tls-allowed-san", envoyLeaf.ServiceURI, "-envoy-tls-dir", dir.Dir},
+		switchyardEnv:  []string{"CONSUL_HTTP_ADDR=" + c.Addr},
+		envoyTLSDir:    dir.Dir,
+	})
+	for range 3 {
+		resp, err := f.send(infReq{model: "m-a", prompt: "hello", maxTokens: 2})
+		checkOK(t, resp, err, "m-a")
+	}
+	var doc struct {
+		TLS struct {
+			Origin  string `json:"origin"`
+			Subject string `json:"subject"`
+		} `json:"tls"`
+	}
+	if err := getJSON("http://"+f.admin+"/api/status", &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.TLS.Origin != "consul" {
+		t.Fatalf("serving certificate from %q, want consul", doc.TLS.Origin)
+	}
 }

@@ -91,6 +91,9 @@ func (s *Server) LoadFiles(f Files) error {
 	if err != nil {
 		return err
 	}
+	s.mu.Lock()
+	s.loaded = fs
+	s.mu.Unlock()
 	s.Set(m)
 	return nil
 }
@@ -102,7 +105,10 @@ func (s *Server) LoadFiles(f Files) error {
 // is tried again. Reading files is cheap enough to poll, and polling sees
 // every way of replacing them: in place, by rename, by symlink swap.
 func (s *Server) WatchFiles(ctx context.Context, f Files, interval time.Duration) error {
-	last, _ := f.read()
+	// Start from what LoadFiles loaded, so a change made since is seen.
+	s.mu.Lock()
+	last := s.loaded
+	s.mu.Unlock()
 	var failed fileSet
 	lastErr := ""
 	report := func(msg string, err error) {

@@ -91,6 +91,8 @@ type Server struct {
 	lastLog  map[logKey]logState
 	// consulKey identifies the Consul leaf and roots in use.
 	consulKey string
+	// loaded is the file content LoadFiles set.
+	loaded fileSet
 }
 
 // RejectKey labels rejected handshakes: which server, and why.
