@@ -421,6 +421,42 @@ model "m-a" {
 	if fail.Load() > 0 {
 		t.Fatalf("%d requests failed during rotation; first: %v", fail.Load(), failures[:min(5, len(failures))])
 	}
+	// New handshakes on both connections with only the rotated files: a
+	// fresh Envoy from the same directory gets its clusters over ADS and
+	// finds the picker healthy (its gRPC health checks run over mTLS).
+	// Its listener cannot bind the port the first Envoy holds; that NACK
+	// does not matter here.
+	fresh := f.startRogueEnvoy(t, "after-rotation", func(pr envoy.Params) string {
+		pr.TLSDir = p.envoy.Dir
+		bs, err := envoy.Bootstrap(pr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bs
+	})
+	testutil.Eventually(t, 30*time.Second, "a fresh Envoy uses the rotated certificates", func() error {
+		st, err := f.status()
+		if err != nil {
+			return err
+		}
+		acked := false
+		for _, n := range st.Envoys {
+			if n.ID == "rogue-after-rotation" && n.Streams > 0 && n.Acked["Cluster"] == st.XDS.Version {
+				acked = true
+			}
+		}
+		if !acked {
+			return errors.New("fresh Envoy has not ACKed the clusters")
+		}
+		out, err := httpGetString(fresh + "/clusters")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(out, "switchyard/picker::"+f.extproc+"::health_flags::healthy") {
+			return errors.New("picker not healthy in the fresh Envoy")
+		}
+		return nil
+	})
 	if n := strings.Count(f.sy.Output(), `msg="TLS certificate in use"`); n < 2 {
 		t.Fatalf("switchyard logged %d certificate loads, want the first and the rotation:\n%s", n, tail(f.sy.Output(), 3000))
 	}
