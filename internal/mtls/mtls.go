@@ -274,6 +274,10 @@ func (s *Server) Rejected(server string, peer net.Addr, err error) {
 					delete(s.lastLog, lk)
 				}
 			}
+			if len(s.lastLog) > 4096 { // all recent: start over rather than grow
+				clear(s.lastLog)
+				s.lastLog[k] = logState{at: now}
+			}
 		}
 	} else {
 		st.suppressed++
