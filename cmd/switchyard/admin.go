@@ -131,6 +131,13 @@ type endpointStatus struct {
 	Waiting      *int     `json:"waiting,omitempty"`
 	Running      *int     `json:"running,omitempty"`
 	KVCacheUsage *float64 `json:"kv_cache_usage,omitempty"`
+	// KV-cache geometry and LoRA state as the server reports them (vLLM's
+	// cache_config_info and lora_requests_info); absent when it does not.
+	BlockSize       int      `json:"block_size,omitempty"`
+	NumBlocks       int      `json:"num_blocks,omitempty"`
+	MaxLoras        int      `json:"max_loras,omitempty"`
+	RunningAdapters []string `json:"running_adapters,omitempty"`
+	WaitingAdapters []string `json:"waiting_adapters,omitempty"`
 	// Models the endpoint serves as the picker sees them, and where that
 	// came from: "config" (a models list) or "server" (its /v1/models).
 	// Absent while unknown: the endpoint then gets every model of its pool.
@@ -205,6 +212,8 @@ func (a *app) status() statusDoc {
 		if m := e.Metrics; m != nil && !m.LastSuccess.IsZero() {
 			v := m.Values
 			es.Waiting, es.Running, es.KVCacheUsage = &v.Waiting, &v.Running, &v.KVUsage
+			es.BlockSize, es.NumBlocks = v.BlockSize, v.NumBlocks
+			es.MaxLoras, es.RunningAdapters, es.WaitingAdapters = v.MaxLoras, v.RunningAdapters, v.WaitingAdapters
 			es.Healthy = es.Healthy && !m.Failing
 		}
 		byPool[e.Pool] = append(byPool[e.Pool], es)
