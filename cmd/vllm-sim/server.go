@@ -95,17 +95,24 @@ func (s *server) handleModels(w http.ResponseWriter, _ *http.Request) {
 		OwnedBy     string  `json:"owned_by"`
 		Root        string  `json:"root"`
 		Parent      *string `json:"parent"`
-		MaxModelLen int     `json:"max_model_len"`
+		MaxModelLen *int    `json:"max_model_len"` // null for adapters, as vLLM sends
+		Permission  []any   `json:"permission"`
 	}
 	now := time.Now().Unix()
 	base := s.served[0]
+	maxLen := s.eng.Config().MaxModelLen
+	perm := func(id string) []any {
+		return []any{map[string]any{"id": "modelperm-" + id, "object": "model_permission", "created": now,
+			"allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true, "allow_search_indices": false,
+			"allow_view": true, "allow_fine_tuning": false, "organization": "*", "group": nil, "is_blocking": false}}
+	}
 	var cards []modelCard
 	for _, name := range s.served {
-		cards = append(cards, modelCard{ID: name, Object: "model", Created: now, OwnedBy: "vllm", Root: base, MaxModelLen: s.eng.Config().MaxModelLen})
+		cards = append(cards, modelCard{ID: name, Object: "model", Created: now, OwnedBy: "vllm", Root: base, MaxModelLen: &maxLen, Permission: perm(name)})
 	}
 	s.mu.Lock()
 	for _, l := range s.loras {
-		cards = append(cards, modelCard{ID: l.name, Object: "model", Created: now, OwnedBy: "vllm", Root: l.path, Parent: &base, MaxModelLen: s.eng.Config().MaxModelLen})
+		cards = append(cards, modelCard{ID: l.name, Object: "model", Created: now, OwnedBy: "vllm", Root: l.path, Parent: &base, Permission: perm(l.name)})
 	}
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": cards})
@@ -252,7 +259,7 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	adapter, ok := s.resolveModel(modelName)
 	if !ok {
-		writeErrorType(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", modelName))
+		writeErrorParam(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", modelName), "model")
 		return
 	}
 	if req.N != nil && *req.N != 1 {
@@ -295,7 +302,12 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	h, err := s.eng.Submit(r.Context(), sim.Request{Prompt: toks, MaxTokens: maxTokens, StopAfter: stopAfter, LoRA: adapter})
 	if errors.Is(err, sim.ErrInvalidRequest) {
-		writeError(w, http.StatusBadRequest, strings.TrimPrefix(err.Error(), sim.ErrInvalidRequest.Error()+": "))
+		msg := strings.TrimPrefix(err.Error(), sim.ErrInvalidRequest.Error()+": ")
+		param := ""
+		if strings.Contains(msg, "maximum context length") {
+			param = "input_tokens" // vLLM names the field that overflowed
+		}
+		writeErrorParam(w, http.StatusBadRequest, "BadRequestError", msg, param)
 		return
 	}
 	if err != nil {
@@ -473,12 +485,22 @@ type usageJSON struct {
 	TotalTokens         int `json:"total_tokens"`
 	PromptTokensDetails struct {
 		CachedTokens int `json:"cached_tokens"`
+		// vLLM 0.32 sends created_cache_tokens as a number on chat and as
+		// null on completions; absent here stands for null.
+		CreatedCacheTokens *int `json:"created_cache_tokens,omitempty"`
 	} `json:"prompt_tokens_details"`
 }
 
-func toUsage(u sim.Usage) usageJSON {
+// systemFingerprint mirrors vLLM's "vllm-<version>-<hash>".
+const systemFingerprint = "vllm-0.32.0-vllmsim"
+
+func toUsage(u sim.Usage, chat bool) usageJSON {
 	out := usageJSON{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.PromptTokens + u.CompletionTokens}
 	out.PromptTokensDetails.CachedTokens = u.CachedTokens
+	if chat {
+		zero := 0 // tokens written to an external KV store; none here
+		out.PromptTokensDetails.CreatedCacheTokens = &zero
+	}
 	return out
 }
 
@@ -502,7 +524,7 @@ func (rs response) full(text string, last sim.Event) map[string]any {
 	}
 	return map[string]any{
 		"id": rs.id, "object": rs.object(false), "created": rs.created, "model": rs.model,
-		"choices": []any{choice}, "usage": toUsage(last.Usage),
+		"choices": []any{choice}, "usage": toUsage(last.Usage, rs.chat), "system_fingerprint": systemFingerprint,
 	}
 }
 
@@ -518,7 +540,7 @@ func (rs response) chunk(delta any, finishReason any) map[string]any {
 
 func (rs response) usageChunk(u sim.Usage) map[string]any {
 	return map[string]any{"id": rs.id, "object": rs.object(true), "created": rs.created, "model": rs.model,
-		"choices": []any{}, "usage": toUsage(u)}
+		"choices": []any{}, "usage": toUsage(u, rs.chat), "system_fingerprint": systemFingerprint}
 }
 
 func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
@@ -561,5 +583,15 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 }
 
 func writeErrorType(w http.ResponseWriter, code int, typ, msg string) {
-	writeJSON(w, code, map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": code}})
+	writeErrorParam(w, code, typ, msg, "")
+}
+
+// writeErrorParam writes vLLM's error shape; param names the offending
+// request field as vLLM does ("model", "input_tokens"), or is null.
+func writeErrorParam(w http.ResponseWriter, code int, typ, msg, param string) {
+	var p any
+	if param != "" {
+		p = param
+	}
+	writeJSON(w, code, map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": p, "code": code}})
 }

@@ -469,7 +469,6 @@ func TestMetricsParseWithVLLMNames(t *testing.T) {
 				"vllm:time_to_first_token_seconds":   dto.MetricType_HISTOGRAM,
 				"vllm:inter_token_latency_seconds":   dto.MetricType_HISTOGRAM,
 				"vllm:e2e_request_latency_seconds":   dto.MetricType_HISTOGRAM,
-				"vllm:time_per_output_token_seconds": dto.MetricType_HISTOGRAM,
 				"vllm:lora_requests_info":            dto.MetricType_GAUGE,
 				"vllm:cache_config_info":             dto.MetricType_GAUGE,
 			}

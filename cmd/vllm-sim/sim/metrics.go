@@ -145,7 +145,6 @@ func (e *Engine) WriteMetrics(w io.Writer) error {
 	mw.histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", &st.reqGeneration)
 	mw.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &st.ttft)
 	mw.histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &st.itl)
-	mw.histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.DEPRECATED: Use vllm:inter_token_latency_seconds instead.", &st.itl)
 	mw.histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", &st.e2e)
 	mw.histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", &st.queueTime)
 
@@ -163,8 +162,12 @@ func (e *Engine) WriteMetrics(w io.Writer) error {
 	}
 
 	fmt.Fprintf(bw, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n")
-	fmt.Fprintf(bw, "vllm:cache_config_info{block_size=\"%d\",cache_dtype=\"auto\",calculate_kv_scales=\"False\",cpu_offload_gb=\"0\",enable_prefix_caching=\"%s\",engine=\"0\",gpu_memory_utilization=\"0.9\",is_attention_free=\"False\",num_cpu_blocks=\"None\",num_gpu_blocks=\"%d\",num_gpu_blocks_override=\"%d\",prefix_caching_hash_algo=\"sha256\",sliding_window=\"None\",swap_space=\"4\",swap_space_bytes=\"4294967296\"} 1.0\n",
-		e.cfg.BlockSize, pyBool(e.cfg.EnablePrefixCaching), e.cfg.NumGPUBlocks, e.cfg.NumGPUBlocks)
+	// The label set vLLM 0.32 publishes (recorded in cmd/vllm-sim/testdata);
+	// routers read block_size and num_gpu_blocks.
+	fmt.Fprintf(bw, "vllm:cache_config_info{_block_size_resolved=\"True\",block_size=\"%d\",cache_dtype=\"auto\",cache_hit_alignment_tokens=\"None\",effective_attention_block_size=\"%d\",enable_mamba_shared_prefix_checkpoint=\"False\",enable_prefix_caching=\"%s\",engine=\"0\",gpu_memory_utilization=\"0.92\",hash_block_size=\"None\",is_attention_free=\"False\",kv_cache_dtype_skip_layers=\"[]\",kv_cache_layout=\"None\",kv_cache_max_concurrency=\"%s\",kv_cache_memory_bytes=\"None\",kv_cache_size_tokens=\"%d\",kv_offloading_backend=\"native\",kv_offloading_size=\"None\",kv_sharing_fast_prefill=\"False\",mamba_block_size=\"None\",mamba_cache_dtype=\"auto\",mamba_cache_mode=\"none\",mamba_page_size_padded=\"None\",mamba_ssm_cache_dtype=\"float32\",num_cpu_blocks=\"None\",num_gpu_blocks=\"%d\",num_gpu_blocks_override=\"%d\",prefix_cache_retention_interval=\"0\",prefix_caching_hash_algo=\"sha256\",prefix_match_unit=\"None\",replayssm_buffer_len=\"16\",skip_page_size_padded=\"None\",sliding_window=\"None\",swa_bounded_replay=\"True\",use_kda_recoverssm=\"False\",use_replayssm=\"False\",user_specified_block_size=\"True\"} 1.0\n",
+		e.cfg.BlockSize, e.cfg.BlockSize, pyBool(e.cfg.EnablePrefixCaching),
+		formatFloat(float64(e.cfg.NumGPUBlocks*e.cfg.BlockSize)/float64(max(1, e.cfg.MaxModelLen))),
+		e.cfg.NumGPUBlocks*e.cfg.BlockSize, e.cfg.NumGPUBlocks, e.cfg.NumGPUBlocks)
 	return bw.Flush()
 }
 
