@@ -33,8 +33,11 @@ build:
 
 # The demo: three simulators, switchyard and a real Envoy on 127.0.0.1,
 # configured from examples/demo. Ctrl-C stops everything it started.
-run: build envoy
-	$(BIN)/demo -envoy $(ENVOY_BIN)
+# `make run ENGINE=vllm` runs it on three real vLLM servers instead (CPU
+# build, tiny generated model; installed first, ~3 GB once).
+ENGINE ?= sim
+run: build envoy $(if $(filter vllm,$(ENGINE)),vllm)
+	$(BIN)/demo -envoy $(ENVOY_BIN) -engine $(ENGINE)
 
 vet:
 	$(GO) vet ./...

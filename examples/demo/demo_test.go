@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard/switchyard/internal/realvllm"
 	"github.com/switchyard/switchyard/internal/testutil"
 )
 
@@ -77,6 +78,28 @@ func TestDemoSmoke(t *testing.T) {
 	// The adapter lives on the third simulator only (demo port 8003).
 	lora := fmt.Sprintf("sql-lora requests answered by map[127.0.0.1:%d:6]", basePorts.sims[2]+off)
 	for _, want := range []string{"switchyard demo is up", "curl -s http://127.0.0.1:", "smoke request answered", `"model":"chat"`, `"object":"chat.completion"`, lora} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// `make run ENGINE=vllm`: the same demo and the same printed requests on
+// three real vLLM servers; the adapter request reaches only the third.
+func TestDemoSmokeRealVLLM(t *testing.T) {
+	realvllm.Require(t)
+	off := freeOffset(t)
+	args := append(demoArgs(t, off), "-engine", "vllm",
+		"-vllm-src", filepath.Join(testutil.RepoRoot(t), "internal", "realvllm"), "-smoke")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*realvllm.StartTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, demoBinary(t), args...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo -engine vllm -smoke: %v\n%s", err, out)
+	}
+	lora := fmt.Sprintf("sql-lora requests answered by map[127.0.0.1:%d:6]", basePorts.sims[2]+off)
+	for _, want := range []string{"real vLLM, CPU build", "smoke request answered", `"model":"chat"`, `"object":"chat.completion"`, lora} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}

@@ -1,5 +1,6 @@
 // Command demo runs the switchyard demo on one machine with no container
-// engine: three vllm-sim model servers (the third with the LoRA adapter
+// engine: three model servers (vllm-sim, or with -engine vllm real vLLM's
+// CPU build serving a tiny generated model; the third with the LoRA adapter
 // "sql-lora"), switchyard serve with the HCL files in this directory, and a
 // real Envoy bootstrapped from envoy/bootstrap.yaml. It prints requests to
 // try and stops everything it started on Ctrl-C. `make run` builds the
@@ -24,6 +25,7 @@ import (
 	"time"
 
 	"github.com/switchyard/switchyard/envoy"
+	"github.com/switchyard/switchyard/internal/realvllm"
 )
 
 // The demo's well-known ports; -port-offset shifts all of them (tests use
@@ -38,6 +40,7 @@ const baseModel = "meta-llama/Llama-3.1-8B-Instruct"
 
 type options struct {
 	switchyard, sim, envoy string
+	engine, vllmSrc        string
 	config, dir            string
 	offset                 int
 	timeScale              float64
@@ -49,6 +52,8 @@ func main() {
 	flag.StringVar(&o.switchyard, "switchyard", "bin/switchyard", "switchyard binary")
 	flag.StringVar(&o.sim, "sim", "bin/vllm-sim", "vllm-sim binary")
 	flag.StringVar(&o.envoy, "envoy", "", "envoy binary (default $SWITCHYARD_ENVOY, envoy on PATH, then .venv/bin/envoy)")
+	flag.StringVar(&o.engine, "engine", "sim", `model servers: "sim" (vllm-sim) or "vllm" (real vLLM, CPU build; install with make vllm)`)
+	flag.StringVar(&o.vllmSrc, "vllm-src", "internal/realvllm", "directory of the real-vLLM scripts (with -engine vllm)")
 	flag.StringVar(&o.config, "config", "examples/demo", "directory of the demo's HCL files")
 	flag.StringVar(&o.dir, "dir", "", "directory for logs and generated files (default a new temporary directory)")
 	flag.IntVar(&o.offset, "port-offset", 0, "add this to every demo port (8001-8003, 8080, 9002, 18000, 9090, 9901)")
@@ -93,22 +98,34 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	sup := &supervisor{dir: o.dir, exited: make(chan string, 8)}
 	defer sup.stopAll()
 
-	ts := strconv.FormatFloat(o.timeScale, 'f', -1, 64)
-	for i, sp := range basePorts.sims {
-		args := []string{"-port", strconv.Itoa(p(sp)), "-model", baseModel, "-served-model-name", baseModel + ",llama-v2", "-time-scale", ts}
-		if i == len(basePorts.sims)-1 {
-			args = append(args, "-lora-modules", "sql-lora", "-max-loras", "2")
+	serversUp := 20 * time.Second
+	switch o.engine {
+	case "sim":
+		ts := strconv.FormatFloat(o.timeScale, 'f', -1, 64)
+		for i, sp := range basePorts.sims {
+			args := []string{"-port", strconv.Itoa(p(sp)), "-model", baseModel, "-served-model-name", baseModel + ",llama-v2", "-time-scale", ts}
+			if i == len(basePorts.sims)-1 {
+				args = append(args, "-lora-modules", "sql-lora", "-max-loras", "2")
+			}
+			if err := sup.start(fmt.Sprintf("vllm-sim-%d", i+1), o.sim, nil, args...); err != nil {
+				return err
+			}
 		}
-		if err := sup.start(fmt.Sprintf("vllm-sim-%d", i+1), o.sim, args...); err != nil {
+	case "vllm":
+		if err := startRealVLLM(o, sup, p); err != nil {
 			return err
 		}
+		fmt.Fprintln(out, "starting three real vLLM servers (CPU build, tiny generated model): about a minute...")
+		serversUp = realvllm.StartTimeout
+	default:
+		return fmt.Errorf(`-engine %q: want "sim" or "vllm"`, o.engine)
 	}
 	for _, sp := range basePorts.sims {
-		if err := waitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/health", p(sp)), 200, 20*time.Second); err != nil {
+		if err := waitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/health", p(sp)), 200, serversUp); err != nil {
 			return sup.explain(err)
 		}
 	}
-	if err := sup.start("switchyard", o.switchyard, "serve", "-config", configDir,
+	if err := sup.start("switchyard", o.switchyard, nil, "serve", "-config", configDir,
 		"-extproc-addr", fmt.Sprintf("127.0.0.1:%d", p(basePorts.extproc)),
 		"-xds-addr", fmt.Sprintf("127.0.0.1:%d", p(basePorts.xds)),
 		"-admin-addr", fmt.Sprintf("127.0.0.1:%d", p(basePorts.admin)),
@@ -127,7 +144,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	if err := os.WriteFile(bootPath, []byte(boot), 0o644); err != nil {
 		return fmt.Errorf("write envoy bootstrap: %w", err)
 	}
-	if err := sup.start("envoy", envoyBin, "-c", bootPath, "-l", "warning", "--use-dynamic-base-id"); err != nil {
+	if err := sup.start("envoy", envoyBin, nil, "-c", bootPath, "-l", "warning", "--use-dynamic-base-id"); err != nil {
 		return err
 	}
 	base := fmt.Sprintf("http://127.0.0.1:%d", p(basePorts.listener))
@@ -142,7 +159,7 @@ switchyard demo is up (logs in %s)
 
   Envoy          %s   (routes every request through the picker)
   switchyard     %s/api/status   (pools, endpoints, Envoys)
-  simulators     127.0.0.1:%d-%d   (vLLM-like; %d has the LoRA adapter sql-lora)
+  model servers  127.0.0.1:%d-%d   (%s; %d has the LoRA adapter sql-lora)
 
 Try:
   %s
@@ -151,7 +168,7 @@ Try:
   curl -s -i %s/v1/completions -d '{"model":"unknown","prompt":"hi"}'      # 404 from the picker
 
 Press Ctrl-C to stop everything.
-`, o.dir, base, admin, p(basePorts.sims[0]), p(basePorts.sims[2]), p(basePorts.sims[2]), curl, base, base)
+`, o.dir, base, admin, p(basePorts.sims[0]), p(basePorts.sims[2]), engineName(o.engine), p(basePorts.sims[2]), curl, base, base)
 
 	if o.smoke {
 		body, _, err := post(ctx, base+"/v1/chat/completions",
@@ -180,6 +197,45 @@ Press Ctrl-C to stop everything.
 	case name := <-sup.exited:
 		return sup.explain(fmt.Errorf("%s exited unexpectedly", name))
 	}
+}
+
+func engineName(engine string) string {
+	if engine == "vllm" {
+		return "real vLLM, CPU build"
+	}
+	return "vllm-sim, vLLM-like"
+}
+
+// startRealVLLM starts three real vLLM servers on the simulators' ports,
+// serving the tiny generated model under the demo's model names.
+func startRealVLLM(o options, sup *supervisor, p func(int) int) error {
+	venv, err := realvllm.Venv(o.vllmSrc)
+	if err != nil {
+		return err
+	}
+	if !realvllm.Installed(venv) {
+		return fmt.Errorf("real vLLM is not installed at %s: run `make vllm` (or `make run ENGINE=vllm`)", venv)
+	}
+	python := filepath.Join(venv, "bin", "python")
+	src, err := filepath.Abs(o.vllmSrc)
+	if err != nil {
+		return err
+	}
+	m, err := realvllm.GenerateModel(python, src)
+	if err != nil {
+		return err
+	}
+	for i, sp := range basePorts.sims {
+		ro := realvllm.Options{Name: baseModel, Aliases: []string{"llama-v2"}, MaxModelLen: 4096}
+		if i == len(basePorts.sims)-1 {
+			ro.Adapter = "sql-lora"
+		}
+		args, env := realvllm.Command(src, m, fmt.Sprintf("127.0.0.1:%d", p(sp)), ro)
+		if err := sup.start(fmt.Sprintf("vllm-%d", i+1), python, env, args...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // post sends a JSON request through the demo and returns the answer and
@@ -293,13 +349,16 @@ type proc struct {
 	done chan struct{} // closed when the process has exited
 }
 
-func (s *supervisor) start(name, bin string, args ...string) error {
+// start runs bin with args and env (added to the demo's environment),
+// logging to name.log in the demo directory.
+func (s *supervisor) start(name, bin string, env []string, args ...string) error {
 	logPath := filepath.Join(s.dir, name+".log")
 	logf, err := os.Create(logPath)
 	if err != nil {
 		return fmt.Errorf("log file: %w", err)
 	}
 	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {

@@ -65,19 +65,34 @@ func hashFiles(paths ...string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil))[:12], nil
 }
 
-// VenvPath is where install.sh puts the venv for the current lock file
-// (the path exists only once it has run).
+// Venv is where install.sh puts the venv for the current lock file, given
+// this package's source directory (the path exists once it has run).
+// SWITCHYARD_VLLM_VENV overrides it.
+func Venv(srcDir string) (string, error) {
+	if v := os.Getenv("SWITCHYARD_VLLM_VENV"); v != "" {
+		return v, nil
+	}
+	h, err := hashFiles(filepath.Join(srcDir, "requirements.lock"), filepath.Join(srcDir, "install.sh"))
+	if err != nil {
+		return "", fmt.Errorf("realvllm: %w", err)
+	}
+	return filepath.Join(cacheDir(), "vllm-"+h), nil
+}
+
+// Installed reports whether venv is a finished install.
+func Installed(venv string) bool {
+	_, err := os.Stat(filepath.Join(venv, ".complete"))
+	return err == nil
+}
+
+// VenvPath is Venv for tests.
 func VenvPath(t testing.TB) string {
 	t.Helper()
-	if v := os.Getenv("SWITCHYARD_VLLM_VENV"); v != "" {
-		return v
-	}
-	d := Dir(t)
-	h, err := hashFiles(filepath.Join(d, "requirements.lock"), filepath.Join(d, "install.sh"))
+	v, err := Venv(Dir(t))
 	if err != nil {
-		t.Fatalf("realvllm: %v", err)
+		t.Fatal(err)
 	}
-	return filepath.Join(cacheDir(), "vllm-"+h)
+	return v
 }
 
 // Require returns the venv's python, or skips (fails under
@@ -90,7 +105,7 @@ func Require(t testing.TB) string {
 	}
 	venv := VenvPath(t)
 	py := filepath.Join(venv, "bin", "python")
-	if _, err := os.Stat(filepath.Join(venv, ".complete")); err != nil {
+	if !Installed(venv) {
 		if os.Getenv("SWITCHYARD_REQUIRE_VLLM") == "1" {
 			t.Fatalf("real vLLM not installed at %s; run `make vllm`", venv)
 		}
@@ -107,39 +122,48 @@ type Model struct {
 
 var genMu sync.Mutex
 
-// EnsureModel generates the tiny model and adapter once into a cache keyed
-// by genmodel.py's hash, and returns their directories. A file lock keeps
-// test binaries of different packages from generating at once.
-func EnsureModel(t testing.TB, python string) Model {
-	t.Helper()
+// GenerateModel generates the tiny model and adapter once into a cache
+// keyed by genmodel.py's hash and returns their directories. A file lock
+// keeps processes (test binaries of several packages) from generating at
+// once.
+func GenerateModel(python, srcDir string) (Model, error) {
 	genMu.Lock()
 	defer genMu.Unlock()
-	script := filepath.Join(Dir(t), "genmodel.py")
+	script := filepath.Join(srcDir, "genmodel.py")
 	h, err := hashFiles(script)
 	if err != nil {
-		t.Fatalf("realvllm: %v", err)
+		return Model{}, fmt.Errorf("realvllm: %w", err)
 	}
 	out := filepath.Join(cacheDir(), "vllm-model-"+h)
 	m := Model{Dir: filepath.Join(out, "model"), Adapter: filepath.Join(out, "adapter")}
 	if _, err := os.Stat(filepath.Join(out, ".complete")); err == nil {
-		return m
+		return m, nil
 	}
 	if err := os.MkdirAll(cacheDir(), 0o755); err != nil {
-		t.Fatalf("realvllm: %v", err)
+		return Model{}, fmt.Errorf("realvllm: %w", err)
 	}
 	lock, err := os.OpenFile(out+".lock", os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		t.Fatalf("realvllm: model lock: %v", err)
+		return Model{}, fmt.Errorf("realvllm: model lock: %w", err)
 	}
-	defer lock.Close()
+	defer lock.Close() // also releases the flock
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		t.Fatalf("realvllm: model lock: %v", err)
+		return Model{}, fmt.Errorf("realvllm: model lock: %w", err)
 	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) //nolint:errcheck // released on close anyway
 	cmd := exec.Command(python, script, out)
 	cmd.Env = append(os.Environ(), "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("realvllm: genmodel.py: %v\n%s", err, b)
+		return Model{}, fmt.Errorf("realvllm: genmodel.py: %w\n%s", err, b)
+	}
+	return m, nil
+}
+
+// EnsureModel is GenerateModel for tests.
+func EnsureModel(t testing.TB, python string) Model {
+	t.Helper()
+	m, err := GenerateModel(python, Dir(t))
+	if err != nil {
+		t.Fatal(err)
 	}
 	return m
 }
@@ -147,12 +171,13 @@ func EnsureModel(t testing.TB, python string) Model {
 // Options configure one server. Zero values take the defaults that work
 // here (see ../shared/spec/real-vllm.md).
 type Options struct {
-	Name        string // served model name; default "tiny"
-	Adapter     string // serve the model's LoRA adapter under this name
-	MaxModelLen int    // default 2048
-	MaxNumSeqs  int    // default 8
-	BlockSize   int    // default 32
-	GPUBlocks   int    // --num-gpu-blocks-override; default 512
+	Name        string   // served model name; default "tiny"
+	Aliases     []string // more served names for the same model
+	Adapter     string   // serve the model's LoRA adapter under this name
+	MaxModelLen int      // default 2048
+	MaxNumSeqs  int      // default 8
+	BlockSize   int      // default 32
+	GPUBlocks   int      // --num-gpu-blocks-override; default 512
 	Extra       []string
 }
 
@@ -175,10 +200,10 @@ func (s *Server) Exited() bool { return s.proc.Exited() }
 // Output is what the server printed so far.
 func (s *Server) Output() string { return s.proc.Output() }
 
-// Start launches one server; it is stopped when the test ends and its log
-// printed if the test failed. Start does not wait: use Wait or StartFleet.
-func Start(t testing.TB, python string, m Model, o Options) *Server {
-	t.Helper()
+// Command returns the arguments (for the venv's python) and the extra
+// environment that start one server on addr, given this package's source
+// directory. Zero Options fields take the defaults.
+func Command(srcDir string, m Model, addr string, o Options) (args, env []string) {
 	if o.Name == "" {
 		o.Name = "tiny"
 	}
@@ -191,10 +216,10 @@ func Start(t testing.TB, python string, m Model, o Options) *Server {
 	def(&o.MaxNumSeqs, 8)
 	def(&o.BlockSize, 32)
 	def(&o.GPUBlocks, 512)
-	addr := testutil.FreeAddr(t)
 	host, port, _ := strings.Cut(addr, ":")
-	args := []string{filepath.Join(Dir(t), "launch.py"), "serve", m.Dir,
-		"--served-model-name", o.Name, "--host", host, "--port", port,
+	args = []string{filepath.Join(srcDir, "launch.py"), "serve", m.Dir, "--served-model-name"}
+	args = append(args, append([]string{o.Name}, o.Aliases...)...)
+	args = append(args, "--host", host, "--port", port,
 		"--max-model-len", strconv.Itoa(o.MaxModelLen),
 		"--max-num-seqs", strconv.Itoa(o.MaxNumSeqs),
 		"--block-size", strconv.Itoa(o.BlockSize),
@@ -203,19 +228,31 @@ func Start(t testing.TB, python string, m Model, o Options) *Server {
 		"--dtype", "float32", "--enforce-eager",
 		"--middleware", "servedby.ServedBy",
 		"--disable-uvicorn-access-log",
-	}
+	)
 	if o.Adapter != "" {
 		args = append(args, "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8",
 			"--lora-modules", o.Adapter+"="+m.Adapter)
 	}
 	args = append(args, o.Extra...)
-	env := []string{
+	env = []string{
 		"VLLM_TARGET_DEVICE=cpu", "VLLM_CPU_KVCACHE_SPACE=1", "VLLM_CPU_OMP_THREADS_BIND=nobind",
 		"HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "VLLM_NO_USAGE_STATS=1",
 		"VLLM_SERVER_DEV_MODE=1", // enables POST /reset_prefix_cache
-		"PYTHONPATH=" + Dir(t),
+		"PYTHONPATH=" + srcDir,
 		"SWITCHYARD_SERVED_BY=" + addr,
 	}
+	return args, env
+}
+
+// Start launches one server; it is stopped when the test ends and its log
+// printed if the test failed. Start does not wait: use Wait or StartFleet.
+func Start(t testing.TB, python string, m Model, o Options) *Server {
+	t.Helper()
+	if o.Name == "" {
+		o.Name = "tiny"
+	}
+	addr := testutil.FreeAddr(t)
+	args, env := Command(Dir(t), m, addr, o)
 	p := testutil.StartNoCleanupEnv(t, "vllm "+addr, python, env, args...)
 	s := &Server{Addr: addr, Name: o.Name, proc: p}
 	t.Cleanup(func() {
