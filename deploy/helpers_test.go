@@ -35,13 +35,14 @@ const (
 const (
 	switchyardDockerfile = "cmd/switchyard/Dockerfile"
 	simDockerfile        = "cmd/vllm-sim/Dockerfile"
+	gpuImage             = "vllm/vllm-openai"
 )
 
 // loadProject parses docker-compose.yaml the way `docker compose` does:
 // schema validation, interpolation (with an empty environment, so the file
 // must not depend on the caller's variables), merging of YAML anchors and
 // consistency checks of every reference to a service, network or volume.
-func loadProject(t *testing.T) *types.Project {
+func loadProject(t *testing.T, profiles ...string) *types.Project {
 	t.Helper()
 	root := testutil.RepoRoot(t)
 	opts, err := cli.NewProjectOptions(
@@ -50,6 +51,7 @@ func loadProject(t *testing.T) *types.Project {
 		cli.WithEnv(nil),
 		cli.WithDiscardEnvFile,
 		cli.WithResolvedPaths(true),
+		cli.WithProfiles(profiles),
 	)
 	if err != nil {
 		t.Fatalf("compose options: %v", err)
@@ -82,6 +84,18 @@ func serviceNames(p *types.Project) []string {
 
 // simServices returns the services built from the vllm-sim Dockerfile,
 // sorted by name.
+// gpuServices are the real-vLLM services (official image) of a project
+// loaded with the "gpu" profile.
+func gpuServices(p *types.Project) []types.ServiceConfig {
+	var out []types.ServiceConfig
+	for _, name := range serviceNames(p) {
+		if s := p.Services[name]; strings.HasPrefix(s.Image, gpuImage+":") {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 func simServices(p *types.Project) []types.ServiceConfig {
 	var sims []types.ServiceConfig
 	for _, name := range serviceNames(p) {
