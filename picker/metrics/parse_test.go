@@ -225,3 +225,43 @@ func BenchmarkExpfmtFullPage(b *testing.B) {
 		}
 	}
 }
+
+// TestParseRealVLLM032 parses the /metrics page a real vLLM 0.32 server
+// produced (recorded by the real-vLLM tests): after an adapter request it
+// carries two lora_requests_info series, and the newest (largest value)
+// must win wherever it appears on the page.
+func TestParseRealVLLM032(t *testing.T) {
+	page, err := os.ReadFile("../../cmd/vllm-sim/testdata/vllm-0.32.0/metrics.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lora []string
+	var rest []string
+	for _, l := range strings.Split(string(page), "\n") {
+		if strings.HasPrefix(l, "vllm:lora_requests_info{") {
+			lora = append(lora, l)
+		} else {
+			rest = append(rest, l)
+		}
+	}
+	if len(lora) < 2 {
+		t.Fatalf("recording has %d lora_requests_info series, want several", len(lora))
+	}
+	p, err := NewParser("vllm", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, order := range [][]string{lora, {lora[1], lora[0]}} {
+		v, err := p.Parse([]byte(strings.Join(append(append([]string{}, rest...), order...), "\n") + "\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(v.Missing) > 0 || v.BlockSize != 32 || v.NumBlocks != 512 || v.MaxLoras != 2 {
+			t.Fatalf("parsed %+v; want nothing missing, block size 32, 512 blocks, 2 LoRA slots", v)
+		}
+		// The newest series is the idle one recorded after the request.
+		if len(v.RunningAdapters) != 0 || len(v.WaitingAdapters) != 0 {
+			t.Fatalf("adapters running %v waiting %v: an older series won", v.RunningAdapters, v.WaitingAdapters)
+		}
+	}
+}
