@@ -457,20 +457,20 @@ func TestMetricsParseWithVLLMNames(t *testing.T) {
 				kv = "vllm:gpu_cache_usage_perc"
 			}
 			want := map[string]dto.MetricType{
-				"vllm:num_requests_running":          dto.MetricType_GAUGE,
-				"vllm:num_requests_waiting":          dto.MetricType_GAUGE,
-				kv:                                   dto.MetricType_GAUGE,
-				"vllm:prefix_cache_queries_total":    dto.MetricType_COUNTER,
-				"vllm:prefix_cache_hits_total":       dto.MetricType_COUNTER,
-				"vllm:num_preemptions_total":         dto.MetricType_COUNTER,
-				"vllm:prompt_tokens_total":           dto.MetricType_COUNTER,
-				"vllm:generation_tokens_total":       dto.MetricType_COUNTER,
-				"vllm:request_success_total":         dto.MetricType_COUNTER,
-				"vllm:time_to_first_token_seconds":   dto.MetricType_HISTOGRAM,
-				"vllm:inter_token_latency_seconds":   dto.MetricType_HISTOGRAM,
-				"vllm:e2e_request_latency_seconds":   dto.MetricType_HISTOGRAM,
-				"vllm:lora_requests_info":            dto.MetricType_GAUGE,
-				"vllm:cache_config_info":             dto.MetricType_GAUGE,
+				"vllm:num_requests_running":        dto.MetricType_GAUGE,
+				"vllm:num_requests_waiting":        dto.MetricType_GAUGE,
+				kv:                                 dto.MetricType_GAUGE,
+				"vllm:prefix_cache_queries_total":  dto.MetricType_COUNTER,
+				"vllm:prefix_cache_hits_total":     dto.MetricType_COUNTER,
+				"vllm:num_preemptions_total":       dto.MetricType_COUNTER,
+				"vllm:prompt_tokens_total":         dto.MetricType_COUNTER,
+				"vllm:generation_tokens_total":     dto.MetricType_COUNTER,
+				"vllm:request_success_total":       dto.MetricType_COUNTER,
+				"vllm:time_to_first_token_seconds": dto.MetricType_HISTOGRAM,
+				"vllm:inter_token_latency_seconds": dto.MetricType_HISTOGRAM,
+				"vllm:e2e_request_latency_seconds": dto.MetricType_HISTOGRAM,
+				"vllm:lora_requests_info":          dto.MetricType_GAUGE,
+				"vllm:cache_config_info":           dto.MetricType_GAUGE,
 			}
 			for name, typ := range want {
 				f, ok := fams[name]
