@@ -30,6 +30,9 @@ func newState(version uint64, listenAddr string, pools ...*registry.Pool) *regis
 	s.Listeners = []registry.Listener{{Name: "public", Address: listenAddr}}
 	for _, p := range pools {
 		s.Pools[p.Name] = p
+		// A model named after the pool, so requests the picker did not
+		// process ({"model":"<pool>"}) have a pool to stay in.
+		s.Models[p.Name] = &registry.Model{Name: p.Name, Pool: p.Name}
 	}
 	return s
 }
@@ -188,13 +191,16 @@ func TestEnvoyServesTranslatedConfig(t *testing.T) {
 		}
 	})
 
-	t.Run("picked endpoint outside the pool falls back to the pool", func(t *testing.T) {
+	// override_host's fallback never chooses: a host the picker did not
+	// pick may not serve the model or adapter (it would answer its own
+	// 404), so a pick Envoy cannot honour fails instead.
+	t.Run("picked endpoint outside the pool is never replaced", func(t *testing.T) {
 		r, err := post(t, url, map[string]string{"x-test-pool": "llama", "x-test-pick": c.Addr}, `{"model":"llama"}`)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.status != http.StatusOK || (r.header.Get("x-served-by") != a.Addr && r.header.Get("x-served-by") != b.Addr) {
-			t.Fatalf("got %d from %q, want 200 from a pool member", r.status, r.header.Get("x-served-by"))
+		if r.status != http.StatusServiceUnavailable || r.header.Get("x-served-by") != "" {
+			t.Fatalf("got %d from %q, want 503 from Envoy (no host)", r.status, r.header.Get("x-served-by"))
 		}
 	})
 
@@ -312,7 +318,7 @@ func TestEnvoyFailOpenAndFailClosed(t *testing.T) {
 	// balances; a client header naming an endpoint must not pin it.
 	servedBy := map[string]int{}
 	for i := 0; i < 30; i++ {
-		r, err := post(t, url, map[string]string{ir.DestinationKey: b.Addr, ir.PoolHeader: "llama"}, body)
+		r, err := post(t, url, map[string]string{ir.DestinationKey: b.Addr}, body)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -323,6 +329,12 @@ func TestEnvoyFailOpenAndFailClosed(t *testing.T) {
 	}
 	if servedBy[a.Addr] == 0 {
 		t.Fatalf("client header pinned every request to %s: %v", b.Addr, servedBy)
+	}
+	// A client-sent pool header makes Envoy skip reading the model (the
+	// picker sets that header on what it picked), so the request gets the
+	// picker-unavailable answer: it cannot pick a pool either.
+	if r, err := post(t, url, map[string]string{ir.PoolHeader: "llama"}, body); err != nil || r.status != http.StatusServiceUnavailable || r.body != ir.PickerUnavailableBody {
+		t.Fatalf("client pool header with the picker down: %+v %v, want the 503 JSON", r, err)
 	}
 
 	// Switch the pool between fail-open and fail-closed and back. The
@@ -339,12 +351,12 @@ func TestEnvoyFailOpenAndFailClosed(t *testing.T) {
 	before := modified()
 	keep := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxConnsPerHost: 1, MaxIdleConnsPerHost: 1}}
 	defer keep.CloseIdleConnections()
-	// send sends a request without a body on keep's single connection
-	// (Envoy closes an HTTP/1.1 connection after answering before the
-	// request body was read) and reports whether the connection was reused.
+	// send sends a request on keep's single connection and reports
+	// whether the connection was reused. Envoy reads the whole body to
+	// find the model before any route answers, so the connection stays.
 	send := func() (reply, bool, error) {
 		reused := false
-		req, err := http.NewRequest(http.MethodGet, url, nil)
+		req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 		if err != nil {
 			return reply{}, false, err
 		}

@@ -36,6 +36,13 @@ const (
 	// PickerHealthService is the gRPC health service Envoy checks on the
 	// picker; it turns SERVING once the picker has pool state.
 	PickerHealthService = "envoy.service.ext_proc.v3.ExternalProcessor"
+	// ModelNamespace and ModelKey name the dynamic metadata Envoy fills
+	// itself, without the picker, with the request body's top-level
+	// "model" (the client's name, before any rewrite): routes for requests
+	// the picker did not process match on it, so a request reaches only
+	// its own model's pool when the picker is unavailable.
+	ModelNamespace = "switchyard"
+	ModelKey       = "model"
 )
 
 // Sentinel errors returned (wrapped, joined) by Build and Validate.
@@ -45,8 +52,14 @@ var (
 	ErrEmptyName     = errors.New("empty name")
 )
 
-// ClusterName returns the Envoy cluster name of a pool.
+// ClusterName returns the Envoy cluster name of a pool: the cluster picked
+// requests go to, where only the picker's choice selects a host.
 func ClusterName(pool string) string { return "pool/" + pool }
+
+// FailOpenClusterName returns the name of a fail-open pool's second
+// cluster, which shares the pool's endpoints (EDS resource ClusterName) and
+// balances the requests the picker did not process by least request.
+func FailOpenClusterName(pool string) string { return "pool/" + pool + "/fail-open" }
 
 // ListenerName returns the Envoy listener name of a registry listener.
 func ListenerName(listener string) string { return "listener/" + listener }
@@ -85,6 +98,18 @@ type Options struct {
 	// MaxRequests raises each pool cluster's circuit breakers (connections,
 	// pending and active requests; default 100000).
 	MaxRequests uint32
+	// PickerMaxStreams raises the picker cluster's circuit breakers: every
+	// request in flight holds one ext_proc stream for its whole response,
+	// and a stream Envoy cannot open because a threshold is reached fails
+	// the request (fail-closed) or bypasses the picker (fail-open) without
+	// the picker ever seeing it. Envoy's default is 1,024 (default here
+	// 100000 per Envoy).
+	PickerMaxStreams uint32
+	// ModelBodyLimit is the largest request body Envoy reads itself to
+	// find the model when the picker is unavailable, set as the
+	// listeners' per-connection buffer limit (default 4 MiB; Envoy's own
+	// default is 1 MiB). Without the picker a larger body gets 413.
+	ModelBodyLimit uint32
 	// NumRetries is how often a request is retried on another endpoint when
 	// no byte reached the first one (default 2; see DisableRetries).
 	NumRetries uint32
@@ -124,6 +149,8 @@ const (
 	DefaultMessageTimeout         = 10 * time.Second
 	DefaultUpstreamConnectTimeout = 2 * time.Second
 	DefaultMaxRequests            = 100000
+	DefaultPickerMaxStreams       = 100000
+	DefaultModelBodyLimit         = 4 << 20
 	DefaultNumRetries             = 2
 	DefaultStreamIdleTimeout      = 5 * time.Minute
 )
@@ -153,6 +180,12 @@ func (o Options) WithDefaults() Options {
 	}
 	if o.MaxRequests == 0 {
 		o.MaxRequests = DefaultMaxRequests
+	}
+	if o.PickerMaxStreams == 0 {
+		o.PickerMaxStreams = DefaultPickerMaxStreams
+	}
+	if o.ModelBodyLimit == 0 {
+		o.ModelBodyLimit = DefaultModelBodyLimit
 	}
 	if o.NumRetries == 0 {
 		o.NumRetries = DefaultNumRetries
@@ -188,9 +221,10 @@ type Config struct {
 	Picker    Picker
 	Listeners []Listener // sorted by Name
 	Pools     []Pool     // sorted by Name
-	// FailOpenPool is the pool that receives requests the picker did not
-	// process (picker unreachable), or "" when every pool fails closed.
-	FailOpenPool string
+	// DefaultFailOpen is the fail-open cluster that takes requests the
+	// picker did not process whose model no pool declares (or that have no
+	// model), when Routing.DefaultPool fails open; "" answers them 503.
+	DefaultFailOpen string
 	// Warnings are non-fatal translation notes worth logging.
 	Warnings []string
 }
@@ -205,6 +239,7 @@ type Picker struct {
 	HealthService  string
 	EjectionTime   time.Duration
 	MessageTimeout time.Duration
+	MaxStreams     uint32     // circuit-breaker thresholds (Options.PickerMaxStreams)
 	TLS            *PickerTLS // nil: plaintext
 }
 
@@ -247,7 +282,11 @@ type Listener struct {
 	// not change when pools or their failure modes do.
 	StreamIdleTimeout time.Duration
 	AccessLog         bool
-	Routes            []Route // in match order
+	// ModelBodyLimit bounds the body Envoy buffers to read the model
+	// itself for requests the picker did not process (a filter after
+	// ext_proc that picked requests skip).
+	ModelBodyLimit uint32
+	Routes         []Route // in match order
 }
 
 // Route is one route of a listener, matched in order.
@@ -259,6 +298,9 @@ type Route struct {
 	// metadata: PickedYes requires it, PickedNo requires its absence,
 	// PickedAny ignores it.
 	Picked Picked
+	// Models, when set, requires the request body's model (ModelNamespace
+	// metadata, read by Envoy) to be one of these names.
+	Models []string
 	// Cluster is the target cluster; empty means Direct is answered.
 	Cluster string
 	Timeout time.Duration // 0 = none
@@ -292,11 +334,17 @@ type DirectResponse struct {
 	Body        string
 }
 
-// Pool is one pool's Envoy cluster and its EDS endpoints.
+// Pool is one pool's Envoy clusters and its EDS endpoints.
 type Pool struct {
-	Name           string
-	ClusterName    string
-	FailOpen       bool
+	Name        string
+	ClusterName string // picked requests; also the EDS resource name
+	FailOpen    bool
+	// FailOpenCluster, for a fail-open pool, balances the requests the
+	// picker did not process over the same endpoints ("" otherwise).
+	FailOpenCluster string
+	// Models are the client-visible model names that map to this pool,
+	// sorted: without the picker, Envoy routes on them.
+	Models         []string
 	ConnectTimeout time.Duration
 	MaxRequests    uint32
 	Endpoints      []Address // sorted by String()
@@ -310,8 +358,9 @@ const RetryOn = "connect-failure,refused-stream,reset-before-request"
 // NoPoolBody is the JSON body of the 404 answered when no pool matched.
 const NoPoolBody = `{"error":{"type":"not_found_error","code":404,"message":"no model pool matched this request"}}`
 
-// PickerUnavailableBody is the JSON body of the 503 answered for a request
-// the picker did not process (it was unreachable) when no pool fails open.
+// PickerUnavailableBody is the JSON body (the picker's error shape) of the
+// 503 answered for a request the picker did not process, because it was
+// unreachable or failed mid-request, when the request's pool fails closed.
 const PickerUnavailableBody = `{"error":{"type":"service_unavailable","code":503,"message":"endpoint picker unavailable"}}`
 
 // PickerUnavailableRoute names the route answering PickerUnavailableBody.
@@ -344,6 +393,7 @@ func Build(s *registry.State, o Options, health HealthFunc) (*Config, error) {
 		HealthService:  PickerHealthService,
 		EjectionTime:   o.PickerEjectionTime,
 		MessageTimeout: o.MessageTimeout,
+		MaxStreams:     o.PickerMaxStreams,
 	}
 	if t := o.PickerTLS; t != nil {
 		if t.CertificateSDS == "" || t.CertificateSecret == "" || t.ValidationSDS == "" || t.ValidationSecret == "" {
@@ -354,6 +404,11 @@ func Build(s *registry.State, o Options, health HealthFunc) (*Config, error) {
 	}
 	if s == nil {
 		s = registry.Empty()
+	}
+	models := map[string][]string{} // pool -> client model names
+	for _, m := range s.ModelNames() {
+		pool := s.Models[m].Pool
+		models[pool] = append(models[pool], m)
 	}
 
 	for _, name := range s.PoolNames() {
@@ -366,8 +421,12 @@ func Build(s *registry.State, o Options, health HealthFunc) (*Config, error) {
 			Name:           name,
 			ClusterName:    ClusterName(name),
 			FailOpen:       p.FailureMode == registry.FailOpen,
+			Models:         models[name],
 			ConnectTimeout: o.UpstreamConnectTimeout,
 			MaxRequests:    o.MaxRequests,
+		}
+		if pool.FailOpen {
+			pool.FailOpenCluster = FailOpenClusterName(name)
 		}
 		var healthy, unhealthy []Address
 		for _, ep := range p.Endpoints {
@@ -401,7 +460,9 @@ func Build(s *registry.State, o Options, health HealthFunc) (*Config, error) {
 		cfg.Pools = append(cfg.Pools, pool)
 	}
 
-	cfg.FailOpenPool, cfg.Warnings = failOpenPool(s, cfg.Pools, cfg.Warnings)
+	if d, ok := s.Pools[s.Routing.DefaultPool]; ok && d.FailureMode == registry.FailOpen {
+		cfg.DefaultFailOpen = FailOpenClusterName(d.Name)
+	}
 
 	seen := map[string]bool{}
 	for _, l := range s.Listeners {
@@ -427,6 +488,7 @@ func Build(s *registry.State, o Options, health HealthFunc) (*Config, error) {
 			Address:           a,
 			StreamIdleTimeout: lo.StreamIdleTimeout,
 			AccessLog:         lo.AccessLog,
+			ModelBodyLimit:    o.ModelBodyLimit,
 			Routes:            routes(cfg, o, lo),
 		})
 	}
@@ -438,47 +500,28 @@ func Build(s *registry.State, o Options, health HealthFunc) (*Config, error) {
 	return cfg, nil
 }
 
-// failOpenPool picks the pool that serves requests the picker never saw:
-// Routing.DefaultPool if it fails open, else the only fail-open pool. With
-// several fail-open pools and no fail-open default there is no way to tell
-// which one a request belongs to without the picker, so none is chosen.
-func failOpenPool(s *registry.State, pools []Pool, warnings []string) (string, []string) {
-	var open []string
-	for _, p := range pools {
-		if p.FailOpen {
-			open = append(open, p.Name)
-		}
-	}
-	if d := s.Routing.DefaultPool; d != "" {
-		if p, ok := s.Pools[d]; ok && p.FailureMode == registry.FailOpen {
-			return d, warnings
-		}
-	}
-	switch len(open) {
-	case 0:
-		return "", warnings
-	case 1:
-		return open[0], warnings
-	default:
-		return "", append(warnings, fmt.Sprintf("pools %v fail open but none is the default pool; without the picker their requests fail closed", open))
-	}
-}
-
 // routes builds a listener's route table:
 //  1. one route per pool, matching x-switchyard-pool AND the picker's
 //     envoy.lb destination metadata, so a client-sent header alone never
 //     selects a pool;
-//  2. a route for requests without picker metadata: the picker either
-//     picks or answers a request itself, so such a request passed ext_proc
-//     unprocessed because the picker was unreachable. It goes to the
-//     fail-open pool, whose fallback policy balances it, or, when every
-//     pool fails closed, gets a 503 JSON answer;
-//  3. a catch-all 404 JSON answer (a pool the routes do not know yet).
+//  2. requests without picker metadata passed ext_proc unprocessed (the
+//     picker either picks or answers a request itself): it was
+//     unreachable. Envoy has read the body's model into ModelNamespace
+//     metadata, and each pool with models gets a route on its client
+//     names: a fail-open pool's goes to its fail-open cluster, a
+//     fail-closed pool's answers 503 JSON. A request is never served by
+//     another pool than its model's;
+//  3. unprocessed requests whose model no pool declares (or with no
+//     model, or a body Envoy could not read) go to the default pool's
+//     fail-open cluster when the default pool fails open, like the picker
+//     would send them; otherwise they get the 503;
+//  4. a catch-all 404 JSON answer (a pool the routes do not know yet).
 func routes(cfg *Config, o Options, lo ListenerOptions) []Route {
 	var retry *Retry
 	if o.NumRetries > 0 {
 		retry = &Retry{On: RetryOn, NumRetries: o.NumRetries, HostSelectionMaxAttempts: 5}
 	}
+	unavailable := &DirectResponse{Status: 503, ContentType: "application/json", Body: PickerUnavailableBody}
 	var rs []Route
 	for _, p := range cfg.Pools {
 		rs = append(rs, Route{
@@ -490,20 +533,28 @@ func routes(cfg *Config, o Options, lo ListenerOptions) []Route {
 			Retry:      retry,
 		})
 	}
-	if cfg.FailOpenPool != "" {
+	for _, p := range cfg.Pools {
+		if len(p.Models) == 0 {
+			continue
+		}
+		r := Route{Name: "unpicked/" + p.Name, Picked: PickedNo, Models: p.Models}
+		if p.FailOpen {
+			r.Cluster, r.Timeout, r.Retry = p.FailOpenCluster, lo.RouteTimeout, retry
+		} else {
+			r.Direct = unavailable
+		}
+		rs = append(rs, r)
+	}
+	if cfg.DefaultFailOpen != "" {
 		rs = append(rs, Route{
-			Name:    "fail-open/" + cfg.FailOpenPool,
+			Name:    "unpicked/default",
 			Picked:  PickedNo,
-			Cluster: ClusterName(cfg.FailOpenPool),
+			Cluster: cfg.DefaultFailOpen,
 			Timeout: lo.RouteTimeout,
 			Retry:   retry,
 		})
 	} else {
-		rs = append(rs, Route{
-			Name:   PickerUnavailableRoute,
-			Picked: PickedNo,
-			Direct: &DirectResponse{Status: 503, ContentType: "application/json", Body: PickerUnavailableBody},
-		})
+		rs = append(rs, Route{Name: PickerUnavailableRoute, Picked: PickedNo, Direct: unavailable})
 	}
 	rs = append(rs, Route{
 		Name:   "no-pool",

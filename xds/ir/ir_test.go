@@ -2,6 +2,7 @@ package ir
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -46,53 +47,98 @@ func mkState(def string, pools map[string]registry.FailureMode) *registry.State 
 	return s
 }
 
-func TestFailOpenPoolChoice(t *testing.T) {
+// routeFor returns the first route of l a request matches, as Envoy walks
+// them: model is the body's model Envoy read ("" for none), picked whether
+// the picker set its destination, pool the picker's x-switchyard-pool.
+func routeFor(l Listener, model string, picked bool, pool string) Route {
+	for _, r := range l.Routes {
+		if r.PoolHeader != "" && r.PoolHeader != pool {
+			continue
+		}
+		if (r.Picked == PickedYes && !picked) || (r.Picked == PickedNo && picked) {
+			continue
+		}
+		if len(r.Models) > 0 && !slices.Contains(r.Models, model) {
+			continue
+		}
+		return r
+	}
+	return Route{}
+}
+
+// TestUnpickedRequestsStayInTheirPool: a request the picker did not
+// process (it was unavailable) is served only by its own model's pool when
+// that pool fails open, else answered 503; never by another pool, whatever
+// mix of failure modes and default pool, and rewritten models go by the
+// client's name.
+func TestUnpickedRequestsStayInTheirPool(t *testing.T) {
 	for _, tc := range []struct {
-		desc     string
-		def      string
-		pools    map[string]registry.FailureMode
-		want     string
-		warnings int
+		desc  string
+		def   string
+		pools map[string]registry.FailureMode
 	}{
-		{desc: "all closed", pools: map[string]registry.FailureMode{"a": registry.FailClosed}, want: ""},
-		{desc: "single open", pools: map[string]registry.FailureMode{"a": registry.FailClosed, "b": registry.FailOpen}, want: "b"},
-		{desc: "open default wins", def: "b", pools: map[string]registry.FailureMode{"a": registry.FailOpen, "b": registry.FailOpen}, want: "b"},
-		{desc: "closed default, one open", def: "a", pools: map[string]registry.FailureMode{"a": registry.FailClosed, "b": registry.FailOpen}, want: "b"},
-		{desc: "two open, no default", pools: map[string]registry.FailureMode{"a": registry.FailOpen, "b": registry.FailOpen}, want: "", warnings: 1},
+		{desc: "all closed", pools: map[string]registry.FailureMode{"a": registry.FailClosed, "b": registry.FailClosed}},
+		{desc: "one open", pools: map[string]registry.FailureMode{"a": registry.FailClosed, "b": registry.FailOpen}},
+		{desc: "two open, one closed", pools: map[string]registry.FailureMode{"a": registry.FailOpen, "b": registry.FailOpen, "c": registry.FailClosed}},
+		{desc: "open default", def: "b", pools: map[string]registry.FailureMode{"a": registry.FailClosed, "b": registry.FailOpen}},
+		{desc: "closed default, one open", def: "a", pools: map[string]registry.FailureMode{"a": registry.FailClosed, "b": registry.FailOpen}},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
-			cfg, err := Build(mkState(tc.def, tc.pools), Options{}, nil)
+			s := mkState(tc.def, tc.pools)
+			for name := range tc.pools {
+				s.Models["m-"+name] = &registry.Model{Name: "m-" + name, Pool: name}
+				// A rewrite whose target is another pool's model name: the
+				// client's name decides.
+				s.Models["alias-"+name] = &registry.Model{Name: "alias-" + name, Pool: name, Targets: []registry.Target{{Name: "m-other", Weight: 1}}}
+			}
+			cfg, err := Build(s, Options{}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if cfg.FailOpenPool != tc.want || len(cfg.Warnings) != tc.warnings {
-				t.Fatalf("fail-open pool %q warnings %q; want %q and %d warnings", cfg.FailOpenPool, cfg.Warnings, tc.want, tc.warnings)
+			if len(cfg.Warnings) != 0 {
+				t.Fatalf("warnings: %q", cfg.Warnings)
 			}
 			l := cfg.Listeners[0]
-			// Requests the picker did not process (no metadata) go to the
-			// fail-open pool, or get the 503 route when there is none.
-			var unpicked *Route
-			for i, r := range l.Routes {
-				if r.Picked == PickedNo {
-					unpicked = &l.Routes[i]
-					break
+			for name, mode := range tc.pools {
+				for _, model := range []string{"m-" + name, "alias-" + name} {
+					r := routeFor(l, model, false, "")
+					switch {
+					case mode == registry.FailOpen && r.Cluster != FailOpenClusterName(name):
+						t.Errorf("unpicked %s (fail-open pool %s) -> %+v, want cluster %s", model, name, r, FailOpenClusterName(name))
+					case mode == registry.FailClosed && (r.Direct == nil || r.Direct.Status != 503 || r.Direct.Body != PickerUnavailableBody):
+						t.Errorf("unpicked %s (fail-closed pool %s) -> %+v, want the 503 JSON", model, name, r)
+					}
+					// Picked requests go to the pool the picker names.
+					if r := routeFor(l, model, true, name); r.Cluster != ClusterName(name) {
+						t.Errorf("picked %s -> %+v, want cluster %s", model, r, ClusterName(name))
+					}
+					// A client-sent pool header without the picker's
+					// metadata selects nothing.
+					if r := routeFor(l, model, false, name); r.Cluster == ClusterName(name) {
+						t.Errorf("unpicked %s with a client pool header reached the picked cluster", model)
+					}
 				}
 			}
-			switch {
-			case unpicked == nil:
-				t.Fatal("no route for requests the picker did not process")
-			case tc.want != "" && unpicked.Cluster != ClusterName(tc.want):
-				t.Fatalf("unprocessed requests go to %+v, want pool %q", unpicked, tc.want)
-			case tc.want == "" && (unpicked.Direct == nil || unpicked.Direct.Status != 503 || unpicked.Name != PickerUnavailableRoute):
-				t.Fatalf("unprocessed requests get %+v, want the 503 %s route", unpicked, PickerUnavailableRoute)
+			// Unknown models and bodies without a model go to a fail-open
+			// default pool, like the picker sends them, or get the 503.
+			for _, model := range []string{"unknown", ""} {
+				r := routeFor(l, model, false, "")
+				d, ok := tc.pools[tc.def]
+				if ok && d == registry.FailOpen {
+					if r.Cluster != FailOpenClusterName(tc.def) {
+						t.Errorf("unpicked %q -> %+v, want the fail-open default pool", model, r)
+					}
+				} else if r.Direct == nil || r.Direct.Status != 503 {
+					t.Errorf("unpicked %q -> %+v, want the 503", model, r)
+				}
 			}
 			last := l.Routes[len(l.Routes)-1]
 			if last.Direct == nil || last.Direct.Status != 404 {
 				t.Fatalf("last route %+v is not the 404 catch-all", last)
 			}
-			for _, r := range l.Routes {
-				if r.PoolHeader != "" && r.Picked != PickedYes {
-					t.Fatalf("pool route %q does not require picker metadata", r.Name)
+			for _, p := range cfg.Pools {
+				if p.FailOpen != (p.FailOpenCluster != "") {
+					t.Errorf("pool %s: fail-open %v but fail-open cluster %q", p.Name, p.FailOpen, p.FailOpenCluster)
 				}
 			}
 		})

@@ -11,18 +11,26 @@ import (
 	"sort"
 	"time"
 
+	xdscorev3 "github.com/cncf/xds/go/xds/core/v3"
+	xdsmatcherv3 "github.com/cncf/xds/go/xds/type/matcher/v3"
 	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	celv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/filters/cel/v3"
 	streamv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
+	matchingv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/matching/v3"
+	skipv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/matcher/action/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	jsonmetav3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/json_to_metadata/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	leastrequestv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/least_request/v3"
 	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
+	randomv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/random/v3"
+	subsetv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/subset/v3"
 	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
@@ -66,6 +74,10 @@ const (
 	routerFilterName   = "envoy.filters.http.router"
 	overrideHostPolicy = "envoy.load_balancing_policies.override_host"
 	leastRequestPolicy = "envoy.load_balancing_policies.least_request"
+	subsetPolicy       = "envoy.load_balancing_policies.subset"
+	randomPolicy       = "envoy.load_balancing_policies.random"
+	jsonToMetadataName = "envoy.filters.http.json_to_metadata"
+	celFilterName      = "envoy.access_loggers.extension_filters.cel"
 	previousHostsName  = "envoy.retry_host_predicates.previous_hosts"
 	httpProtocolKey    = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 	stdoutAccessLog    = "envoy.access_loggers.stdout"
@@ -79,6 +91,9 @@ func Translate(cfg *ir.Config) (Resources, error) {
 	t.add(resource.ClusterType, t.pickerCluster(cfg.Picker))
 	for _, p := range cfg.Pools {
 		t.add(resource.ClusterType, t.poolCluster(p))
+		if p.FailOpenCluster != "" {
+			t.add(resource.ClusterType, t.failOpenCluster(p))
+		}
 		t.add(resource.EndpointType, loadAssignment(p))
 	}
 	for _, l := range cfg.Listeners {
@@ -203,6 +218,11 @@ func (t *translation) pickerCluster(p ir.Picker) *clusterv3.Cluster {
 			}},
 		},
 		TypedExtensionProtocolOptions: map[string]*anypb.Any{httpProtocolKey: t.any(h2)},
+		// Every request in flight holds one ext_proc stream until its
+		// response ends. Envoy's default thresholds (1,024) would fail or,
+		// for fail-open pools, silently bypass the picker for every request
+		// past them, and the picker would never know.
+		CircuitBreakers: circuitBreakers(p.MaxStreams),
 		HealthChecks: []*corev3.HealthCheck{{
 			Timeout:                  dur(p.HealthTimeout),
 			Interval:                 dur(p.HealthInterval),
@@ -292,31 +312,21 @@ func (t *translation) pickerTLS(p *ir.PickerTLS) *corev3.TransportSocket {
 	}
 }
 
-// poolCluster is a pool's EDS cluster using override_host: the host comes
-// only from the picker's envoy.lb metadata (never a client header), the
-// served host is written back to envoy.lb, and least_request balances when
-// no metadata is present (fail-open traffic).
+// poolCluster is a pool's EDS cluster for picked requests, using
+// override_host: the host comes only from the picker's envoy.lb metadata
+// (never a client header) and the served host is written back to envoy.lb.
+// Its fallback policy never returns a host: when none of the picked hosts
+// is in the cluster any more (EDS removed them since the pick) or retries
+// used them all, the request fails with 503 instead of going to a server
+// the picker did not choose, which may not serve the model or adapter.
 func (t *translation) poolCluster(p ir.Pool) *clusterv3.Cluster {
 	oh := &overridehostv3.OverrideHost{
 		OverrideHostSources: []*overridehostv3.OverrideHost_OverrideHostSource{{
 			Metadata: metadataKey(ir.LBNamespace, ir.DestinationKey),
 		}},
 		SelectedHostKey: metadataKey(ir.LBNamespace, ir.ServedKey),
-		FallbackPolicy: &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
-			TypedExtensionConfig: &corev3.TypedExtensionConfig{
-				Name:        leastRequestPolicy,
-				TypedConfig: t.any(&leastrequestv3.LeastRequest{}),
-			},
-		}}},
+		FallbackPolicy:  t.noHostPolicy(),
 	}
-	h1 := &httpv3.HttpProtocolOptions{
-		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
-			ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{
-				HttpProtocolOptions: &corev3.Http1ProtocolOptions{},
-			},
-		}},
-	}
-	limit := wrapperspb.UInt32(p.MaxRequests)
 	return &clusterv3.Cluster{
 		Name:                 p.ClusterName,
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
@@ -325,15 +335,64 @@ func (t *translation) poolCluster(p ir.Pool) *clusterv3.Cluster {
 		LoadBalancingPolicy: &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
 			TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: overrideHostPolicy, TypedConfig: t.any(oh)},
 		}}},
-		CircuitBreakers: &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{
-			Priority:           corev3.RoutingPriority_DEFAULT,
-			MaxConnections:     limit,
-			MaxPendingRequests: limit,
-			MaxRequests:        limit,
-			MaxRetries:         limit,
-		}}},
-		TypedExtensionProtocolOptions: map[string]*anypb.Any{httpProtocolKey: t.any(h1)},
+		CircuitBreakers:               circuitBreakers(p.MaxRequests),
+		TypedExtensionProtocolOptions: map[string]*anypb.Any{httpProtocolKey: t.any(http1())},
 	}
+}
+
+// failOpenCluster is a fail-open pool's cluster for requests the picker did
+// not process: the pool's endpoints (the same EDS resource, through
+// service_name) balanced by least request.
+func (t *translation) failOpenCluster(p ir.Pool) *clusterv3.Cluster {
+	return &clusterv3.Cluster{
+		Name:                 p.FailOpenCluster,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig:     &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsSource(), ServiceName: p.ClusterName},
+		ConnectTimeout:       dur(p.ConnectTimeout),
+		LoadBalancingPolicy: &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
+			TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: leastRequestPolicy, TypedConfig: t.any(&leastrequestv3.LeastRequest{})},
+		}}},
+		CircuitBreakers:               circuitBreakers(p.MaxRequests),
+		TypedExtensionProtocolOptions: map[string]*anypb.Any{httpProtocolKey: t.any(http1())},
+	}
+}
+
+// noHostPolicy is a load-balancing policy that never selects a host: a
+// subset balancer whose only selector names a key no endpoint carries and
+// that has no fallback. Envoy has no built-in "none" policy.
+func (t *translation) noHostPolicy() *clusterv3.LoadBalancingPolicy {
+	subset := &subsetv3.Subset{
+		FallbackPolicy:  subsetv3.Subset_NO_FALLBACK,
+		SubsetSelectors: []*subsetv3.Subset_LbSubsetSelector{{Keys: []string{"switchyard-no-fallback"}}},
+		SubsetLbPolicy: &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
+			TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: randomPolicy, TypedConfig: t.any(&randomv3.Random{})},
+		}}},
+	}
+	return &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
+		TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: subsetPolicy, TypedConfig: t.any(subset)},
+	}}}
+}
+
+func http1() *httpv3.HttpProtocolOptions {
+	return &httpv3.HttpProtocolOptions{
+		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+			ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{
+				HttpProtocolOptions: &corev3.Http1ProtocolOptions{},
+			},
+		}},
+	}
+}
+
+// circuitBreakers sets every default-priority threshold to limit.
+func circuitBreakers(limit uint32) *clusterv3.CircuitBreakers {
+	l := wrapperspb.UInt32(limit)
+	return &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{
+		Priority:           corev3.RoutingPriority_DEFAULT,
+		MaxConnections:     l,
+		MaxPendingRequests: l,
+		MaxRequests:        l,
+		MaxRetries:         l,
+	}}}
 }
 
 func metadataKey(namespace, key string) *metadatav3.MetadataKey {
@@ -384,6 +443,75 @@ func (t *translation) extProc(p ir.Picker, l ir.Listener) *extprocv3.ExternalPro
 	}
 }
 
+// modelFilterName names the listener's second filter: json_to_metadata,
+// run only for requests the picker did not process.
+const modelFilterName = "switchyard.request_model"
+
+// modelFilter reads the request body's top-level "model" into
+// ir.ModelNamespace metadata for requests that arrive without the picker's
+// decision, so the routes can keep them in their own pool. It skips every
+// request carrying x-switchyard-pool: the picker sets that header on each
+// request it routes (and strips a client's), so picked requests are never
+// buffered or parsed twice. A client that sends the header while the
+// picker is down only loses the model routing: its request gets the
+// picker-unavailable answer, never another pool.
+func (t *translation) modelFilter(l ir.Listener) *matchingv3.ExtensionWithMatcher {
+	jm := &jsonmetav3.JsonToMetadata{
+		RequestRules: &jsonmetav3.JsonToMetadata_MatchRules{
+			Rules: []*jsonmetav3.JsonToMetadata_Rule{{
+				Selectors: []*jsonmetav3.JsonToMetadata_Selector{{Selector: &jsonmetav3.JsonToMetadata_Selector_Key{Key: "model"}}},
+				OnPresent: &jsonmetav3.JsonToMetadata_KeyValuePair{MetadataNamespace: ir.ModelNamespace, Key: ir.ModelKey, Type: jsonmetav3.JsonToMetadata_STRING},
+			}},
+			// Clients label JSON bodies loosely (curl -d says form data);
+			// the content is what counts, as for the picker.
+			AllowContentTypesRegex: &matcherv3.RegexMatcher{Regex: ".*"},
+			AllowEmptyContentType:  true,
+		},
+	}
+	present := &xdsmatcherv3.Matcher_MatcherList_Predicate{MatchType: &xdsmatcherv3.Matcher_MatcherList_Predicate_SinglePredicate_{
+		SinglePredicate: &xdsmatcherv3.Matcher_MatcherList_Predicate_SinglePredicate{
+			Input: &xdscorev3.TypedExtensionConfig{Name: "picked", TypedConfig: t.any(&matcherv3.HttpRequestHeaderMatchInput{HeaderName: ir.PoolHeader})},
+			Matcher: &xdsmatcherv3.Matcher_MatcherList_Predicate_SinglePredicate_ValueMatch{ValueMatch: &xdsmatcherv3.StringMatcher{
+				MatchPattern: &xdsmatcherv3.StringMatcher_SafeRegex{SafeRegex: &xdsmatcherv3.RegexMatcher{
+					EngineType: &xdsmatcherv3.RegexMatcher_GoogleRe2{GoogleRe2: &xdsmatcherv3.RegexMatcher_GoogleRE2{}},
+					Regex:      ".*",
+				}},
+			}},
+		},
+	}}
+	return &matchingv3.ExtensionWithMatcher{
+		XdsMatcher: &xdsmatcherv3.Matcher{MatcherType: &xdsmatcherv3.Matcher_MatcherList_{MatcherList: &xdsmatcherv3.Matcher_MatcherList{
+			Matchers: []*xdsmatcherv3.Matcher_MatcherList_FieldMatcher{{
+				Predicate: present,
+				OnMatch: &xdsmatcherv3.Matcher_OnMatch{OnMatch: &xdsmatcherv3.Matcher_OnMatch_Action{Action: &xdscorev3.TypedExtensionConfig{
+					Name: "skip", TypedConfig: t.any(&skipv3.SkipFilter{}),
+				}}},
+			}},
+		}}},
+		ExtensionConfig: &corev3.TypedExtensionConfig{Name: jsonToMetadataName, TypedConfig: t.any(jm)},
+	}
+}
+
+// pickerErrorReply gives the answers Envoy makes up when an ext_proc stream
+// fails after the request body was sent to the picker (the picker died
+// mid-request; failure_mode_allow cannot continue such a request) the
+// picker's JSON error shape instead of an empty body. The picker's own
+// answers have other details (switchyard_picker_*), so they are untouched.
+func (t *translation) pickerErrorReply() *hcmv3.LocalReplyConfig {
+	cel := &celv3.ExpressionFilter{Expression: "response.code == 503 && response.code_details.startsWith('ext_proc_error')"}
+	return &hcmv3.LocalReplyConfig{Mappers: []*hcmv3.ResponseMapper{{
+		Filter: &accesslogv3.AccessLogFilter{FilterSpecifier: &accesslogv3.AccessLogFilter_ExtensionFilter{ExtensionFilter: &accesslogv3.ExtensionFilter{
+			Name:       celFilterName,
+			ConfigType: &accesslogv3.ExtensionFilter_TypedConfig{TypedConfig: t.any(cel)},
+		}}},
+		Body: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: ir.PickerUnavailableBody}},
+		BodyFormatOverride: &corev3.SubstitutionFormatString{
+			Format:      &corev3.SubstitutionFormatString_TextFormatSource{TextFormatSource: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: "%LOCAL_REPLY_BODY%"}}},
+			ContentType: "application/json",
+		},
+	}}}
+}
+
 func (t *translation) listener(p ir.Picker, l ir.Listener) *listenerv3.Listener {
 	hcm := &hcmv3.HttpConnectionManager{
 		CodecType:  hcmv3.HttpConnectionManager_AUTO,
@@ -405,8 +533,10 @@ func (t *translation) listener(p ir.Picker, l ir.Listener) *listenerv3.Listener 
 		InternalAddressConfig: &hcmv3.HttpConnectionManager_InternalAddressConfig{},
 		HttpFilters: []*hcmv3.HttpFilter{
 			{Name: extProcFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: t.any(t.extProc(p, l))}},
+			{Name: modelFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: t.any(t.modelFilter(l))}},
 			{Name: routerFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: t.any(&routerv3.Router{})}},
 		},
+		LocalReplyConfig: t.pickerErrorReply(),
 	}
 	if l.AccessLog {
 		hcm.AccessLog = []*accesslogv3.AccessLog{{
@@ -422,6 +552,9 @@ func (t *translation) listener(p ir.Picker, l ir.Listener) *listenerv3.Listener 
 	return &listenerv3.Listener{
 		Name:    l.Name,
 		Address: addr,
+		// The model filter buffers the body of a request the picker did
+		// not process; Envoy answers 413 past this limit.
+		PerConnectionBufferLimitBytes: wrapperspb.UInt32(l.ModelBodyLimit),
 		FilterChains: []*listenerv3.FilterChain{{
 			Filters: []*listenerv3.Filter{{
 				Name:       hcmFilterName,
@@ -439,6 +572,23 @@ func (t *translation) routeConfig(l ir.Listener) *routev3.RouteConfiguration {
 	return &routev3.RouteConfiguration{Name: l.RouteConfigName, VirtualHosts: []*routev3.VirtualHost{vh}}
 }
 
+// oneOf matches a string value equal to one of names.
+func oneOf(names []string) *matcherv3.ValueMatcher {
+	exact := func(n string) *matcherv3.ValueMatcher {
+		return &matcherv3.ValueMatcher{MatchPattern: &matcherv3.ValueMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
+			MatchPattern: &matcherv3.StringMatcher_Exact{Exact: n},
+		}}}
+	}
+	if len(names) == 1 {
+		return exact(names[0])
+	}
+	or := &matcherv3.OrMatcher{}
+	for _, n := range names {
+		or.ValueMatchers = append(or.ValueMatchers, exact(n))
+	}
+	return &matcherv3.ValueMatcher{MatchPattern: &matcherv3.ValueMatcher_OrMatch{OrMatch: or}}
+}
+
 func (t *translation) route(r ir.Route) *routev3.Route {
 	m := &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}}
 	if r.PoolHeader != "" {
@@ -449,13 +599,20 @@ func (t *translation) route(r ir.Route) *routev3.Route {
 			}},
 		}}
 	}
+	if len(r.Models) > 0 {
+		m.DynamicMetadata = append(m.DynamicMetadata, &matcherv3.MetadataMatcher{
+			Filter: ir.ModelNamespace,
+			Path:   []*matcherv3.MetadataMatcher_PathSegment{{Segment: &matcherv3.MetadataMatcher_PathSegment_Key{Key: ir.ModelKey}}},
+			Value:  oneOf(r.Models),
+		})
+	}
 	if r.Picked != ir.PickedAny {
-		m.DynamicMetadata = []*matcherv3.MetadataMatcher{{
+		m.DynamicMetadata = append(m.DynamicMetadata, &matcherv3.MetadataMatcher{
 			Filter: ir.LBNamespace,
 			Path:   []*matcherv3.MetadataMatcher_PathSegment{{Segment: &matcherv3.MetadataMatcher_PathSegment_Key{Key: ir.DestinationKey}}},
 			Value:  &matcherv3.ValueMatcher{MatchPattern: &matcherv3.ValueMatcher_PresentMatch{PresentMatch: true}},
 			Invert: r.Picked == ir.PickedNo,
-		}}
+		})
 	}
 	out := &routev3.Route{Name: r.Name, Match: m}
 	if r.Direct != nil {

@@ -120,6 +120,11 @@ func TestGolden(t *testing.T) {
 			want[name+"."+suffix+".json"] = true
 		}
 		t.Run(name, func(t *testing.T) {
+			// One model per pool, so the routes for requests the picker
+			// did not process show up.
+			for pool := range c.state.Pools {
+				c.state.Models["m-"+pool] = &registry.Model{Name: "m-" + pool, Pool: pool}
+			}
 			cfg, err := ir.Build(c.state, c.opts, c.health)
 			if err != nil {
 				t.Fatalf("build: %v", err)
@@ -248,6 +253,9 @@ func TestListenerStableAcrossPoolEdits(t *testing.T) {
 	var first []byte
 	unpicked := map[string]bool{}
 	for _, st := range steps {
+		for name := range st.state.Pools {
+			st.state.Models["m-"+name] = &registry.Model{Name: "m-" + name, Pool: name}
+		}
 		cfg, err := ir.Build(st.state, ir.Options{}, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", st.desc, err)
@@ -269,8 +277,8 @@ func TestListenerStableAcrossPoolEdits(t *testing.T) {
 			}
 		}
 	}
-	if !unpicked[ir.PickerUnavailableRoute] || !unpicked["fail-open/qwen"] || !unpicked["fail-open/llama"] {
-		t.Fatalf("routes for unprocessed requests across the steps = %v, want the 503 route and both fail-open routes", unpicked)
+	if !unpicked[ir.PickerUnavailableRoute] || !unpicked["unpicked/qwen"] || !unpicked["unpicked/llama"] {
+		t.Fatalf("routes for unprocessed requests across the steps = %v, want the 503 route and a route per pool", unpicked)
 	}
 	if !strings.Contains(string(first), `"failureModeAllow": true`) {
 		t.Fatalf("listener does not let unprocessed requests reach the routes:\n%s", first)
