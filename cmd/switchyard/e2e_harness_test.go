@@ -481,7 +481,10 @@ type infReq struct {
 type infResp struct {
 	status   int
 	servedBy string
-	body     []byte
+	// destination is the picker's destination list as the model server
+	// received it (vllm-sim echoes it; "" when the picker did not pick).
+	destination string
+	body        []byte
 	// Parsed answer: every "model" value seen (one per JSON body or SSE
 	// chunk), token events, usage.completion_tokens, and whether the SSE
 	// stream ended with [DONE].
@@ -538,7 +541,7 @@ func sendTo(c *http.Client, base string, r infReq, onHeaders func(*infResp)) (*i
 		return nil, err
 	}
 	defer resp.Body.Close()
-	out := &infResp{status: resp.StatusCode, servedBy: resp.Header.Get("x-served-by")}
+	out := &infResp{status: resp.StatusCode, servedBy: resp.Header.Get("x-served-by"), destination: resp.Header.Get("x-destination-seen")}
 	if onHeaders != nil {
 		onHeaders(out)
 	}

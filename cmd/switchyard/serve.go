@@ -36,6 +36,7 @@ type serveFlags struct {
 	config           string
 	extprocAddr      string
 	extprocAdvertise string
+	pickerMaxStreams uint
 	xdsAddr          string
 	storePath        string
 	adminAddr        string
@@ -48,6 +49,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.config, "config", "", "configuration `path`: an HCL file, or a directory whose *.hcl files are merged (required); re-read on change and on SIGHUP")
 	fs.StringVar(&f.extprocAddr, "extproc-addr", "127.0.0.1:9002", "`address` of the picker's ext_proc gRPC server that Envoy calls for every request")
 	fs.StringVar(&f.extprocAdvertise, "extproc-advertise", "", "`address` (ip:port) Envoy uses to reach the picker; default -extproc-addr, with 127.0.0.1 for an unspecified host such as 0.0.0.0")
+	fs.UintVar(&f.pickerMaxStreams, "picker-max-streams", ir.DefaultPickerMaxStreams, "concurrent ext_proc `streams` each Envoy may open to the picker (its picker cluster's circuit breakers); every request in flight holds one until its response ends, and a request past the limit fails (fail_closed) or bypasses the picker (fail_open)")
 	fs.StringVar(&f.xdsAddr, "xds-addr", "127.0.0.1:18000", "`address` of the xDS (ADS) gRPC server Envoy fetches its configuration from")
 	fs.StringVar(&f.storePath, "store", "", "bbolt `file` that persists pool state and the xDS version counter so a restart is warm (even with Consul down); empty disables persistence")
 	fs.StringVar(&f.adminAddr, "admin-addr", "127.0.0.1:9090", "`address` of the admin HTTP server (status page, /metrics, health)")
@@ -186,7 +188,7 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 		a.warm.restored = restored
 	}
 	a.xds = xds.NewServer(a.pub, xds.Options{
-		Translation: ir.Options{PickerAddr: advertise, PickerTLS: a.pickerTLS()},
+		Translation: ir.Options{PickerAddr: advertise, PickerTLS: a.pickerTLS(), PickerMaxStreams: uint32(min(f.pickerMaxStreams, 1<<32-1))},
 		// Endpoints whose metrics scrapes fail leave EDS: override_host
 		// does not check health itself.
 		Health:   a.picker.EndpointHealth(),

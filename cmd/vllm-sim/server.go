@@ -65,6 +65,11 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("GET /metrics", s.handleMetrics)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("x-served-by", s.servedBy)
+		// Echo the picker's destination list, so tests can check that
+		// the server that answered is the one the picker chose.
+		if d := r.Header.Get("x-gateway-destination-endpoint"); d != "" {
+			w.Header().Set("x-destination-seen", d)
+		}
 		if time.Now().Before(s.readyAt) {
 			writeError(w, http.StatusServiceUnavailable, "server is starting up")
 			return

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/switchyard/switchyard/internal/testutil"
+)
+
+// TestE2EManyConcurrentPickedRequests holds 1,500 streaming requests in
+// flight through one Envoy at once (the model servers are stopped with
+// SIGSTOP until every request has been picked): each holds an ext_proc
+// stream to the picker for its whole response, and Envoy's default
+// circuit breakers (1,024) would fail or, on a fail-open pool, silently
+// bypass the picker for the rest. Every request must carry the picker's
+// decision (the server that answered is the primary the picker chose), and
+// Envoy's overflow and ext_proc failure counters must stay at 0.
+func TestE2EManyConcurrentPickedRequests(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Envoy, switchyard and simulators")
+	}
+	t.Parallel()
+	const n = 1500
+	sims := []*sim{startSim(t, simOptions{}), startSim(t, simOptions{}), startSim(t, simOptions{})}
+	f := newFleet(t, fmt.Sprintf(`pool "main" {
+  failure_mode = "fail_open"
+  endpoints = [%q, %q, %q]
+}
+model "m-a" {
+  pool = "main"
+}
+`, sims[0].Addr, sims[1].Addr, sims[2].Addr), fleetOptions{})
+
+	// Stopped servers still accept connections (the kernel's backlog), so
+	// every request is picked, forwarded and then waits for its answer.
+	for _, s := range sims {
+		if err := s.proc.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resumed := false
+	resume := func() {
+		if resumed {
+			return
+		}
+		resumed = true
+		for _, s := range sims {
+			_ = s.proc.Signal(syscall.SIGCONT)
+		}
+	}
+	defer resume()
+
+	client := &http.Client{Timeout: 3 * time.Minute, Transport: &http.Transport{
+		MaxIdleConnsPerHost: n, DisableCompression: true,
+	}}
+	defer client.CloseIdleConnections()
+	var (
+		wg      sync.WaitGroup
+		results = make([]*infResp, n)
+		errs    = make([]error, n)
+	)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = sendTo(client, "http://"+f.listen, infReq{model: "m-a", prompt: fmt.Sprintf("request %d", i), maxTokens: 4, stream: true}, nil)
+		}()
+	}
+	testutil.Eventually(t, 2*time.Minute, fmt.Sprintf("%d requests picked and in flight at once", n), func() error {
+		st, err := f.status()
+		if err != nil {
+			return err
+		}
+		var inFlight int64
+		for _, p := range st.Pools {
+			for _, e := range p.Endpoints {
+				inFlight += e.InFlightRequests
+			}
+		}
+		if inFlight < n {
+			return fmt.Errorf("%d in flight (picked %d)", inFlight, st.Picker.Picked)
+		}
+		return nil
+	})
+	t.Logf("%d requests in flight through the picker at once", n)
+	resume()
+	wg.Wait()
+
+	served := map[string]int{}
+	for i, r := range results {
+		switch {
+		case errs[i] != nil:
+			t.Errorf("request %d: %v", i, errs[i])
+		case r.status != http.StatusOK:
+			t.Errorf("request %d: status %d: %s", i, r.status, truncate(string(r.body), 200))
+		case r.destination == "":
+			t.Errorf("request %d served by %s without the picker's decision", i, r.servedBy)
+		case strings.Split(r.destination, ",")[0] != r.servedBy:
+			t.Errorf("request %d: picked %s, served by %s", i, r.destination, r.servedBy)
+		default:
+			served[r.servedBy]++
+		}
+	}
+	t.Logf("served: %v", served)
+	for _, stat := range []string{
+		"cluster.switchyard/picker.upstream_rq_pending_overflow",
+		"cluster.switchyard/picker.upstream_cx_overflow",
+		"cluster.switchyard/picker.upstream_rq_retry_overflow",
+		"http.public.ext_proc.streams_failed",
+		"http.public.ext_proc.failure_mode_allowed",
+	} {
+		v, err := envoyStat(f.envoyAdm, stat)
+		if err != nil {
+			t.Errorf("%s: %v", stat, err)
+			continue
+		}
+		if v != 0 {
+			t.Errorf("Envoy %s = %d, want 0", stat, v)
+		}
+	}
+}
