@@ -413,7 +413,12 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	prof := pv.profile
 	cands := prof.Filter(sreq, pv.eps, sc)
 	if len(cands) == 0 {
-		if st.hasSubset {
+		switch {
+		case sc.EmptiedBy == sched.FilterModel:
+			// Never a server that does not serve the name: it would
+			// answer its own 404 in its own shape.
+			return 503, fmt.Sprintf("no ready endpoint serves model %q", st.clientModel), nil, nil
+		case st.hasSubset:
 			return 503, fmt.Sprintf("no ready endpoint in pool %q matches the endpoint subset", pv.name), nil, nil
 		}
 		return 503, fmt.Sprintf("no ready endpoint in pool %q", pv.name), nil, nil

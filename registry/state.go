@@ -96,6 +96,11 @@ type Scheduling struct {
 	Metrics map[string]string
 	// SessionHeader is the request header used for session affinity.
 	SessionHeader string
+	// AdaptersOnDemand says the pool's servers load LoRA adapters when a
+	// request names one (vLLM's runtime LoRA loading): any endpoint may
+	// then serve any of the pool's adapters. Otherwise a model or adapter
+	// goes only to servers that list it.
+	AdaptersOnDemand bool
 }
 
 // Target is one weighted rewrite destination of a model.

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -579,4 +581,113 @@ func TestE2EEnvoyRestart(t *testing.T) {
 			t.Fatalf("Envoy stats lack %s after the restart:\n%s", want, stats)
 		}
 	}
+}
+
+// TestE2EAdapterNeverFallsBack stops (SIGSTOP) the only simulator serving
+// a LoRA adapter: once it is marked down, requests for the adapter get
+// the picker's 503 naming the model, never another server's own 404; the
+// base model keeps being served by the other simulator; and the adapter
+// is served again once its server answers.
+func TestE2EAdapterNeverFallsBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Envoy, switchyard and simulators")
+	}
+	t.Parallel()
+	withAdapter := startSim(t, simOptions{models: []string{"m-base", "sql-lora"}})
+	baseOnly := startSim(t, simOptions{models: []string{"m-base"}})
+	// No models lists: what each server serves is learned from its
+	// /v1/models.
+	f := newFleet(t, fmt.Sprintf(`pool "main" {
+  endpoints = [%q, %q]
+}
+model "m-base" {
+  pool = "main"
+}
+model "sql-lora" {
+  pool = "main"
+}
+`, withAdapter.Addr, baseOnly.Addr), fleetOptions{})
+	adapter := infReq{model: "sql-lora", prompt: "select", maxTokens: 1}
+	base := infReq{model: "m-base", prompt: "hi", maxTokens: 1}
+	testutil.Eventually(t, 15*time.Second, "adapter requests on the adapter's server only", func() error {
+		for range 6 {
+			resp, err := f.send(adapter)
+			if err != nil {
+				return err
+			}
+			if resp.status != http.StatusOK || resp.servedBy != withAdapter.Addr {
+				return fmt.Errorf("%d from %q", resp.status, resp.servedBy)
+			}
+		}
+		return nil
+	})
+
+	if err := withAdapter.proc.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			_ = withAdapter.proc.Signal(syscall.SIGCONT)
+		}
+	}()
+	const want = `no ready endpoint serves model "sql-lora"`
+	message := func(body []byte) string {
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+				Code    int    `json:"code"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(body, &e) != nil || e.Error.Code != http.StatusServiceUnavailable {
+			return "not the picker's JSON: " + string(body)
+		}
+		return e.Error.Message
+	}
+	// Until its scrapes fail, the stopped server is still picked and the
+	// request hangs there: probe with a short timeout.
+	probe := &http.Client{Timeout: 2 * time.Second}
+	defer probe.CloseIdleConnections()
+	testutil.Eventually(t, 20*time.Second, "the adapter's server marked down", func() error {
+		resp, err := sendTo(probe, "http://"+f.listen, adapter, nil)
+		if err != nil {
+			return err
+		}
+		if resp.status != http.StatusServiceUnavailable {
+			return fmt.Errorf("%d from %q", resp.status, resp.servedBy)
+		}
+		if message(resp.body) != want || resp.servedBy != "" {
+			t.Fatalf("adapter with its server down: %d from %q: %s, want the picker's %s", resp.status, resp.servedBy, resp.body, want)
+		}
+		return nil
+	})
+	for i := range 10 {
+		resp, err := f.send(adapter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.status != http.StatusServiceUnavailable || message(resp.body) != want {
+			t.Fatalf("adapter request %d with its server down: %d from %q: %s", i, resp.status, resp.servedBy, resp.body)
+		}
+		resp, err = f.send(base)
+		checkOK(t, resp, err, "m-base")
+		if resp.servedBy != baseOnly.Addr {
+			t.Fatalf("base model served by %q with the adapter's server down", resp.servedBy)
+		}
+	}
+
+	if err := withAdapter.proc.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	testutil.Eventually(t, 20*time.Second, "the adapter served again", func() error {
+		resp, err := f.send(adapter)
+		if err != nil {
+			return err
+		}
+		if resp.status != http.StatusOK || resp.servedBy != withAdapter.Addr {
+			return fmt.Errorf("%d from %q", resp.status, resp.servedBy)
+		}
+		return nil
+	})
 }

@@ -7,11 +7,20 @@ import (
 	"time"
 )
 
+// Filter names (Filter.Name), e.g. for Scratch.EmptiedBy.
+const (
+	FilterNotDraining = "not-draining"
+	FilterHealthy     = "healthy"
+	FilterSubset      = "subset-hint"
+	FilterModel       = "model"
+	FilterLoRASlot    = "lora-slot"
+)
+
 // DrainingFilter drops endpoints that are draining.
 type DrainingFilter struct{}
 
 // Name implements Filter.
-func (DrainingFilter) Name() string { return "not-draining" }
+func (DrainingFilter) Name() string { return FilterNotDraining }
 
 // Filter implements Filter.
 func (DrainingFilter) Filter(_ *Request, eps []*Endpoint) []*Endpoint {
@@ -24,41 +33,37 @@ func (DrainingFilter) Filter(_ *Request, eps []*Endpoint) []*Endpoint {
 	return out
 }
 
-// ModelFilter keeps endpoints that advertise the request's target model (or
-// the client's model name), or advertise no models at all and whose server
-// lists the model in /v1/models (or has not been asked yet).
-type ModelFilter struct{}
+// ModelFilter keeps the endpoints that serve the request's target model
+// (or the client's model name): those that advertise it (a models list in
+// the configuration or Consul meta), or, advertising nothing, whose server
+// lists it in GET /v1/models, or whose server has not answered that yet.
+// It never falls back to servers known not to serve the name: such a
+// server would answer its own 404, so no candidate is the honest answer
+// (503, no ready endpoint serves the model). AnyAdapter, for pools whose
+// servers load LoRA adapters on demand, keeps every endpoint.
+type ModelFilter struct {
+	AnyAdapter bool
+}
 
 // Name implements Filter.
-func (ModelFilter) Name() string { return "model" }
+func (ModelFilter) Name() string { return FilterModel }
 
 // Filter implements Filter.
-func (ModelFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
-	if req.TargetModel == "" && req.Model == "" {
+func (f ModelFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
+	if f.AnyAdapter || (req.TargetModel == "" && req.Model == "") {
 		return eps
-	}
-	// Endpoints without a models list are judged by what their server
-	// lists in /v1/models (base model names and LoRA adapters), unless
-	// that leaves nobody: then the lists are ignored rather than trusted to
-	// black-hole a model (a server that names its model differently, say).
-	discovered := false
-	for _, e := range eps {
-		if servesRequest(e, req, true) {
-			discovered = true
-			break
-		}
 	}
 	out := eps[:0]
 	for _, e := range eps {
-		if servesRequest(e, req, discovered) {
+		if servesRequest(e, req) {
 			out = append(out, e)
 		}
 	}
 	return out
 }
 
-func servesRequest(e *Endpoint, req *Request, discovered bool) bool {
-	return e.serves(req.TargetModel, discovered) || (req.Model != req.TargetModel && e.serves(req.Model, discovered))
+func servesRequest(e *Endpoint, req *Request) bool {
+	return e.serves(req.TargetModel, true) || (req.Model != req.TargetModel && e.serves(req.Model, true))
 }
 
 // SubsetFilter keeps only endpoints named in the request's subset hint when
@@ -66,7 +71,7 @@ func servesRequest(e *Endpoint, req *Request, discovered bool) bool {
 type SubsetFilter struct{}
 
 // Name implements Filter.
-func (SubsetFilter) Name() string { return "subset-hint" }
+func (SubsetFilter) Name() string { return FilterSubset }
 
 // Filter implements Filter.
 func (SubsetFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
@@ -87,12 +92,17 @@ func (SubsetFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
 
 // HealthFilter drops endpoints whose metrics are stale (scrapes failing or
 // too old) as long as at least one endpoint is fresh or not yet scraped;
-// when every candidate is stale it keeps them all, so a broken metrics
-// path degrades scheduling instead of failing every request.
+// when every one is stale it keeps them all, so a broken metrics path
+// degrades scheduling instead of failing every request. Profiles run it on
+// the whole pool (after draining endpoints left), before any per-request
+// filter: that is the rule EDS follows (xds keeps a pool's unhealthy
+// endpoints only when all are unhealthy), so the picker never chooses an
+// endpoint Envoy no longer has while a healthy one exists, and a model
+// served only by stale endpoints has no candidate rather than a wrong one.
 type HealthFilter struct{}
 
 // Name implements Filter.
-func (HealthFilter) Name() string { return "healthy" }
+func (HealthFilter) Name() string { return FilterHealthy }
 
 // Filter implements Filter.
 func (HealthFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
@@ -121,7 +131,7 @@ func (HealthFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
 type LoRAFilter struct{}
 
 // Name implements Filter.
-func (LoRAFilter) Name() string { return "lora-slot" }
+func (LoRAFilter) Name() string { return FilterLoRASlot }
 
 // Filter implements Filter.
 func (LoRAFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {

@@ -194,8 +194,10 @@ func BuildProfile(sc *registry.Scheduling, deps Deps) (*Profile, error) {
 		weights[n] = w
 	}
 	p := &Profile{
-		Name:    name,
-		Filters: []Filter{SubsetFilter{}, DrainingFilter{}, ModelFilter{}, HealthFilter{}},
+		Name: name,
+		// Health first (after draining): it judges the whole pool, as
+		// EDS does; the per-request filters follow.
+		Filters: []Filter{DrainingFilter{}, HealthFilter{}, SubsetFilter{}, ModelFilter{AnyAdapter: sc.AdaptersOnDemand}},
 	}
 	if name == ProfileDefault {
 		p.Filters = append(p.Filters, LoRAFilter{})

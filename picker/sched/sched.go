@@ -216,6 +216,9 @@ type Scratch struct {
 	Hashes []uint64
 	// Explanation holds Rank's explanation when Request.Explain is set.
 	Explanation string
+	// EmptiedBy names the filter that left no candidate in the last
+	// Filter ("" when candidates remained or the pool was empty).
+	EmptiedBy string
 	// Scorer-private buffers. names and matched hold the prefix scorer's
 	// per-candidate matches when matchedOK.
 	matched   []int
@@ -253,11 +256,14 @@ func (p *Profile) Filter(req *Request, pool []*Endpoint, sc *Scratch) []*Endpoin
 	}
 	sc.cands = append(sc.cands[:0], pool...)
 	cands := sc.cands
+	sc.EmptiedBy = ""
 	for _, f := range p.Filters {
 		if len(cands) == 0 {
 			break
 		}
-		cands = f.Filter(req, cands)
+		if cands = f.Filter(req, cands); len(cands) == 0 {
+			sc.EmptiedBy = f.Name()
+		}
 	}
 	return cands
 }

@@ -428,7 +428,9 @@ func TestVocabularyMatchesRegistry(t *testing.T) {
 }
 
 // Endpoints without a models list are judged by what their server lists
-// in /v1/models; when that would leave nobody, the lists are ignored.
+// in /v1/models; a server that lists other names never gets the request,
+// even when that leaves nobody (it would answer its own 404), unless the
+// pool's servers load adapters on demand.
 func TestModelFilterUsesServedModels(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
@@ -459,13 +461,46 @@ func TestModelFilterUsesServedModels(t *testing.T) {
 			t.Errorf("%s: got %q, want %q", tc.desc, got, tc.want)
 		}
 	}
-	// Nobody lists the model (say servers name it differently): the
-	// discovered lists are ignored instead of failing every request.
+	// Nobody lists the model (say servers name it differently): no
+	// candidate, which the picker answers with a 503 naming the model.
 	known := eps([2]int64{}, [2]int64{})
 	known[0].Metrics = served("llama-3-8b")
 	known[1].Metrics = served("llama-3-8b")
 	req := Request{Model: "llama", TargetModel: "llama"}
-	if got := (ModelFilter{}).Filter(&req, known); len(got) != 2 {
-		t.Errorf("model nobody lists: kept %d endpoints, want both", len(got))
+	if got := (ModelFilter{}).Filter(&req, append([]*Endpoint(nil), known...)); len(got) != 0 {
+		t.Errorf("model nobody lists: kept %d endpoints, want none", len(got))
+	}
+	// Adapters loaded on demand: any endpoint may take the adapter.
+	req = Request{Model: "sql-lora", TargetModel: "sql-lora"}
+	if got := (ModelFilter{AnyAdapter: true}).Filter(&req, append([]*Endpoint(nil), known...)); len(got) != 2 {
+		t.Errorf("adapters on demand: kept %d endpoints, want both", len(got))
+	}
+}
+
+// TestHealthFilterJudgesThePool: the profile runs the health filter on the
+// whole pool before the model filter, so a model served only by a stale
+// endpoint has no candidate while the pool has fresh endpoints (EDS no
+// longer holds the stale one), and the profile reports which filter
+// emptied the list.
+func TestHealthFilterJudgesThePool(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	fresh := fixedSource{&metrics.Snapshot{LastSuccess: now, MaxAge: time.Minute, ServedModels: []string{"base"}}}
+	stale := fixedSource{&metrics.Snapshot{LastSuccess: now.Add(-time.Hour), MaxAge: time.Minute, ServedModels: []string{"base", "sql-lora"}}}
+	e := eps([2]int64{}, [2]int64{})
+	e[0].Metrics, e[1].Metrics = fresh, stale
+	prof, err := BuildProfile(nil, Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sc Scratch
+	req := Request{Model: "sql-lora", TargetModel: "sql-lora", Now: now}
+	if got := prof.Filter(&req, e, &sc); len(got) != 0 || sc.EmptiedBy != FilterModel {
+		t.Fatalf("adapter on a stale endpoint only: %d candidates, emptied by %q; want none, by %q", len(got), sc.EmptiedBy, FilterModel)
+	}
+	// Every endpoint stale: all are kept (as EDS keeps them).
+	e[0].Metrics = stale
+	if got := prof.Filter(&req, e, &sc); len(got) != 2 || sc.EmptiedBy != "" {
+		t.Fatalf("all stale: %d candidates (emptied by %q), want both", len(got), sc.EmptiedBy)
 	}
 }

@@ -91,6 +91,7 @@ var schedulingSchema = &hcl.BodySchema{
 		{Name: "queue_threshold"},
 		{Name: "kv_threshold"},
 		{Name: "session_header"},
+		{Name: "adapters_on_demand"},
 		{Name: "scorers"},
 		{Name: "metrics"},
 	},
@@ -568,6 +569,12 @@ func (d *decoder) scheduling(obj loc, b *hcl.Block) *registry.Scheduling {
 			if s == "" || strings.ContainsAny(s, " \t:\r\n") {
 				d.errorAt(at("session_header"), a.Expr.Range(), "Invalid session_header", fmt.Sprintf("%q is not a valid HTTP header name.", s))
 			}
+		}
+	}
+	if a, ok := attrs["adapters_on_demand"]; ok {
+		if v, ok := d.boolean(at("adapters_on_demand"), a.Expr); ok {
+			sc.AdaptersOnDemand = v
+			field("adapters_on_demand", a.Expr.Range())
 		}
 	}
 	if a, ok := attrs["scrape_interval"]; ok {

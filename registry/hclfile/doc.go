@@ -81,6 +81,12 @@
 //	                                  # endpoint counts as saturated
 //	    session_header  = "x-session-id" # header for session affinity
 //	                                  # (lower-cased)
+//	    adapters_on_demand = false    # true: the servers load LoRA adapters
+//	                                  # when asked (vLLM's runtime LoRA
+//	                                  # loading), so any endpoint may take
+//	                                  # any of the pool's adapters; false: an
+//	                                  # adapter goes only to servers that list
+//	                                  # it (models, Consul meta, /v1/models)
 //	    scorers = { queue = 1, kv_cache = 1, prefix = 2 } # scorer weight
 //	                                  # overrides (>= 0) of: queue, running,
 //	                                  # kv_cache, in_flight, in_flight_tokens,
