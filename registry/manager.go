@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"reflect"
 	"slices"
 	"sync"
@@ -29,11 +30,16 @@ type Manager struct {
 	holdoff  time.Duration
 	maxDelay time.Duration
 
-	mu       sync.Mutex
-	sources  []*sourceState
-	started  bool
-	version  uint64
-	last     *State
+	mu      sync.Mutex
+	sources []*sourceState
+	started bool
+	version uint64
+	last    *State
+	// base is the state the publisher held when Run started (restored by
+	// a warm restart): the guard compares the first merge against it.
+	base     *State
+	guard    *guard
+	guardAt  time.Time // when an active hold ends: apply again then
 	applyErr error
 	warnings []string
 	pubTime  time.Time
@@ -84,6 +90,7 @@ func NewManager(pub *Publisher, opts ...ManagerOption) *Manager {
 	for _, o := range opts {
 		o(m)
 	}
+	m.guard = newGuard(m.log)
 	return m
 }
 
@@ -138,6 +145,9 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 	m.started = true
 	srcs := slices.Clone(m.sources)
+	if st, _ := m.pub.Current(); st != nil && st.Version > 0 {
+		m.base = st
+	}
 	m.mu.Unlock()
 	if len(srcs) == 0 {
 		return errors.New("registry: no sources registered")
@@ -181,14 +191,27 @@ func (m *Manager) Run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	// guardTimer fires when a discovery-guard hold ends, to apply again.
+	guardTimer := time.NewTimer(time.Hour)
+	guardTimer.Stop()
+	defer guardTimer.Stop()
 	var (
 		pending    bool
 		burstStart time.Time
 	)
+	armGuard := func() {
+		guardTimer.Stop()
+		if at := m.guardDeadline(); !at.IsZero() {
+			guardTimer.Reset(max(time.Until(at), 0))
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-guardTimer.C:
+			m.apply(srcs)
+			armGuard()
 		case tu := <-in:
 			if !m.receive(srcs[tu.idx], tu.u) {
 				continue
@@ -202,14 +225,22 @@ func (m *Manager) Run(ctx context.Context) error {
 				pending = false
 				timer.Stop()
 				m.apply(srcs)
+				armGuard()
 				continue
 			}
 			timer.Reset(wait)
 		case <-timer.C:
 			pending = false
 			m.apply(srcs)
+			armGuard()
 		}
 	}
+}
+
+func (m *Manager) guardDeadline() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.guardAt
 }
 
 // receive records an update; it reports whether the merged state may have
@@ -253,6 +284,13 @@ func (m *Manager) apply(srcs []*sourceState) {
 	m.warnings = warnings
 	if err == nil {
 		err = Validate(s)
+	}
+	if err == nil {
+		prev := m.last
+		if prev == nil {
+			prev = m.base
+		}
+		m.guardAt = m.guard.apply(prev, s, time.Now())
 	}
 	if err != nil {
 		if m.applyErr == nil || m.applyErr.Error() != err.Error() {
@@ -322,13 +360,18 @@ type Status struct {
 	// Warnings are the merge warnings of the latest attempt (dropped
 	// endpoints).
 	Warnings []string
+	// Guards are the pools whose discovery guard holds endpoints now.
+	Guards []GuardStatus
+	// GuardActivations counts the holds started per pool since start.
+	GuardActivations map[string]uint64
 }
 
 // Status returns a snapshot of the Manager's state.
 func (m *Manager) Status() Status {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	st := Status{Version: m.version, Published: m.pubTime, Err: m.applyErr, Warnings: slices.Clone(m.warnings)}
+	st := Status{Version: m.version, Published: m.pubTime, Err: m.applyErr, Warnings: slices.Clone(m.warnings),
+		Guards: m.guard.status(), GuardActivations: maps.Clone(m.guard.activations)}
 	for _, s := range m.sources {
 		st.Sources = append(st.Sources, SourceStatus{Name: s.name, Ready: s.have, Err: s.err, Updated: s.updated})
 	}

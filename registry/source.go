@@ -30,6 +30,11 @@ type Update struct {
 	// Routing, when non-nil, is this source's routing block; at most one
 	// source may set it.
 	Routing *Routing
+	// ScrapeFailing is the health input: pool name -> addresses of
+	// endpoints whose metrics scrapes are failing. It marks endpoints that
+	// other sources supply (Endpoint.ScrapeFailing); addresses no pool has
+	// are ignored.
+	ScrapeFailing map[string][]string
 	// Err, when non-nil, means the source failed to refresh: the Manager
 	// keeps the source's previous contribution in force (stale beats
 	// partial) and reports Err through LastError until the source sends a
@@ -111,6 +116,8 @@ func Merge(updates []Update) (s *State, warnings []string, err error) {
 			if ep.Source == "" {
 				ep.Source = src
 			}
+			// Derived by the registry, never taken from a source.
+			ep.Held, ep.ScrapeFailing = false, false
 			ep.Models = slices.Clone(ep.Models)
 			p.Endpoints = append(p.Endpoints, ep)
 		}
@@ -132,6 +139,19 @@ func Merge(updates []Update) (s *State, warnings []string, err error) {
 			p.Endpoints = []Endpoint{}
 		}
 		sort.Slice(p.Endpoints, func(i, j int) bool { return p.Endpoints[i].Address < p.Endpoints[j].Address })
+	}
+	for _, u := range updates {
+		for pool, addrs := range u.ScrapeFailing {
+			p, ok := s.Pools[pool]
+			if !ok {
+				continue
+			}
+			for _, a := range addrs {
+				if i, ok := slices.BinarySearchFunc(p.Endpoints, a, func(e Endpoint, a string) int { return strings.Compare(e.Address, a) }); ok {
+					p.Endpoints[i].ScrapeFailing = true
+				}
+			}
+		}
 	}
 
 	for _, u := range updates {

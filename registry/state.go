@@ -13,6 +13,7 @@ package registry
 
 import (
 	"sort"
+	"time"
 )
 
 // Engine names a model-server metrics dialect.
@@ -55,6 +56,23 @@ type Endpoint struct {
 	MetricsPath string
 	// Draining endpoints get no new requests and are removed from EDS.
 	Draining bool
+	// Critical is set by a discovery source on an endpoint that is still
+	// registered but fails its health checks (a critical Consul check).
+	// The Manager never publishes a Critical endpoint: it leaves it out,
+	// or, while the pool's discovery guard holds it, publishes it with
+	// Held instead.
+	Critical bool
+	// Held marks a published endpoint that its source reports Critical
+	// but that the pool's discovery guard keeps routable for a grace
+	// period (see Guard): too many of the pool's endpoints failed at once
+	// for it to be believable (a restarted Consul agent re-registers its
+	// services with critical checks until they first pass).
+	Held bool
+	// ScrapeFailing is set from the health input: the picker's metrics
+	// scrapes of this endpoint are failing. xDS leaves such endpoints out
+	// of EDS unless every endpoint of the pool fails, and the guard stops
+	// holding them.
+	ScrapeFailing bool
 }
 
 // Pool is a set of interchangeable model servers behind one Envoy cluster.
@@ -73,6 +91,37 @@ type Pool struct {
 	// Consul, when non-nil, says the pool's members (also) come from
 	// Consul: the instances of this service the consul source finds.
 	Consul *ConsulSelector
+	// Guard, when non-nil, overrides the discovery guard's defaults.
+	Guard *Guard
+}
+
+// Guard is a pool's discovery guard, Envoy's panic threshold applied to
+// discovery: when one update would take more than Threshold of the pool's
+// ready endpoints out for failing health checks (Endpoint.Critical), or
+// all of them, the Manager keeps them published (Endpoint.Held) for Grace,
+// as long as their own metrics scrapes succeed, and logs and reports it.
+// Deliberate removals (deregistration, a configuration edit, draining)
+// are never held.
+type Guard struct {
+	// Threshold is the share of ready endpoints (0..1) that may fail at
+	// once before the guard holds them; 1 holds only when all fail.
+	Threshold float64
+	// Grace is how long endpoints are held; 0 disables the guard.
+	Grace time.Duration
+}
+
+// Guard defaults.
+const (
+	DefaultGuardThreshold = 0.5
+	DefaultGuardGrace     = 30 * time.Second
+)
+
+// EffectiveGuard returns the pool's guard settings with defaults filled in.
+func (p *Pool) EffectiveGuard() Guard {
+	if p.Guard != nil {
+		return *p.Guard
+	}
+	return Guard{Threshold: DefaultGuardThreshold, Grace: DefaultGuardGrace}
 }
 
 // Scheduling configures how the picker chooses an endpoint in a pool. The
