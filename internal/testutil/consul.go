@@ -42,6 +42,15 @@ const consulStartWithin = 45 * time.Second
 // fails. It skips the test when Consul is not installed (see ConsulPath).
 func StartConsul(t testing.TB) *Consul {
 	t.Helper()
+	return StartConsulArgs(t)
+}
+
+// StartConsulArgs is StartConsul with extra agent flags (e.g. -config-dir
+// with service definitions, which the agent registers again on every
+// restart, their checks critical until they first pass, as a real host's
+// agent does).
+func StartConsulArgs(t testing.TB, extra ...string) *Consul {
+	t.Helper()
 	c := &Consul{t: t, bin: ConsulPath(t)}
 	t.Cleanup(func() {
 		c.mu.Lock()
@@ -67,6 +76,7 @@ func StartConsul(t testing.TB) *Consul {
 			"-serf-lan-port", strconv.Itoa(FreePort(t)), "-serf-wan-port", strconv.Itoa(FreePort(t)),
 			"-server-port", strconv.Itoa(FreePort(t)), "-log-level", "info",
 		}
+		c.args = append(c.args, extra...)
 		if err = c.start(); err == nil {
 			return c
 		}

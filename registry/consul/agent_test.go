@@ -115,14 +115,19 @@ func TestAgent(t *testing.T) {
 
 	passing := registry.ConsulSelector{Service: "vllm", Tag: "llama-8b", PassingOnly: true}
 	all := registry.ConsulSelector{Service: "vllm"}
+	// The discovery guard is off in these pools (grace 0), except in
+	// "guarded", so a failing instance leaves at once.
 	pool := func(name string, sel registry.ConsulSelector) *registry.Pool {
-		return &registry.Pool{Name: name, Engine: registry.EngineVLLM, FailureMode: registry.FailClosed, MetricsPath: "/metrics", Consul: &sel}
+		return &registry.Pool{Name: name, Engine: registry.EngineVLLM, FailureMode: registry.FailClosed, MetricsPath: "/metrics", Consul: &sel,
+			Guard: &registry.Guard{}}
 	}
+	guarded := pool("guarded", all)
+	guarded.Guard = nil
 	pub := registry.NewPublisher(nil)
 	log := slog.New(slog.NewTextHandler(t.Output(), nil))
 	m := registry.NewManager(pub, registry.WithLogger(log)) // default debounce, as in serve
 	if err := m.AddSource("file", staticSource{registry.Update{Pools: map[string]*registry.Pool{
-		"llama": pool("llama", passing), "llama-all": pool("llama-all", all),
+		"llama": pool("llama", passing), "llama-all": pool("llama-all", all), "guarded": guarded,
 	}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -168,19 +173,30 @@ func TestAgent(t *testing.T) {
 		d := waitEndpoints(t, v, "llama")
 		t.Logf("failing instance left the published state after %v (check interval 1s)", d)
 		waitEndpoints(t, v, "llama-all") // critical: out of both pools
+		// With the guard (the default), the pool's only endpoint failing
+		// is held for the grace period instead.
+		if eps := endpointsOf(v, "guarded"); len(eps) != 1 || !eps[0].Held {
+			t.Errorf("guarded pool: %+v, want the failing instance held", eps)
+		}
 		h1.healthy.Store(true)
 		waitEndpoints(t, v, "llama", h1.addr())
+		if eps := endpointsOf(v, "guarded"); len(eps) != 1 || eps[0].Held {
+			t.Errorf("guarded pool after recovery: %+v, want it no longer held", eps)
+		}
 	})
 
-	t.Run("maintenance drains or removes", func(t *testing.T) {
+	t.Run("maintenance drains", func(t *testing.T) {
 		if err := c.Agent().EnableServiceMaintenance("vllm-1", "upgrade"); err != nil {
 			t.Fatal(err)
 		}
-		waitEndpoints(t, v, "llama")
-		waitEndpoints(t, v, "llama-all", h1.addr())
-		if ep := endpointsOf(v, "llama-all")[0]; !ep.Draining {
-			t.Errorf("in maintenance without passing_only: %+v, want Draining", ep)
-		}
+		testutil.Eventually(t, 10*time.Second, "instance in maintenance draining", func() error {
+			for _, pool := range []string{"llama", "llama-all"} {
+				if eps := endpointsOf(v, pool); len(eps) != 1 || !eps[0].Draining {
+					return fmt.Errorf("pool %s: %+v, want the instance Draining", pool, eps)
+				}
+			}
+			return nil
+		})
 		if err := c.Agent().DisableServiceMaintenance("vllm-1"); err != nil {
 			t.Fatal(err)
 		}
@@ -194,6 +210,7 @@ func TestAgent(t *testing.T) {
 		d := waitEndpoints(t, v, "llama")
 		t.Logf("deregistered instance left the published state after %v", d)
 		waitEndpoints(t, v, "llama-all")
+		waitEndpoints(t, v, "guarded") // deliberate: never held
 	})
 
 	t.Run("consul down keeps members; restart resumes", func(t *testing.T) {

@@ -36,8 +36,10 @@ const (
 //     "ip:port" ("[v6]:port").
 //   - health (aggregated over the instance's checks): passing and warning
 //     instances are endpoints; maintenance makes them Draining; critical
-//     leaves them out. With sel.PassingOnly Consul itself returns only
-//     instances whose checks all pass.
+//     ones are endpoints marked Critical (and so are warning ones with
+//     sel.PassingOnly), which the registry leaves out unless its discovery
+//     guard holds them (registry.Guard): an instance that is registered but
+//     failing is told apart from one that left.
 //   - meta "engine", when set, must equal engine; meta "models" fills
 //     Models (trimmed, de-duplicated, sorted); meta "metrics_path" must pass
 //     registry.CheckMetricsPath, else it is ignored.
@@ -67,7 +69,9 @@ func convert(entries []*api.ServiceEntry, sel registry.ConsulSelector, engine re
 		ep := registry.Endpoint{Address: addr, Source: SourceName}
 		switch e.Checks.AggregatedStatus() {
 		case api.HealthCritical:
-			continue // not healthy: not a warning, just not a member
+			ep.Critical = true
+		case api.HealthWarning:
+			ep.Critical = sel.PassingOnly
 		case api.HealthMaint:
 			ep.Draining = true
 		}

@@ -39,6 +39,7 @@ func TestConvert(t *testing.T) {
 	cases := []struct {
 		desc    string
 		engine  registry.Engine
+		passing bool // the selector's passing_only
 		entries []*api.ServiceEntry
 		want    []registry.Endpoint
 		// warnings lists substrings, one per expected warning, in order.
@@ -90,13 +91,22 @@ func TestConvert(t *testing.T) {
 			},
 		},
 		{
-			desc: "health: critical left out silently, warning kept, maintenance drains",
+			desc: "health: critical marked Critical silently, warning kept, maintenance drains",
 			entries: []*api.ServiceEntry{
 				inst("n1", "crit", "", "10.0.0.1", 8000, nil, api.HealthCritical),
 				inst("n1", "warn", "", "10.0.0.2", 8000, nil, api.HealthWarning),
 				inst("n1", "maint", "", "10.0.0.3", 8000, nil, api.HealthMaint),
 			},
-			want: []registry.Endpoint{ep("10.0.0.2:8000"), {Address: "10.0.0.3:8000", Source: SourceName, Draining: true}},
+			want: []registry.Endpoint{{Address: "10.0.0.1:8000", Source: SourceName, Critical: true}, ep("10.0.0.2:8000"), {Address: "10.0.0.3:8000", Source: SourceName, Draining: true}},
+		},
+		{
+			desc:    "health with passing_only: warning is Critical too",
+			passing: true,
+			entries: []*api.ServiceEntry{
+				inst("n1", "pass", "", "10.0.0.1", 8000, nil, api.HealthPassing),
+				inst("n1", "warn", "", "10.0.0.2", 8000, nil, api.HealthWarning),
+			},
+			want: []registry.Endpoint{ep("10.0.0.1:8000"), {Address: "10.0.0.2:8000", Source: SourceName, Critical: true}},
 		},
 		{
 			desc: "meta: models trimmed, de-duplicated and sorted; metrics_path",
@@ -145,6 +155,8 @@ func TestConvert(t *testing.T) {
 			if engine == "" {
 				engine = registry.EngineVLLM
 			}
+			sel := sel
+			sel.PassingOnly = tc.passing
 			got, warnings := convert(tc.entries, sel, engine)
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("endpoints:\n got %+v\nwant %+v", got, tc.want)

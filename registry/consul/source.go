@@ -47,9 +47,15 @@
 // An instance's checks are aggregated: passing and warning instances are
 // members; an instance in maintenance mode (`consul maint -enable
 // -service ID`) is kept but Draining (no new requests, removed from EDS);
-// a critical instance is left out. With passing_only, Consul itself returns
-// only instances whose checks all pass, so warning and maintenance
-// instances disappear instead. Without it, the rules match Consul DNS.
+// a critical instance (and, with passing_only, a warning one) is sent
+// marked Critical, and the registry leaves it out unless its discovery
+// guard holds it: when one answer would take more than a share of a
+// pool's ready endpoints out at once (a restarted agent re-registers its
+// services with critical checks until they first pass), they stay for a
+// grace period while their metrics scrapes succeed (registry.Guard).
+// Queries never filter on passing, so a failing instance is told apart
+// from a deregistered one; deregistration is never delayed. Without
+// passing_only the rules match Consul DNS.
 //
 // # Configuration
 //
@@ -96,6 +102,8 @@ const (
 	// queries of one watcher, so a query that keeps returning at once
 	// (unchanged or zero index) cannot become a busy loop.
 	DefaultMinInterval = 50 * time.Millisecond
+	// DefaultRebuildSettle: see Options.RebuildSettle.
+	DefaultRebuildSettle = 30 * time.Second
 )
 
 // firstResultWait is how long a contribution waits for new watchers'
@@ -134,6 +142,13 @@ type Options struct {
 	MinBackoff, MaxBackoff time.Duration
 	// MinInterval is the shortest time between two queries of one watcher.
 	MinInterval time.Duration
+	// RebuildSettle is how long instances that Consul stopped listing in
+	// its first answer after an outage or a blocking-index reset (a
+	// restarted agent or cluster, still re-registering its services) are
+	// reported failing (Critical) rather than deregistered, so the
+	// registry's discovery guard may hold them (DefaultRebuildSettle;
+	// negative: never).
+	RebuildSettle time.Duration
 	// InitialIndexes are the blocking-query indexes a previous run reached
 	// (from Indexes, persisted by the store together with the state). A
 	// watcher whose selector has one contributes, until Consul first
@@ -232,7 +247,11 @@ func New(view registry.View, opts Options) (*Source, error) {
 			WaitIndex:  waitIndex,
 			WaitTime:   s.opts.WaitTime,
 		}).WithContext(ctx)
-		entries, meta, err := health.Service(sel.Service, sel.Tag, sel.PassingOnly, q)
+		// Every instance, passing or not: convert applies passing_only
+		// itself, so a failing instance is told apart from one that was
+		// deregistered (the registry's discovery guard needs the
+		// difference).
+		entries, meta, err := health.Service(sel.Service, sel.Tag, false, q)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -254,6 +273,9 @@ func newSource(view registry.View, opts Options, fetch fetchFunc) *Source {
 	}
 	if opts.MinInterval <= 0 {
 		opts.MinInterval = DefaultMinInterval
+	}
+	if opts.RebuildSettle == 0 {
+		opts.RebuildSettle = DefaultRebuildSettle
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -530,7 +552,7 @@ func (s *Source) build(pools map[string]poolWant) (map[string][]registry.Endpoin
 			}
 			continue
 		}
-		eps, warn := convert(w.entries, pw.sel, pw.engine)
+		eps, warn := convert(w.current(time.Now()), pw.sel, pw.engine)
 		for _, m := range warn {
 			warnings = append(warnings, fmt.Sprintf("pool %q: %s", name, m))
 		}

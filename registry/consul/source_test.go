@@ -229,9 +229,15 @@ func TestSourceIndexGoingBackwardsResets(t *testing.T) {
 	fake.reply("vllm", answer{index: 50, entries: a})
 	wantAddrs(t, next(t, up), "llama", "10.0.0.1:8000")
 	// The index goes backwards: the answer is used, and the next query is
-	// a full read instead of blocking on 7 (or 50).
+	// a full read instead of blocking on 7 (or 50). Consul was rebuilt,
+	// so the instance it no longer lists is reported failing (re-
+	// registration pending), not deregistered.
 	fake.reply("vllm", answer{index: 7, entries: b})
-	wantAddrs(t, next(t, up), "llama", "10.0.0.2:8000")
+	u := next(t, up)
+	wantAddrs(t, u, "llama", "10.0.0.1:8000", "10.0.0.2:8000")
+	if eps := u.Endpoints["llama"]; !eps[0].Critical || eps[1].Critical {
+		t.Fatalf("after the reset: %+v, want only the missing instance Critical", eps)
+	}
 	fake.reply("vllm", answer{index: 8, entries: b})
 	testutil.Eventually(t, 5*time.Second, "query blocking on index 8", func() error {
 		calls := fake.callsFor("vllm")
@@ -383,4 +389,41 @@ func TestNewRejectsUnusableClientSettings(t *testing.T) {
 	if _, err := New(view, Options{Address: "https://127.0.0.1:8501", Token: "secret"}); err != nil {
 		t.Errorf("New with https address: %v", err)
 	}
+}
+
+// TestSourceRebuiltConsulGhosts: after an outage, instances the restarted
+// Consul does not list (yet) are reported Critical for RebuildSettle, an
+// instance that is listed again is normal, and when the window ends the
+// ones still missing are dropped (deregistered after all).
+func TestSourceRebuiltConsulGhosts(t *testing.T) {
+	t.Parallel()
+	fake := newFake()
+	pub := registry.NewPublisher(stateWith(map[string]registry.ConsulSelector{"llama": {Service: "vllm"}}))
+	_, up := runSource(t, pub, fake, Options{RebuildSettle: 300 * time.Millisecond})
+	ab := []*api.ServiceEntry{inst("n", "a", "", "10.0.0.1", 8000, nil, ""), inst("n", "b", "", "10.0.0.2", 8000, nil, "")}
+	fake.reply("vllm", answer{index: 50, entries: ab})
+	wantAddrs(t, next(t, up), "llama", "10.0.0.1:8000", "10.0.0.2:8000")
+	fake.reply("vllm", answer{err: errors.New("connection refused")})
+	if u := next(t, up); u.Err == nil {
+		t.Fatalf("got %+v, want the outage reported", u)
+	}
+	// Back with an empty catalog (higher index: not a reset, but after
+	// an outage).
+	fake.reply("vllm", answer{index: 60})
+	u := next(t, up)
+	wantAddrs(t, u, "llama", "10.0.0.1:8000", "10.0.0.2:8000")
+	for _, e := range u.Endpoints["llama"] {
+		if !e.Critical {
+			t.Fatalf("%+v: want Critical while re-registration is pending", e)
+		}
+	}
+	// b is registered again: listed, so no longer a ghost.
+	fake.reply("vllm", answer{index: 61, entries: ab[1:]})
+	u = next(t, up)
+	if eps := u.Endpoints["llama"]; len(eps) != 2 || !eps[0].Critical || eps[1].Critical {
+		t.Fatalf("after b re-registered: %+v, want a Critical and b fine", eps)
+	}
+	// The window ends with a still missing: it is dropped.
+	u = next(t, up)
+	wantAddrs(t, u, "llama", "10.0.0.2:8000")
 }

@@ -26,6 +26,73 @@ type watcher struct {
 	up           bool
 	lastSuccess  time.Time
 	lastErr      error
+	// outage is set by a failed query and cleared by the next answer.
+	outage bool
+	// ghosts are instances Consul stopped listing in its first answer
+	// after an outage or an index reset (an agent or cluster restarted
+	// and is still re-registering its services): until ghostsUntil they
+	// are reported failing (Critical), not deregistered, so the
+	// registry's discovery guard can hold them. Keyed by instanceID.
+	ghosts      map[string]*api.ServiceEntry
+	ghostsUntil time.Time
+}
+
+// current returns the entries to convert at now: Consul's latest answer
+// plus the ghosts still within their window, marked critical.
+func (w *watcher) current(now time.Time) []*api.ServiceEntry {
+	if len(w.ghosts) == 0 || !now.Before(w.ghostsUntil) {
+		return w.entries
+	}
+	out := append([]*api.ServiceEntry(nil), w.entries...)
+	for _, g := range w.ghosts {
+		out = append(out, g)
+	}
+	return out
+}
+
+// settle updates the ghosts for a new answer; rebuilt says the answer
+// follows an outage or an index reset. It reports when the ghosts expire
+// (zero if none are kept).
+func (w *watcher) settle(entries []*api.ServiceEntry, rebuilt bool, now time.Time, window time.Duration) time.Time {
+	listed := map[string]bool{}
+	for _, e := range entries {
+		if e != nil && e.Service != nil {
+			listed[instanceID(e)] = true
+		}
+	}
+	if rebuilt && window > 0 {
+		ghosts := map[string]*api.ServiceEntry{}
+		for _, e := range w.current(now) {
+			if e == nil || e.Service == nil || listed[instanceID(e)] {
+				continue
+			}
+			g := *e
+			g.Checks = api.HealthChecks{{Node: nodeName(e), CheckID: "switchyard:not-re-registered", ServiceID: e.Service.ID,
+				Status: api.HealthCritical, Output: "not listed since Consul came back; re-registration pending"}}
+			ghosts[instanceID(e)] = &g
+		}
+		if len(ghosts) > 0 {
+			w.ghosts, w.ghostsUntil = ghosts, now.Add(window)
+			return w.ghostsUntil
+		}
+	}
+	for id := range w.ghosts {
+		if listed[id] {
+			delete(w.ghosts, id)
+		}
+	}
+	if len(w.ghosts) == 0 || !now.Before(w.ghostsUntil) {
+		w.ghosts = nil
+		return time.Time{}
+	}
+	return w.ghostsUntil
+}
+
+func nodeName(e *api.ServiceEntry) string {
+	if e.Node == nil {
+		return ""
+	}
+	return e.Node.Node
 }
 
 // watch runs w's query loop until ctx ends.
@@ -43,6 +110,7 @@ func (s *Source) watch(ctx context.Context, w *watcher) {
 			wasUp := w.up || w.attempts == 0
 			w.attempts++
 			w.up, w.lastErr = false, err
+			w.outage = w.answered
 			s.mu.Unlock()
 			if wasUp {
 				s.log.Warn("consul query failed; keeping the last members and retrying", "service", w.sel.Service, "tag", w.sel.Tag, "err", err)
@@ -64,12 +132,23 @@ func (s *Source) watch(ctx context.Context, w *watcher) {
 		// Blocking-query rules: an index that goes backwards (Consul
 		// restarted or its state was rebuilt) means start over with a full
 		// read; the answer itself is current and is used.
-		if next < index {
+		reset := next < index
+		if reset {
 			s.log.Info("consul index went backwards; resetting", "service", w.sel.Service, "tag", w.sel.Tag, "from", index, "to", next)
 			next = 0
 		}
 		index = next
 		s.mu.Lock()
+		rebuilt := w.answered && (w.outage || reset || next < w.index)
+		w.outage = false
+		if until := w.settle(entries, rebuilt, time.Now(), s.opts.RebuildSettle); !until.IsZero() {
+			if rebuilt {
+				s.log.Warn("consul came back without some instances it listed before; treating them as re-registering, not deregistered",
+					"service", w.sel.Service, "tag", w.sel.Tag, "missing", len(w.ghosts), "until", until.Format(time.RFC3339))
+			}
+			// Rebuild the contribution when the ghosts expire.
+			time.AfterFunc(time.Until(until)+time.Millisecond, s.notify)
+		}
 		if !w.answered && w.initialIndex > 0 {
 			s.log.Info("consul first answer", "service", w.sel.Service, "tag", w.sel.Tag,
 				"index", next, "previous_run_index", w.initialIndex, "changed", next != w.initialIndex)
