@@ -1,16 +1,20 @@
 package picker
 
 import (
+	"context"
 	"sort"
 	"sync"
 
 	"github.com/switchyard/switchyard/picker/metrics"
+	"github.com/switchyard/switchyard/registry"
 )
 
-// EndpointHealth tracks which endpoints' metrics scrapes are failing, for
-// the xDS side to withhold them from EDS (override_host does not check
-// health). It has the shape of xds.HealthView (Unhealthy + Changed) without
-// importing it. An endpoint counts as unhealthy only while at least one
+// EndpointHealth tracks which endpoints' metrics scrapes are failing. It is
+// the registry's health input (a registry.Source): every change is sent as
+// Update.ScrapeFailing and flows through the registry's debounce like any
+// other input, so xDS withholds those endpoints from EDS (override_host
+// does not check health) and the discovery guard stops holding them, both
+// reading only the published state. An endpoint counts as unhealthy only while at least one
 // other endpoint of its pool is known healthy (its last scrape answered):
 // when a whole pool's scrapes fail (a broken metrics path, say) its
 // endpoints stay in EDS, and an endpoint not scraped yet is unknown, not
@@ -114,6 +118,30 @@ func (h *EndpointHealth) UnhealthyEndpoints() []metrics.Key {
 	})
 	return out
 }
+
+// Run implements registry.Source: it sends the unhealthy endpoints at once
+// (none, at first) and again after every change, until ctx ends.
+func (h *EndpointHealth) Run(ctx context.Context, up chan<- registry.Update) {
+	for {
+		changed := h.Changed()
+		u := registry.Update{ScrapeFailing: map[string][]string{}}
+		for _, k := range h.UnhealthyEndpoints() {
+			u.ScrapeFailing[k.Pool] = append(u.ScrapeFailing[k.Pool], k.Address)
+		}
+		select {
+		case up <- u:
+		case <-ctx.Done():
+			return
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+var _ registry.Source = (*EndpointHealth)(nil)
 
 // states copies every known endpoint state (true: failing).
 func (h *EndpointHealth) states() map[metrics.Key]bool {

@@ -169,8 +169,8 @@ func (s *Server) GRPCServerOptions() []grpc.ServerOption {
 // themselves or want to watch it).
 func (s *Server) Health() *health.Server { return s.health }
 
-// EndpointHealth reports endpoints whose metrics scrapes are failing, for
-// the xDS translator to withhold from EDS (it satisfies xds.HealthView).
+// EndpointHealth reports endpoints whose metrics scrapes are failing; it
+// is the registry's health input (register it as a source).
 func (s *Server) EndpointHealth() *EndpointHealth { return s.eh }
 
 // Run follows registry states until ctx ends, scraping every endpoint's

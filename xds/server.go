@@ -1,5 +1,5 @@
 // Package xds owns switchyard's xDS control plane: it follows the registry
-// (and the picker's endpoint health), translates every new state through
+// (whose state carries endpoint health too), translates every new state through
 // xds/ir and xds/translator into Envoy resources, and serves them to Envoy
 // over ADS from a go-control-plane snapshot cache. It tracks every
 // connected Envoy node and counts ACKs and NACKs for status and metrics.
@@ -37,9 +37,6 @@ type Options struct {
 	// Translation holds the picker address, timeouts and per-listener
 	// settings (see ir.Options for defaults).
 	Translation ir.Options
-	// Health, when set, withholds endpoints the picker considers unhealthy
-	// from EDS and re-translates whenever it changes.
-	Health HealthView
 	// Versions hands out snapshot versions (default NewBootVersions(now)).
 	// The store can supply a persisted counter instead.
 	Versions VersionSource
@@ -124,7 +121,7 @@ func (s *Server) Register(g *grpc.Server) {
 }
 
 // Run translates the current registry state, pushes it, and repeats on
-// every registry or health change until ctx ends. States with Version 0
+// every registry change (endpoint health included) until ctx ends. States with Version 0
 // (nothing published yet) are never served, so a restarting switchyard
 // does not wipe the configuration its Envoys hold. It always returns nil
 // after ctx ends; translation failures are logged and counted, never fatal.
@@ -133,16 +130,11 @@ func (s *Server) Run(ctx context.Context) error {
 	defer s.cancel()
 	for {
 		state, changed := s.view.Current()
-		var healthChanged <-chan struct{}
-		if s.opts.Health != nil {
-			healthChanged = s.opts.Health.Changed()
-		}
 		s.sync(ctx, state)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-changed:
-		case <-healthChanged:
 		}
 	}
 }
@@ -172,11 +164,7 @@ func (s *Server) Synced() <-chan struct{} {
 // sync translates state and, if it differs from what is served, sets a new
 // snapshot. On any failure the previous snapshot stays in place.
 func (s *Server) sync(ctx context.Context, state *registry.State) {
-	var health ir.HealthFunc
-	if s.opts.Health != nil {
-		health = s.opts.Health.Unhealthy
-	}
-	err := s.trySync(ctx, state, health)
+	err := s.trySync(ctx, state)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats.RegistryVersion = state.Version
@@ -193,7 +181,7 @@ func (s *Server) sync(ctx context.Context, state *registry.State) {
 	s.synced = make(chan struct{})
 }
 
-func (s *Server) trySync(ctx context.Context, state *registry.State, health ir.HealthFunc) error {
+func (s *Server) trySync(ctx context.Context, state *registry.State) error {
 	if state.Version == 0 {
 		// Nothing published yet (e.g. right after a restart, before the
 		// sources loaded). Serving the empty state would make connected
@@ -202,7 +190,7 @@ func (s *Server) trySync(ctx context.Context, state *registry.State, health ir.H
 		s.log.Info("xDS waiting for the first registry state")
 		return nil
 	}
-	cfg, err := ir.Build(state, s.opts.Translation, health)
+	cfg, err := ir.Build(state, s.opts.Translation)
 	if err != nil {
 		return fmt.Errorf("translate registry version %d: %w", state.Version, err)
 	}

@@ -104,22 +104,28 @@ func TestServerSkipsUnchangedResources(t *testing.T) {
 	}
 }
 
+// TestServerWithholdsUnhealthyEndpoints: endpoint health arrives in the
+// registry state (Endpoint.ScrapeFailing) like any other change.
 func TestServerWithholdsUnhealthyEndpoints(t *testing.T) {
-	h := NewHealthSet()
-	pub := registry.NewPublisher(newState(1, "127.0.0.1:8080", pool("llama", registry.FailClosed, "10.0.0.1:8000", "10.0.0.2:8000")))
-	srv := runServer(t, pub, Options{Health: h})
+	st := func(v uint64, failing bool) *registry.State {
+		p := pool("llama", registry.FailClosed, "10.0.0.1:8000", "10.0.0.2:8000")
+		p.Endpoints[1].ScrapeFailing = failing
+		return newState(v, "127.0.0.1:8080", p)
+	}
+	pub := registry.NewPublisher(st(1, false))
+	srv := runServer(t, pub, Options{})
 	waitRegistryVersion(t, srv, 1)
 	if got := servedEndpoints(t, srv, "pool/llama"); len(got) != 2 {
 		t.Fatalf("endpoints = %v", got)
 	}
-	h.Set("llama", "10.0.0.2:8000", true)
+	pub.Publish(st(2, true))
 	testutil.Eventually(t, 5*time.Second, "unhealthy endpoint withheld", func() error {
 		if got := servedEndpoints(t, srv, "pool/llama"); strings.Join(got, ",") != "10.0.0.1:8000" {
 			return fmt.Errorf("endpoints = %v", got)
 		}
 		return nil
 	})
-	h.Set("llama", "10.0.0.2:8000", false)
+	pub.Publish(st(3, false))
 	testutil.Eventually(t, 5*time.Second, "recovered endpoint served again", func() error {
 		if got := servedEndpoints(t, srv, "pool/llama"); len(got) != 2 {
 			return fmt.Errorf("endpoints = %v", got)
@@ -195,25 +201,5 @@ func TestServerWaitsForFirstRegistryState(t *testing.T) {
 	pub.Publish(newState(1, "127.0.0.1:8080"))
 	if st := waitRegistryVersion(t, srv, 1); st.Version == "" || st.Snapshots != 1 {
 		t.Fatalf("stats = %+v", st)
-	}
-}
-
-func TestHealthSetWakesOnlyOnChange(t *testing.T) {
-	h := NewHealthSet()
-	ch := h.Changed()
-	h.Set("p", "10.0.0.1:80", false) // already healthy: no change
-	select {
-	case <-ch:
-		t.Fatal("woke without a change")
-	default:
-	}
-	h.Set("p", "10.0.0.1:80", true)
-	select {
-	case <-ch:
-	default:
-		t.Fatal("no wake-up after a change")
-	}
-	if !h.Unhealthy("p", "10.0.0.1:80") || h.Unhealthy("q", "10.0.0.1:80") {
-		t.Fatal("wrong answers")
 	}
 }

@@ -366,16 +366,13 @@ const PickerUnavailableBody = `{"error":{"type":"service_unavailable","code":503
 // PickerUnavailableRoute names the route answering PickerUnavailableBody.
 const PickerUnavailableRoute = "picker-unavailable"
 
-// HealthFunc reports whether the picker considers endpoint addr of pool
-// unhealthy. A nil HealthFunc treats every endpoint as healthy.
-type HealthFunc func(pool, addr string) bool
-
-// Build translates s into a Config. Unhealthy endpoints (per health) and
-// draining endpoints are left out of EDS, except that a pool whose every
-// non-draining endpoint is unhealthy keeps them all: a picker that cannot
-// scrape metrics must not black-hole a pool. Errors are joined; on error
-// the returned Config must not be used.
-func Build(s *registry.State, o Options, health HealthFunc) (*Config, error) {
+// Build translates s into a Config. Draining endpoints and endpoints whose
+// metrics scrapes fail (Endpoint.ScrapeFailing, the registry's health
+// input) are left out of EDS, except that a pool whose every non-draining
+// endpoint fails keeps them all: a picker that cannot scrape metrics must
+// not black-hole a pool. Errors are joined; on error the returned Config
+// must not be used.
+func Build(s *registry.State, o Options) (*Config, error) {
 	o = o.WithDefaults()
 	var errs []error
 	cfg := &Config{}
@@ -443,7 +440,7 @@ func Build(s *registry.State, o Options, health HealthFunc) (*Config, error) {
 			if ep.Draining {
 				continue
 			}
-			if health != nil && health(name, ep.Address) {
+			if ep.ScrapeFailing {
 				unhealthy = append(unhealthy, a)
 				continue
 			}

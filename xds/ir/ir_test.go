@@ -91,7 +91,7 @@ func TestUnpickedRequestsStayInTheirPool(t *testing.T) {
 				// client's name decides.
 				s.Models["alias-"+name] = &registry.Model{Name: "alias-" + name, Pool: name, Targets: []registry.Target{{Name: "m-other", Weight: 1}}}
 			}
-			cfg, err := Build(s, Options{}, nil)
+			cfg, err := Build(s, Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -149,7 +149,7 @@ func TestBuildErrorsNameTheCulprit(t *testing.T) {
 	s := mkState("", map[string]registry.FailureMode{"llama": registry.FailClosed})
 	s.Pools["llama"].Endpoints = append(s.Pools["llama"].Endpoints, registry.Endpoint{Address: "vllm.local:8000"})
 	s.Listeners = append(s.Listeners, registry.Listener{Name: "l", Address: "127.0.0.1:8081"}, registry.Listener{Name: "bad", Address: "::8080"})
-	_, err := Build(s, Options{PickerAddr: "picker:9002"}, nil)
+	_, err := Build(s, Options{PickerAddr: "picker:9002"})
 	if err == nil {
 		t.Fatal("no error")
 	}
@@ -166,7 +166,7 @@ func TestBuildErrorsNameTheCulprit(t *testing.T) {
 func TestDuplicateEndpoints(t *testing.T) {
 	s := mkState("", map[string]registry.FailureMode{"p": registry.FailClosed})
 	s.Pools["p"].Endpoints = append(s.Pools["p"].Endpoints, registry.Endpoint{Address: "10.0.0.1:8000"})
-	_, err := Build(s, Options{}, nil)
+	_, err := Build(s, Options{})
 	if !errors.Is(err, ErrDuplicateName) || !strings.Contains(err.Error(), "10.0.0.1:8000") {
 		t.Fatalf("err = %v, want a duplicate endpoint error", err)
 	}
@@ -175,7 +175,7 @@ func TestDuplicateEndpoints(t *testing.T) {
 func TestNonCanonicalAddressWarns(t *testing.T) {
 	s := mkState("", map[string]registry.FailureMode{"p": registry.FailClosed})
 	s.Pools["p"].Endpoints = []registry.Endpoint{{Address: "[2001:DB8:0::1]:8000"}}
-	cfg, err := Build(s, Options{}, nil)
+	cfg, err := Build(s, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,10 +189,9 @@ func TestDrainingAndUnhealthyEndpoints(t *testing.T) {
 	s.Pools["p"].Endpoints = []registry.Endpoint{
 		{Address: "10.0.0.1:8000"},
 		{Address: "10.0.0.2:8000", Draining: true},
-		{Address: "10.0.0.3:8000"},
+		{Address: "10.0.0.3:8000", ScrapeFailing: true},
 	}
-	sick := func(_, addr string) bool { return addr == "10.0.0.3:8000" }
-	cfg, err := Build(s, Options{}, sick)
+	cfg, err := Build(s, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +199,8 @@ func TestDrainingAndUnhealthyEndpoints(t *testing.T) {
 		t.Fatalf("endpoints = %v", got)
 	}
 	// All non-draining endpoints unhealthy: keep them rather than black-hole.
-	cfg, err = Build(s, Options{}, func(string, string) bool { return true })
+	s.Pools["p"].Endpoints[0].ScrapeFailing = true
+	cfg, err = Build(s, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func TestDrainingAndUnhealthyEndpoints(t *testing.T) {
 func TestPerListenerOptions(t *testing.T) {
 	s := mkState("", map[string]registry.FailureMode{"p": registry.FailClosed})
 	s.Listeners = []registry.Listener{{Name: "b", Address: "127.0.0.1:1"}, {Name: "a", Address: "127.0.0.1:2"}}
-	cfg, err := Build(s, Options{DisableRetries: true, PerListener: map[string]ListenerOptions{"b": {StreamIdleTimeout: 42, AccessLog: true}}}, nil)
+	cfg, err := Build(s, Options{DisableRetries: true, PerListener: map[string]ListenerOptions{"b": {StreamIdleTimeout: 42, AccessLog: true}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ func BenchmarkBuildAndTranslate(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		cfg, err := ir.Build(s, ir.Options{}, nil)
+		cfg, err := ir.Build(s, ir.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}

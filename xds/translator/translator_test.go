@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -42,14 +43,23 @@ var oneListener = []registry.Listener{{Name: "public", Address: "0.0.0.0:8080"}}
 // goldenCases maps a case name to its input. Outputs live in
 // testdata/out/<case>.<type>.json.
 func goldenCases() map[string]struct {
-	state  *registry.State
-	opts   ir.Options
-	health ir.HealthFunc
+	state *registry.State
+	opts  ir.Options
 } {
 	type tc = struct {
-		state  *registry.State
-		opts   ir.Options
-		health ir.HealthFunc
+		state *registry.State
+		opts  ir.Options
+	}
+	// scrapeFailing marks the given endpoints of every pool of s.
+	scrapeFailing := func(s *registry.State, addrs ...string) *registry.State {
+		for _, p := range s.Pools {
+			for i, e := range p.Endpoints {
+				if slices.Contains(addrs, e.Address) {
+					p.Endpoints[i].ScrapeFailing = true
+				}
+			}
+		}
+		return s
 	}
 	draining := vllmPool("llama", registry.FailClosed, "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000")
 	draining.Endpoints[1].Draining = true
@@ -69,10 +79,10 @@ func goldenCases() map[string]struct {
 		"ipv6-endpoint":  {state: state([]registry.Listener{{Name: "public", Address: "[::]:8080"}}, vllmPool("llama", registry.FailClosed, "[2001:db8::1]:8000", "10.0.0.1:8000"))},
 		"draining":       {state: state(oneListener, draining)},
 		"empty-pool":     {state: state(oneListener, vllmPool("llama", registry.FailClosed))},
-		"unhealthy":      {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000", "10.0.0.2:8000")), health: func(pool, addr string) bool { return addr == "10.0.0.2:8000" }},
+		"unhealthy":      {state: scrapeFailing(state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000", "10.0.0.2:8000")), "10.0.0.2:8000")},
 		"no-retries":     {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), opts: ir.Options{DisableRetries: true}},
 		"empty-state":    {state: registry.Empty()},
-		"all-unhealthy":  {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), health: func(string, string) bool { return true }},
+		"all-unhealthy":  {state: scrapeFailing(state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), "10.0.0.1:8000")},
 		"two-fail-open":  {state: state(oneListener, vllmPool("a", registry.FailOpen, "10.0.0.1:8000"), vllmPool("b", registry.FailOpen, "10.0.0.2:8000"))},
 		"picker-mtls": {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), opts: ir.Options{
 			PickerAddr: "10.1.0.5:9002",
@@ -125,7 +135,7 @@ func TestGolden(t *testing.T) {
 			for pool := range c.state.Pools {
 				c.state.Models["m-"+pool] = &registry.Model{Name: "m-" + pool, Pool: pool}
 			}
-			cfg, err := ir.Build(c.state, c.opts, c.health)
+			cfg, err := ir.Build(c.state, c.opts)
 			if err != nil {
 				t.Fatalf("build: %v", err)
 			}
@@ -170,7 +180,7 @@ func TestTranslateIsDeterministic(t *testing.T) {
 	c := goldenCases()["multi-pool"]
 	var first [][]byte
 	for i := 0; i < 5; i++ {
-		cfg, err := ir.Build(c.state, c.opts, nil)
+		cfg, err := ir.Build(c.state, c.opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -196,7 +206,7 @@ func TestTranslateIsDeterministic(t *testing.T) {
 
 func TestResourcesSortedByName(t *testing.T) {
 	c := goldenCases()["multi-pool"]
-	cfg, err := ir.Build(c.state, c.opts, nil)
+	cfg, err := ir.Build(c.state, c.opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +266,7 @@ func TestListenerStableAcrossPoolEdits(t *testing.T) {
 		for name := range st.state.Pools {
 			st.state.Models["m-"+name] = &registry.Model{Name: "m-" + name, Pool: name}
 		}
-		cfg, err := ir.Build(st.state, ir.Options{}, nil)
+		cfg, err := ir.Build(st.state, ir.Options{})
 		if err != nil {
 			t.Fatalf("%s: %v", st.desc, err)
 		}
