@@ -80,6 +80,8 @@ var consulSchema = &hcl.BodySchema{
 		{Name: "tag"},
 		{Name: "datacenter"},
 		{Name: "passing_only"},
+		{Name: "panic_threshold"},
+		{Name: "panic_grace"},
 	},
 }
 
@@ -443,14 +445,14 @@ func (d *decoder) pool(b *hcl.Block) {
 				continue
 			}
 			consulAt = sb.DefRange.Ptr()
-			p.Consul = d.consul(obj, sb)
+			p.Consul, p.Guard = d.consul(obj, sb)
 		}
 	}
 }
 
 // consul decodes a pool's consul block: which Consul service instances
-// join the pool.
-func (d *decoder) consul(obj loc, b *hcl.Block) *registry.ConsulSelector {
+// join the pool, and the discovery guard's settings (nil: defaults).
+func (d *decoder) consul(obj loc, b *hcl.Block) (*registry.ConsulSelector, *registry.Guard) {
 	sel := &registry.ConsulSelector{}
 	content, diags := b.Body.Content(consulSchema)
 	d.diags = append(d.diags, diags...)
@@ -478,7 +480,32 @@ func (d *decoder) consul(obj loc, b *hcl.Block) *registry.ConsulSelector {
 			sel.PassingOnly = v
 		}
 	}
-	return sel
+	var guard *registry.Guard
+	if a, ok := content.Attributes["panic_threshold"]; ok {
+		if f, ok := d.number(at("panic_threshold"), a.Expr); ok {
+			if f < 0 || f > 1 {
+				d.errorAt(at("panic_threshold"), a.Expr.Range(), "Invalid panic_threshold",
+					fmt.Sprintf("panic_threshold %v is not a share between 0 and 1 (0.5 holds endpoints when more than half fail at once).", f))
+			} else {
+				guard = &registry.Guard{Threshold: f, Grace: registry.DefaultGuardGrace}
+			}
+		}
+	}
+	if a, ok := content.Attributes["panic_grace"]; ok {
+		if s, ok := d.str(at("panic_grace"), a.Expr); ok {
+			dur, err := time.ParseDuration(s)
+			if err != nil || dur < 0 {
+				d.errorAt(at("panic_grace"), a.Expr.Range(), "Invalid duration",
+					fmt.Sprintf("panic_grace %q is not a duration of 0 or more; write it like \"30s\" (\"0s\" turns the guard off).", s))
+			} else {
+				if guard == nil {
+					guard = &registry.Guard{Threshold: registry.DefaultGuardThreshold}
+				}
+				guard.Grace = dur
+			}
+		}
+	}
+	return sel, guard
 }
 
 // endpoint canonicalises addr and adds it to p unless it is a duplicate.

@@ -105,6 +105,13 @@
 //	    passing_only = true       # default false: passing and warning
 //	                              # instances join, maintenance ones drain;
 //	                              # true: only instances whose checks all pass
+//	    panic_threshold = 0.5     # discovery guard: when one answer takes
+//	                              # more than this share (0..1) of the pool's
+//	                              # ready endpoints out for failing checks,
+//	                              # or all of them, they stay routable for
+//	    panic_grace = "30s"       # this long while their metrics scrapes
+//	                              # succeed ("0s": off). Deregistration and
+//	                              # maintenance are never delayed
 //	  }
 //
 //	  endpoint "127.0.0.1:8003" { # optional, any number: an endpoint with

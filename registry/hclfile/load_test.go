@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/switchyard/switchyard/internal/testutil"
@@ -148,6 +149,10 @@ func TestLoadErrors(t *testing.T) {
 		}},
 		{"default_pool.hcl", []string{
 			`4:18: Unknown pool: The default pool "lama" is not defined (defined pools: "llama")`,
+		}},
+		{"guard.hcl", []string{
+			`4:23: Invalid panic_threshold: panic_threshold 1.5 is not a share between 0 and 1`,
+			`11:19: Invalid duration: panic_grace "soon" is not a duration of 0 or more`,
 		}},
 		{"durations.hcl", []string{
 			`3:23: Invalid duration: scrape_interval "fast" is not a duration`,
@@ -367,5 +372,43 @@ func TestExamples(t *testing.T) {
 	if s.Listeners[0].Address != "127.0.0.1:8080" || len(s.Pools["llama"].Endpoints) != 3 ||
 		s.Models["sql-lora"] == nil || len(s.Models["chat"].Targets) != 2 || s.Models["chat"].Targets[0].Weight != 90 {
 		t.Errorf("demo configuration changed: %s", s.Summary())
+	}
+}
+
+// The consul block's discovery-guard settings: either may be set, the
+// other keeping its default; neither leaves the pool on the defaults.
+func TestLoadGuard(t *testing.T) {
+	t.Parallel()
+	src := `
+listener "l" { address = "127.0.0.1:8080" }
+pool "both" {
+  consul {
+    service = "vllm"
+    panic_threshold = 0.75
+    panic_grace = "10s"
+  }
+}
+pool "off" {
+  consul {
+    service = "vllm"
+    panic_grace = "0s"
+  }
+}
+pool "defaults" {
+  consul { service = "vllm" }
+}
+`
+	cfg, diags := Parse([]Input{{Name: "g.hcl", Src: []byte(src)}})
+	if diags.HasErrors() {
+		t.Fatalf("diagnostics = %s", FormatDiagnostics(diags))
+	}
+	for pool, want := range map[string]registry.Guard{
+		"both":     {Threshold: 0.75, Grace: 10 * time.Second},
+		"off":      {Threshold: registry.DefaultGuardThreshold, Grace: 0},
+		"defaults": {Threshold: registry.DefaultGuardThreshold, Grace: registry.DefaultGuardGrace},
+	} {
+		if got := cfg.State.Pools[pool].EffectiveGuard(); got != want {
+			t.Errorf("pool %s guard = %+v, want %+v", pool, got, want)
+		}
 	}
 }
