@@ -110,20 +110,32 @@ type envoyStatus struct {
 }
 
 type poolStatus struct {
-	Name        string           `json:"name"`
-	Engine      string           `json:"engine"`
-	FailureMode string           `json:"failure_mode"`
-	Saturated   bool             `json:"saturated"`
-	Endpoints   []endpointStatus `json:"endpoints"`
+	Name        string `json:"name"`
+	Engine      string `json:"engine"`
+	FailureMode string `json:"failure_mode"`
+	Saturated   bool   `json:"saturated"`
+	// Guard is set while the pool's discovery guard holds endpoints that
+	// their source reports failing (too many failed at once).
+	Guard     *guardStatus     `json:"guard,omitempty"`
+	Endpoints []endpointStatus `json:"endpoints"`
+}
+
+type guardStatus struct {
+	Held  []string  `json:"held"`
+	Since time.Time `json:"since"`
+	Until time.Time `json:"until"`
 }
 
 type endpointStatus struct {
-	Address          string `json:"address"`
-	Draining         bool   `json:"draining"`
-	InFlightRequests int64  `json:"in_flight_requests"`
-	InFlightTokens   int64  `json:"in_flight_tokens"`
-	Picked           int64  `json:"picked"`
-	Served           int64  `json:"served"`
+	Address  string `json:"address"`
+	Draining bool   `json:"draining"`
+	// Held: its discovery source reports it failing, but the pool's
+	// discovery guard keeps it routable for now.
+	Held             bool  `json:"held,omitempty"`
+	InFlightRequests int64 `json:"in_flight_requests"`
+	InFlightTokens   int64 `json:"in_flight_tokens"`
+	Picked           int64 `json:"picked"`
+	Served           int64 `json:"served"`
 	// Healthy is false while the endpoint's metrics scrapes fail (it is
 	// then withheld from Envoy if its pool has healthy endpoints).
 	Healthy bool `json:"healthy"`
@@ -219,14 +231,25 @@ func (a *app) status() statusDoc {
 		byPool[e.Pool] = append(byPool[e.Pool], es)
 	}
 	saturated := a.picker.Saturated(time.Now())
+	guards := map[string]*guardStatus{}
+	for _, g := range a.manager.Status().Guards {
+		guards[g.Pool] = &guardStatus{Held: g.Held, Since: g.Since.UTC(), Until: g.Until.UTC()}
+	}
 	for _, name := range st.PoolNames() {
 		p := st.Pools[name]
 		eps := byPool[name]
 		if eps == nil {
 			eps = []endpointStatus{}
 		}
+		for i := range eps {
+			for _, e := range p.Endpoints {
+				if e.Address == eps[i].Address {
+					eps[i].Held = e.Held
+				}
+			}
+		}
 		doc.Pools = append(doc.Pools, poolStatus{Name: name, Engine: string(p.Engine),
-			FailureMode: string(p.FailureMode), Saturated: saturated[name], Endpoints: eps})
+			FailureMode: string(p.FailureMode), Saturated: saturated[name], Guard: guards[name], Endpoints: eps})
 	}
 	for _, name := range st.ModelNames() {
 		m := st.Models[name]

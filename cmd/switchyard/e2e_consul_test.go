@@ -1031,3 +1031,79 @@ func consulScale(t *testing.T, pools, perPool int, byTag bool) {
 		registrars, layout, total, pools, ms(registered.Sub(start)), ms(listed.Sub(start)), ms(allIn.Sub(registered))+" / "+ms(listed.Sub(registered)), snaps, ms(syCPU-syCPU0), ms(consulCPU-consulCPU0),
 		mib(rssIdle), mib(rss), float64(fi.Size())/1024, ms(ready), ms(acked), ms(relisted), minMembers, mib(rssRestart))
 }
+
+// TestE2EConsulAgentRestartKeepsPool restarts a real Consul agent under
+// load. Its simulators are defined in the agent's configuration directory,
+// as on a real host, so the restarted agent registers them again with
+// critical checks until each first passes: all of the pool's members fail
+// at once. The discovery guard keeps them routable (their metrics scrapes
+// succeed) and no request fails; the guard's activation is visible in the
+// metrics.
+func TestE2EConsulAgentRestartKeepsPool(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Consul, Envoy, switchyard and simulators")
+	}
+	t.Parallel()
+	sims := []*sim{startSim(t, simOptions{}), startSim(t, simOptions{}), startSim(t, simOptions{})}
+	dir := t.TempDir()
+	for i, s := range sims {
+		host, port, _ := strings.Cut(s.Addr, ":")
+		p, _ := strconv.Atoi(port)
+		def := map[string]any{"service": map[string]any{
+			"id": fmt.Sprintf("sim-%d", i+1), "name": "vllm", "tags": []string{"llama-8b"}, "address": host, "port": p,
+			"meta":  map[string]string{"models": strings.Join(e2eModels, ","), "engine": "vllm"},
+			"check": map[string]any{"http": "http://" + s.Addr + "/health", "interval": "2s", "timeout": "300ms"},
+		}}
+		b, err := json.Marshal(def)
+		if err != nil {
+			t.Fatal(err)
+		}
+		testutil.WriteFile(t, dir, fmt.Sprintf("sim-%d.json", i+1), string(b))
+	}
+	c := testutil.StartConsulArgs(t, "-config-dir", dir)
+	f, _ := newConsulFleet(t, c, consulPool)
+	testutil.Eventually(t, 30*time.Second, "every simulator is a member", func() error {
+		return members(f, "llama", sims[0].Addr, sims[1].Addr, sims[2].Addr)
+	})
+	l := startLoader(t, f, 3, 5*time.Millisecond, func(w, i int) infReq {
+		return infReq{model: "m-a", prompt: fmt.Sprintf("worker %d request %d", w, i), maxTokens: 1}
+	})
+	l.waitFor(t, 100, time.Time{}, 20*time.Second, "warm-up load")
+
+	restart := time.Now()
+	c.Restart()
+	cl := c.Client()
+	// Until each check first passes, Consul lists the instances critical.
+	testutil.Eventually(t, 30*time.Second, "every re-registered check passes again", func() error {
+		entries, _, err := cl.Health().Service("vllm", "llama-8b", true, nil)
+		if err != nil {
+			return err
+		}
+		if len(entries) != len(sims) {
+			return fmt.Errorf("%d of %d instances passing", len(entries), len(sims))
+		}
+		return nil
+	})
+	passing := time.Now()
+	testutil.Eventually(t, 10*time.Second, "every simulator is a member", func() error {
+		return members(f, "llama", sims[0].Addr, sims[1].Addr, sims[2].Addr)
+	})
+	l.waitFor(t, 200, passing, 20*time.Second, "load after the checks pass")
+	l.stopLoad()
+
+	outs := between(l.outcomes(), restart, time.Time{})
+	n, ex := failures(outs)
+	t.Logf("agent restarted: checks passing again after %v; %d requests since the restart, %d failed, served by %v",
+		passing.Sub(restart).Round(time.Millisecond), len(outs), n, servedSet(outs))
+	if n > 0 {
+		t.Errorf("%d of %d requests failed across the agent restart, want 0: %q", n, len(outs), ex)
+	}
+	metrics, err := httpGetString("http://" + f.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(metrics, `switchyard_discovery_guard_activations_total{pool="llama"} 1`) {
+		t.Errorf("the discovery guard never held the pool: the restart did not exercise it\n%s", strings.Join(grepLines(metrics, "discovery_guard"), "\n"))
+	}
+}
+

@@ -67,6 +67,8 @@ var (
 	mPrefixBytes    = desc("switchyard_prefix_index_bytes", "Memory held by the pool's prefix-cache index.", "name")
 	mPrefixPrompt   = desc("switchyard_prefix_prompt_blocks_total", "KV blocks of the prompts the picker routed in the pool.", "name")
 	mPrefixMatched  = desc("switchyard_prefix_matched_blocks_total", "Of those, blocks the chosen endpoint was believed to hold; matched/prompt is the prefix hit ratio.", "name")
+	mGuardHeld      = desc("switchyard_discovery_guard_held_endpoints", "Endpoints the pool's discovery guard keeps routable although their source reports them failing (too many failed at once).", "pool")
+	mGuardStarts    = desc("switchyard_discovery_guard_activations_total", "Times the pool's discovery guard started holding endpoints.", "pool")
 	mPoolSaturated  = desc("switchyard_pool_saturated", "1 while every eligible endpoint of the pool is over queue_threshold or kv_threshold (sheddable requests get 429).", "name")
 )
 
@@ -75,7 +77,7 @@ func (c *appCollector) Describe(ch chan<- *prometheus.Desc) {
 		mEpRunning, mEpKV, mEpHealthy, mEpScrapeAge, mEpInFlight, mEpInFlightTok, mEpPicked, mEpServed,
 		mRequests, mRewrites, mFallback, mLocalReplies, mXDSSnapshots, mXDSFailures, mXDSAcks, mXDSNacks, mXDSStreams,
 		mConsulUp, mConsulInst, mConsulLastSync, mObjRequests, mObjErrors, mObjRunning, mDecision,
-		mPrefixSize, mPrefixBytes, mPrefixPrompt, mPrefixMatched, mPoolSaturated} {
+		mPrefixSize, mPrefixBytes, mPrefixPrompt, mPrefixMatched, mPoolSaturated, mGuardHeld, mGuardStarts} {
 		ch <- d
 	}
 }
@@ -166,6 +168,16 @@ func (c *appCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(mPrefixPrompt, float64(p.PromptBlocks), p.Name)
 		counter(mPrefixMatched, float64(p.MatchedBlocks), p.Name)
 		gauge(mPoolSaturated, boolf(p.Saturated), p.Name)
+	}
+
+	rs := a.manager.Status()
+	held := map[string]int{}
+	for _, g := range rs.Guards {
+		held[g.Pool] = len(g.Held)
+	}
+	for _, name := range st.PoolNames() {
+		gauge(mGuardHeld, float64(held[name]), name)
+		counter(mGuardStarts, float64(rs.GuardActivations[name]), name)
 	}
 
 	xs := a.xds.Stats()

@@ -27,6 +27,10 @@ import (
 	"github.com/switchyard/switchyard/xds/ir"
 )
 
+// healthSourceName is the registry source name of the picker's endpoint
+// health.
+const healthSourceName = "health"
+
 // shutdownGrace is how long serve waits for components to stop after the
 // shutdown signal before giving up on them.
 const shutdownGrace = 15 * time.Second
@@ -180,6 +184,9 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	_ = a.manager.AddSource(hclfile.SourceName, a.files)
 	_ = a.manager.AddSource(consul.SourceName, a.consul)
 	a.picker = picker.New(a.pub, picker.Options{}, logger.With("component", "picker"))
+	// The picker's scrape results are the registry's health input: xDS
+	// and the discovery guard read endpoint health from published states.
+	_ = a.manager.AddSource(healthSourceName, a.picker.EndpointHealth())
 	if a.store != nil {
 		// The picker starts on the persisted state, so the prefix index,
 		// sessions and health of its endpoints can be restored now.
@@ -189,9 +196,6 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	}
 	a.xds = xds.NewServer(a.pub, xds.Options{
 		Translation: ir.Options{PickerAddr: advertise, PickerTLS: a.pickerTLS(), PickerMaxStreams: uint32(min(f.pickerMaxStreams, 1<<32-1))},
-		// Endpoints whose metrics scrapes fail leave EDS: override_host
-		// does not check health itself.
-		Health:   a.picker.EndpointHealth(),
 		Versions: versions,
 	}, logger)
 	return a, nil
