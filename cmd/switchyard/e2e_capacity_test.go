@@ -3,6 +3,9 @@ package main
 import (
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -107,6 +110,7 @@ model "m-a" {
 		}
 	}
 	t.Logf("served: %v", served)
+	checkDashboardEnvoyMetrics(t, f)
 	for _, stat := range []string{
 		"cluster.switchyard/picker.upstream_rq_pending_overflow",
 		"cluster.switchyard/picker.upstream_cx_overflow",
@@ -121,6 +125,33 @@ model "m-a" {
 		}
 		if v != 0 {
 			t.Errorf("Envoy %s = %d, want 0", stat, v)
+		}
+	}
+}
+
+// checkDashboardEnvoyMetrics fails unless every envoy_* metric the Grafana
+// dashboard queries is one this Envoy exports (/stats/prometheus), so the
+// panels that show a bypassed or failing picker cannot go blank.
+func checkDashboardEnvoyMetrics(t *testing.T, f *fleet) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "examples", "grafana", "switchyard-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prom, err := httpGetString(f.envoyAdm + "/stats/prometheus")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A metric name is followed by its selector or range; label names
+	// (envoy_cluster_name=...) are not.
+	found := regexp.MustCompile(`\b(envoy_[a-z0-9_]+)[{\[]`).FindAllStringSubmatch(string(b), -1)
+	if len(found) == 0 {
+		t.Fatal("the dashboard queries no Envoy metric")
+	}
+	for _, m := range found {
+		n := m[1]
+		if !strings.Contains(prom, "\n"+n+"{") && !strings.HasPrefix(prom, n+"{") {
+			t.Errorf("the dashboard queries %s, which Envoy does not export", n)
 		}
 	}
 }
