@@ -121,8 +121,8 @@ type app struct {
 	picker  *picker.Server
 	xds     *xds.Server
 	consul  *consul.Source
-	store   *store.Store // nil without -store
-	warm    *warmSaver   // nil without -store
+	store   store.Store // nil without -store
+	warm    *warmSaver  // nil without -store
 	// tls serves ADS and ext_proc certificates; nil without TLS.
 	tls       *mtls.Server
 	connect   mtls.ConnectAgent // Consul agent with -tls-consul-service
