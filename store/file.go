@@ -23,9 +23,37 @@ func isSystemError(err error) bool {
 }
 
 // describeOpenError explains why the operating system refused to open the
-// store file.
+// store file, and what to do about it. The result wraps the cause, so
+// errors.Is(result, fs.ErrNotExist) and the like still work.
 func describeOpenError(path string, err error) error {
-	return fmt.Errorf("store %s: open: %w", path, err)
+	dir := filepath.Dir(path)
+	cause := err
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		cause = pe.Err // the message names the path already
+	}
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if _, derr := os.Stat(dir); errors.Is(derr, fs.ErrNotExist) {
+			return fmt.Errorf("store %s: directory %s does not exist; create it (the store creates only its file) or choose another path: %w", path, dir, cause)
+		}
+	case errors.Is(err, fs.ErrPermission):
+		who := "the user switchyard runs as"
+		if uid := os.Getuid(); uid >= 0 {
+			who = fmt.Sprintf("%s (uid %d)", who, uid)
+		}
+		if _, serr := os.Stat(path); serr == nil {
+			return fmt.Errorf("store %s: %w: %s needs read and write access to the file; fix its owner or mode", path, cause, who)
+		}
+		return fmt.Errorf("store %s: %w: %s cannot create the file in %s; fix the directory's owner or mode, or choose another path", path, cause, who, dir)
+	case errors.Is(err, syscall.EISDIR):
+		return fmt.Errorf("store %s: %w; the store needs a file path, such as %s", path, cause, filepath.Join(path, "switchyard.db"))
+	case errors.Is(err, syscall.EROFS):
+		return fmt.Errorf("store %s: %w; choose a path on a writable file system", path, cause)
+	case errors.Is(err, syscall.ENOSPC):
+		return fmt.Errorf("store %s: %w; free some space on the device holding %s", path, cause, dir)
+	}
+	return fmt.Errorf("store %s: %w", path, cause)
 }
 
 // guard runs fn, turning panics and memory faults (a bbolt page that points

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -483,5 +485,74 @@ func TestTruncatedAnywhereNeverCrashes(t *testing.T) {
 	t.Logf("%d of %d truncated stores were moved aside", recovered, len(sizes))
 	if recovered == 0 {
 		t.Error("no truncated store was detected")
+	}
+}
+
+func TestOpenErrorsSayWhatToDo(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct {
+		desc string
+		path string
+		is   error
+		want []string
+	}{{
+		desc: "missing directory",
+		path: filepath.Join(dir, "no", "such", "state.db"),
+		is:   fs.ErrNotExist,
+		want: []string{"directory " + filepath.Join(dir, "no", "such") + " does not exist", "create it"},
+	}, {
+		desc: "a directory",
+		path: dir,
+		is:   syscall.EISDIR,
+		want: []string{"store " + dir + ": is a directory", "needs a file path, such as " + filepath.Join(dir, "switchyard.db")},
+	}}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			_, err := Open(tc.path, testOpts())
+			if err == nil {
+				t.Fatal("Open succeeded")
+			}
+			if !errors.Is(err, tc.is) {
+				t.Errorf("error %q is not %v", err, tc.is)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "open "+tc.path) {
+				t.Errorf("error %q repeats the path", err)
+			}
+		})
+	}
+}
+
+// TestPermissionErrorsSayWhatToDo uses made-up errors: root, which the
+// tests may run as, is never denied.
+func TestPermissionErrorsSayWhatToDo(t *testing.T) {
+	dir := t.TempDir()
+	existing := filepath.Join(dir, "state.db")
+	if err := os.WriteFile(existing, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	denied := func(p string) error { return &fs.PathError{Op: "open", Path: p, Err: syscall.EACCES} }
+	for _, tc := range []struct {
+		path string
+		want string
+	}{
+		{existing, "needs read and write access to the file; fix its owner or mode"},
+		{filepath.Join(dir, "new.db"), "cannot create the file in " + dir + "; fix the directory's owner or mode"},
+	} {
+		err := describeOpenError(tc.path, denied(tc.path))
+		if !errors.Is(err, fs.ErrPermission) || !strings.Contains(err.Error(), tc.want) ||
+			!strings.HasPrefix(err.Error(), "store "+tc.path+": permission denied: ") {
+			t.Errorf("%s: %q lacks %q", tc.path, err, tc.want)
+		}
+	}
+	for _, e := range []syscall.Errno{syscall.EROFS, syscall.ENOSPC} {
+		err := describeOpenError(existing, &fs.PathError{Op: "open", Path: existing, Err: e})
+		if !errors.Is(err, e) || !strings.Contains(err.Error(), "; ") {
+			t.Errorf("%v: %q has no hint", e, err)
+		}
 	}
 }

@@ -102,7 +102,7 @@ func (s *File) prepare(db *bolt.DB) (snap *Snapshot, reason, err error) {
 	case verErr != nil:
 		return nil, verErr, nil
 	case version > sc.version:
-		return nil, nil, fmt.Errorf("store %s: %w (file has schema %d, this switchyard knows up to %d); the file was left untouched", s.path, ErrNewerSchema, version, sc.version)
+		return nil, nil, fmt.Errorf("store %s: %w (file has schema %d, this switchyard knows up to %d); the file was left untouched: run the newer switchyard, or move the file away to start cold", s.path, ErrNewerSchema, version, sc.version)
 	case version < sc.version:
 		if err := s.migrate(db, version); err != nil {
 			return nil, nil, err

@@ -253,13 +253,16 @@ func (s *File) tryOpen() (db *bolt.DB, opened os.FileInfo, reason, err error) {
 			return nil, err
 		}
 		fi, err := f.Stat()
-		if err == nil && fi.Mode().Perm() != 0o600 {
-			// bbolt's mode only applies to new files; tighten old ones.
-			err = f.Chmod(0o600)
-		}
 		if err != nil {
 			_ = f.Close()
 			return nil, err
+		}
+		if fi.Mode().Perm() != 0o600 {
+			// bbolt's mode only applies to new files; tighten old ones.
+			if err := f.Chmod(0o600); err != nil {
+				s.log.Warn("store file is readable by others and cannot be restricted to its owner",
+					"path", name, "mode", fi.Mode().Perm().String(), "err", err)
+			}
 		}
 		opened = fi
 		return f, nil
@@ -280,7 +283,7 @@ func (s *File) tryOpen() (db *bolt.DB, opened os.FileInfo, reason, err error) {
 		// moved aside all the same.
 		return nil, opened, boltErr, nil
 	case errors.Is(boltErr, bolterrors.ErrTimeout):
-		return nil, nil, nil, fmt.Errorf("store %s is %w (is another switchyard running with the same -store path?)", s.path, ErrLocked)
+		return nil, nil, nil, fmt.Errorf("store %s is %w: waited %v for its lock; is another switchyard running with the same store? Stop it, or give this one another store path", s.path, ErrLocked, s.opts.LockTimeout)
 	case opened == nil || isSystemError(boltErr):
 		return nil, nil, nil, describeOpenError(s.path, boltErr)
 	case errors.Is(boltErr, bolterrors.ErrInvalid), errors.Is(boltErr, bolterrors.ErrChecksum), errors.Is(boltErr, bolterrors.ErrVersionMismatch):

@@ -95,7 +95,7 @@ func TestHelpListsEveryFlag(t *testing.T) {
 	}
 	if missing := testutil.ContainsAll(stderr, "-config path", "-extproc-addr address", "127.0.0.1:9002",
 		"-xds-addr address", "127.0.0.1:18000", "-admin-addr address", "127.0.0.1:9090",
-		"-log-level level", "-log-format format", "SIGHUP"); len(missing) > 0 {
+		"-log-level level", "-log-format format", "SIGHUP", "Exit status: 0", "2 for a command-line error"); len(missing) > 0 {
 		t.Errorf("serve -h lacks %q:\n%s", missing, stderr)
 	}
 	code, _, stderr = runBinary(t, "validate", "-h")
@@ -197,5 +197,44 @@ func TestServe(t *testing.T) {
 	}
 	if out := p.Output(); !strings.Contains(out, `"msg":"shut down"`) || strings.Contains(out, `"version":3`) {
 		t.Fatalf("unexpected output:\n%s", out)
+	}
+}
+
+// TestServeExitCodes checks the documented scheme in process: 1 when serve
+// cannot start (configuration, store), 2 for command-line errors. Every
+// case fails before anything listens.
+func TestServeExitCodes(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	good := testutil.WriteFile(t, dir, "ok.hcl", "listener \"l\" {\n  address = \"127.0.0.1:8080\"\n}\npool \"p\" {\n  endpoints = [\"127.0.0.1:8001\"]\n}\n")
+	missingDir := filepath.Join(dir, "no", "such")
+	cases := []struct {
+		desc string
+		args []string
+		code int
+		want []string
+	}{
+		{"bad configuration", []string{"-config", "testdata/bad.hcl"}, 1, []string{"testdata/bad.hcl:4:10: error: Unknown pool"}},
+		{"store directory missing", []string{"-config", good, "-store", filepath.Join(missingDir, "s.db")}, 1,
+			[]string{"serve: store " + filepath.Join(missingDir, "s.db") + ": directory " + missingDir + " does not exist; create it"}},
+		{"store is a directory", []string{"-config", good, "-store", dir}, 1,
+			[]string{"serve: store " + dir + ": is a directory; the store needs a file path"}},
+		{"missing -config", nil, 2, []string{"-config is required"}},
+		{"bad -log-level", []string{"-config", good, "-log-level", "loud"}, 2, []string{`bad -log-level "loud"`}},
+		{"bad -extproc-advertise", []string{"-config", good, "-extproc-advertise", "picker:9002"}, 2, []string{"-extproc-advertise"}},
+		{"unknown flag", []string{"-config", good, "-frobnicate"}, 2, []string{"flag provided but not defined: -frobnicate"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			args := append([]string{"serve", "-extproc-addr", "127.0.0.1:0", "-xds-addr", "127.0.0.1:0", "-admin-addr", "127.0.0.1:0"}, tc.args...)
+			code := run(t.Context(), args, &stdout, &stderr)
+			if code != tc.code {
+				t.Errorf("exit code %d, want %d\nstderr: %s", code, tc.code, stderr.String())
+			}
+			if missing := testutil.ContainsAll(stderr.String(), tc.want...); len(missing) > 0 {
+				t.Errorf("stderr lacks %q:\n%s", missing, stderr.String())
+			}
+		})
 	}
 }

@@ -21,7 +21,7 @@ import (
 func openStore(path string, logger *slog.Logger) (*store.File, *store.Snapshot, error) {
 	st, err := store.Open(path, store.Options{Logger: logger.With("component", "store")})
 	if err != nil {
-		return nil, nil, fmt.Errorf("open store: %w", err)
+		return nil, nil, err // names the path and what to do
 	}
 	if r := st.Recovery(); r != nil {
 		logger.Warn("store file was unusable and has been moved aside; starting cold",
@@ -30,7 +30,7 @@ func openStore(path string, logger *slog.Logger) (*store.File, *store.Snapshot, 
 	snap, err := st.Load()
 	if err != nil {
 		_ = st.Close()
-		return nil, nil, fmt.Errorf("load store: %w", err)
+		return nil, nil, err
 	}
 	return st, snap, nil
 }

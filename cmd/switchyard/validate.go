@@ -18,7 +18,8 @@ func validateCmd(args []string, stdout, stderr io.Writer) int {
 
 Checks the configuration without starting anything. Every problem is printed
 with its file, line and column and a source snippet. Exits 0 and prints a
-one-line summary when the configuration is valid, 1 otherwise.
+one-line summary when the configuration is valid, 1 when it is not, 2 for
+a command-line error.
 
 Flags:
 `)
