@@ -45,6 +45,7 @@ func TestValidateCommand(t *testing.T) {
 		code   int
 		stdout string
 		stderr []string
+		once   []string // each printed exactly once
 	}{
 		{desc: "single pool", args: []string{"validate", "-config", filepath.Join(root, "examples/single-pool.hcl")},
 			stdout: "ok: 1 pool, 1 model, 1 listener\n"},
@@ -53,15 +54,15 @@ func TestValidateCommand(t *testing.T) {
 		{desc: "demo directory", args: []string{"validate", "-config", filepath.Join(root, "examples/demo")},
 			stdout: "ok: 1 pool, 4 models, 1 listener\n"},
 		{desc: "bad file", args: []string{"validate", "-config", "testdata/bad.hcl"}, code: 1, stderr: []string{
-			"Error: Unknown pool\n\n  on testdata/bad.hcl line 4, in model \"chat\":\n   4:   pool = \"lama\"\n",
-			`Pool "lama" is not defined (defined pools: "llama").`,
-			"Error: Invalid address\n\n  on testdata/bad.hcl line 8, in listener \"public\":\n   8:   address = \"localhost:8080\"\n",
-			"testdata/bad.hcl:4:10: error: Unknown pool: Pool \"lama\" is not defined",
+			"testdata/bad.hcl:4:10: error: Unknown pool: Pool \"lama\" is not defined (defined pools: \"llama\")\n" +
+				"  4 |   pool = \"lama\"\n" +
+				"    |          ^^^^^^\n",
 			"testdata/bad.hcl:8:13: error: Invalid address: \"localhost:8080\": \"localhost\" is not an IP address",
+			"  8 |   address = \"localhost:8080\"\n",
 			"2 errors\n",
-		}},
+		}, once: []string{"Unknown pool", "Invalid address", `pool = "lama"`}},
 		{desc: "directory without hcl", args: []string{"validate", "-config", "testdata/../../../registry/hclfile/testdata/nohcl"}, code: 1,
-			stderr: []string{"Error: No configuration files", "contains no *.hcl files", "1 error\n"}},
+			stderr: []string{"error: No configuration files: ", "contains no *.hcl files", "1 error\n"}, once: []string{"No configuration files"}},
 		{desc: "missing config flag", args: []string{"validate"}, code: 2, stderr: []string{"-config is required", "Usage: switchyard validate"}},
 		{desc: "stray argument", args: []string{"validate", "-config", "x.hcl", "extra"}, code: 2, stderr: []string{"unexpected arguments"}},
 		{desc: "unknown command", args: []string{"frobnicate"}, code: 2, stderr: []string{`unknown command "frobnicate"`, "Usage:"}},
@@ -78,6 +79,11 @@ func TestValidateCommand(t *testing.T) {
 			}
 			if missing := testutil.ContainsAll(stderr, tc.stderr...); len(missing) > 0 {
 				t.Errorf("stderr lacks %q:\n%s", missing, stderr)
+			}
+			for _, o := range tc.once {
+				if n := strings.Count(stderr, o); n != 1 {
+					t.Errorf("stderr has %q %d times, want once:\n%s", o, n, stderr)
+				}
 			}
 		})
 	}
