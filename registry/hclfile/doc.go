@@ -133,4 +133,15 @@
 // Values are literals: variables and functions are not available. Every
 // unknown attribute or block is an error. A configuration without a
 // listener block is valid but draws a warning.
+//
+// # Adding an attribute
+//
+// Each block type has one table of attribute specs (decode.go, tls.go):
+// a new attribute is one entry, such as
+//
+//	intAttr("max_retries", func(p *registry.Pool, v int) { p.MaxRetries = v }),
+//
+// which also puts it in the block's HCL schema, reports a bad value at its
+// file:line:column and records where it was written, so registry.Validate's
+// errors about it point there. Document it in the schema above.
 package hclfile
