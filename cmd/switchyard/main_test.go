@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -16,24 +15,15 @@ import (
 	"github.com/switchyard/switchyard/internal/testutil"
 )
 
-// runBinary runs the built switchyard in this package's directory and
-// returns its exit code, stdout and stderr.
-func runBinary(t *testing.T, args ...string) (int, string, string) {
+// runCLI runs the command line args in process, as the binary's main
+// would (without its os.Exit), and returns the exit code, stdout and
+// stderr. Commands that fail before serving start no process and no
+// server, so these tests run under -short too.
+func runCLI(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
-	cmd := exec.Command(testutil.Binary(t, "switchyard"), args...)
 	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-		return 0, stdout.String(), stderr.String()
-	case errors.As(err, &exit):
-		return exit.ExitCode(), stdout.String(), stderr.String()
-	default:
-		t.Fatalf("run %v: %v", args, err)
-		return 0, "", ""
-	}
+	code := run(t.Context(), args, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
 }
 
 func TestValidateCommand(t *testing.T) {
@@ -70,7 +60,7 @@ func TestValidateCommand(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
 			t.Parallel()
-			code, stdout, stderr := runBinary(t, tc.args...)
+			code, stdout, stderr := runCLI(t, tc.args...)
 			if code != tc.code {
 				t.Errorf("exit code %d, want %d\nstdout: %s\nstderr: %s", code, tc.code, stdout, stderr)
 			}
@@ -91,11 +81,11 @@ func TestValidateCommand(t *testing.T) {
 
 func TestHelpListsEveryFlag(t *testing.T) {
 	t.Parallel()
-	code, stdout, _ := runBinary(t, "-h")
+	code, stdout, _ := runCLI(t, "-h")
 	if code != 0 || testutil.ContainsAll(stdout, "serve", "validate", "version") != nil {
 		t.Errorf("switchyard -h: exit %d\n%s", code, stdout)
 	}
-	code, _, stderr := runBinary(t, "serve", "-h")
+	code, _, stderr := runCLI(t, "serve", "-h")
 	if code != 0 {
 		t.Errorf("serve -h exit code %d", code)
 	}
@@ -104,7 +94,7 @@ func TestHelpListsEveryFlag(t *testing.T) {
 		"-log-level level", "-log-format format", "SIGHUP", "Exit status: 0", "2 for a command-line error"); len(missing) > 0 {
 		t.Errorf("serve -h lacks %q:\n%s", missing, stderr)
 	}
-	code, _, stderr = runBinary(t, "validate", "-h")
+	code, _, stderr = runCLI(t, "validate", "-h")
 	if code != 0 || !strings.Contains(stderr, "-config path") {
 		t.Errorf("validate -h: exit %d\n%s", code, stderr)
 	}
@@ -112,7 +102,7 @@ func TestHelpListsEveryFlag(t *testing.T) {
 
 func TestVersionCommand(t *testing.T) {
 	t.Parallel()
-	code, stdout, _ := runBinary(t, "version")
+	code, stdout, _ := runCLI(t, "version")
 	if code != 0 || !strings.HasPrefix(stdout, "switchyard devel") || !strings.Contains(stdout, "go1.") {
 		t.Errorf("version: exit %d, %q", code, stdout)
 	}
@@ -131,11 +121,11 @@ func TestVersionLdflagsOverride(t *testing.T) {
 
 func TestServeRejectsBadConfig(t *testing.T) {
 	t.Parallel()
-	code, _, stderr := runBinary(t, "serve", "-config", "testdata/bad.hcl")
+	code, _, stderr := runCLI(t, "serve", "-config", "testdata/bad.hcl")
 	if code != 1 || !strings.Contains(stderr, "testdata/bad.hcl:4:10: error: Unknown pool") {
 		t.Errorf("exit %d, stderr:\n%s", code, stderr)
 	}
-	code, _, stderr = runBinary(t, "serve", "-config", "testdata/bad.hcl", "-log-format", "xml")
+	code, _, stderr = runCLI(t, "serve", "-config", "testdata/bad.hcl", "-log-format", "xml")
 	if code != 2 || !strings.Contains(stderr, `bad -log-format "xml"`) {
 		t.Errorf("exit %d, stderr:\n%s", code, stderr)
 	}

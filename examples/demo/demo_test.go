@@ -41,6 +41,7 @@ func freeOffset(t *testing.T) int {
 
 func demoBinary(t *testing.T) string {
 	t.Helper()
+	testutil.SkipProcesses(t, "go build ./examples/demo")
 	out := filepath.Join(t.TempDir(), "demo")
 	cmd := exec.Command("go", "build", "-o", out, "./examples/demo")
 	cmd.Dir = testutil.RepoRoot(t)
@@ -146,6 +147,7 @@ func TestDemoCtrlCStopsEverything(t *testing.T) {
 // `make tools` installs it).
 func chromiumPath(t *testing.T) string {
 	t.Helper()
+	testutil.SkipProcesses(t, "chromium")
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
 		if p, err := exec.LookPath(name); err == nil {
 			return p
