@@ -148,7 +148,10 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return err
 	}
 	base := fmt.Sprintf("http://127.0.0.1:%d", p(basePorts.listener))
-	if err := waitHTTP(ctx, base+"/v1/models", 200, 30*time.Second); err != nil {
+	// A header-only request through Envoy reaches a simulator only once the
+	// listener, the picker and the pool's cluster all work (GET /v1/models
+	// would prove less: the picker answers it itself).
+	if err := waitHTTP(ctx, base+"/health", 200, 30*time.Second); err != nil {
 		return sup.explain(err)
 	}
 

@@ -52,8 +52,10 @@
 //
 //	routing {                     # optional, at most one
 //	  default_pool = "llama"      # optional; requests for unknown models and
-//	                              # header-only requests go to this pool
-//	                              # instead of getting a 404. Default: none.
+//	                              # header-only requests (GET /health; the
+//	                              # picker answers GET /v1/models itself) go
+//	                              # to this pool instead of getting a 404.
+//	                              # Default: none.
 //	}
 //
 //	pool "NAME" {
