@@ -133,14 +133,20 @@ consul: $(CONSUL_BIN)
 
 # Consul is built from the Go module proxy in a throwaway module outside the
 # repo (its checksum-database entries are incomplete, hence GONOSUMDB); the
-# binary is cached by version so it is built once per machine.
+# binary is cached by version so it is built once per machine. The build's
+# output (hundreds of "go: downloading" lines) goes to a log next to it:
+# one line says what is happening, and a failure prints the log's tail.
+CONSUL_BUILD := $(CACHE_DIR)/consul-build-$(CONSUL_VERSION)
+CONSUL_LOG   := $(CONSUL_BUILD)/build.log
 $(CONSUL_BIN):
-	@mkdir -p $(CACHE_DIR)/consul-build-$(CONSUL_VERSION) $(dir $(CONSUL_BIN))
-	cd $(CACHE_DIR)/consul-build-$(CONSUL_VERSION) && \
-	  ( [ -f go.mod ] || $(GO) mod init consulbuild >/dev/null ) && \
+	@mkdir -p $(CONSUL_BUILD) $(dir $(CONSUL_BIN))
+	@echo "building Consul $(CONSUL_VERSION) from the Go module proxy (once per machine; ~10 min on 2 cores); log: $(CONSUL_LOG)"
+	@( cd $(CONSUL_BUILD) && \
+	  ( [ -f go.mod ] || $(GO) mod init consulbuild ) && \
 	  GONOSUMDB=github.com/hashicorp/consul GOFLAGS=-mod=mod $(GO) get github.com/hashicorp/consul@v$(CONSUL_VERSION) && \
-	  GONOSUMDB=github.com/hashicorp/consul GOFLAGS=-mod=mod $(GO) build -o $(CONSUL_BIN).tmp github.com/hashicorp/consul
-	mv $(CONSUL_BIN).tmp $(CONSUL_BIN)
+	  GONOSUMDB=github.com/hashicorp/consul GOFLAGS=-mod=mod $(GO) build -o $(CONSUL_BIN).tmp github.com/hashicorp/consul \
+	) >$(CONSUL_LOG) 2>&1 || { echo "Consul build failed; the last lines of $(CONSUL_LOG):"; tail -n 25 $(CONSUL_LOG); exit 1; }
+	@mv $(CONSUL_BIN).tmp $(CONSUL_BIN)
 	@$(CONSUL_BIN) version | head -1
 
 clean:
