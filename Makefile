@@ -20,10 +20,14 @@ else
 ENVOY_BIN     := $(ENVOY_ON_PATH)
 endif
 
+# The deployment checks are a Go module of their own (deploy/go.mod), so
+# the compose-spec parser they need stays out of switchyard's go.mod.
+DEPLOY        := $(GO) -C deploy
+
 export SWITCHYARD_ENVOY := $(ENVOY_BIN)
 export SWITCHYARD_CONSUL := $(CONSUL_BIN)
 
-.PHONY: all build test test-vllm unit bench bench-routing run envoy consul chromium tools vllm vet fmt clean fuzz compose-certs
+.PHONY: all build test test-vllm unit bench bench-routing run envoy consul chromium tools vllm vet fmt tidy-check clean fuzz compose-certs
 
 all: build
 
@@ -41,6 +45,12 @@ run: build envoy $(if $(filter vllm,$(ENGINE)),vllm)
 
 vet:
 	$(GO) vet ./...
+	$(DEPLOY) vet ./...
+
+# go.mod and go.sum (both modules) must be what `go mod tidy` makes them.
+tidy-check:
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
+	@$(DEPLOY) mod tidy -diff || { echo "deploy/go.mod/go.sum are not tidy: run go -C deploy mod tidy"; exit 1; }
 
 fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
@@ -48,8 +58,9 @@ fmt:
 # Everything: real Envoy, real Consul and real vLLM are installed first, then
 # every test runs: the fast pass, then the real-vLLM pass (one package at a
 # time: each vLLM server takes ~2.5 GB and a core while it starts).
-test: tools vllm fmt vet
+test: tools vllm fmt vet tidy-check
 	$(GO) test -count=1 -timeout 45m -skip 'RealVLLM' ./... 2>&1
+	$(DEPLOY) test -count=1 -timeout 15m ./... 2>&1
 	SWITCHYARD_REQUIRE_VLLM=1 $(GO) test -count=1 -p 1 -timeout 30m -run 'RealVLLM' ./... 2>&1
 
 # Only the tests against real vLLM (installing it first).
@@ -65,6 +76,7 @@ vllm:
 # Unit tests only (no Envoy/Consul processes needed; integration tests skip).
 unit:
 	SWITCHYARD_ENVOY= SWITCHYARD_CONSUL= $(GO) test -count=1 -short ./...
+	SWITCHYARD_ENVOY= SWITCHYARD_CONSUL= $(DEPLOY) test -count=1 -short ./...
 
 bench: tools
 	$(GO) test -run '^$$' -bench . -benchmem ./picker/... ./xds/... ./registry/... ./store/...
@@ -121,14 +133,20 @@ consul: $(CONSUL_BIN)
 
 # Consul is built from the Go module proxy in a throwaway module outside the
 # repo (its checksum-database entries are incomplete, hence GONOSUMDB); the
-# binary is cached by version so it is built once per machine.
+# binary is cached by version so it is built once per machine. The build's
+# output (hundreds of "go: downloading" lines) goes to a log next to it:
+# one line says what is happening, and a failure prints the log's tail.
+CONSUL_BUILD := $(CACHE_DIR)/consul-build-$(CONSUL_VERSION)
+CONSUL_LOG   := $(CONSUL_BUILD)/build.log
 $(CONSUL_BIN):
-	@mkdir -p $(CACHE_DIR)/consul-build-$(CONSUL_VERSION) $(dir $(CONSUL_BIN))
-	cd $(CACHE_DIR)/consul-build-$(CONSUL_VERSION) && \
-	  ( [ -f go.mod ] || $(GO) mod init consulbuild >/dev/null ) && \
+	@mkdir -p $(CONSUL_BUILD) $(dir $(CONSUL_BIN))
+	@echo "building Consul $(CONSUL_VERSION) from the Go module proxy (once per machine; ~10 min on 2 cores); log: $(CONSUL_LOG)"
+	@( cd $(CONSUL_BUILD) && \
+	  ( [ -f go.mod ] || $(GO) mod init consulbuild ) && \
 	  GONOSUMDB=github.com/hashicorp/consul GOFLAGS=-mod=mod $(GO) get github.com/hashicorp/consul@v$(CONSUL_VERSION) && \
-	  GONOSUMDB=github.com/hashicorp/consul GOFLAGS=-mod=mod $(GO) build -o $(CONSUL_BIN).tmp github.com/hashicorp/consul
-	mv $(CONSUL_BIN).tmp $(CONSUL_BIN)
+	  GONOSUMDB=github.com/hashicorp/consul GOFLAGS=-mod=mod $(GO) build -o $(CONSUL_BIN).tmp github.com/hashicorp/consul \
+	) >$(CONSUL_LOG) 2>&1 || { echo "Consul build failed; the last lines of $(CONSUL_LOG):"; tail -n 25 $(CONSUL_LOG); exit 1; }
+	@mv $(CONSUL_BIN).tmp $(CONSUL_BIN)
 	@$(CONSUL_BIN) version | head -1
 
 clean:

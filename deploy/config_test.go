@@ -344,7 +344,7 @@ func TestEnvoyBootstrap(t *testing.T) {
 		t.Fatalf("render bootstrap: %v", err)
 	}
 	want = "# Generated from envoy/bootstrap.yaml for docker-compose.yaml by\n" +
-		"#   go test ./deploy -run TestEnvoyBootstrap -update\n" +
+		"#   go -C deploy test -run TestEnvoyBootstrap -update .\n" +
 		"# ADS: the switchyard service (" + svcSwitchyard + ":" + strconv.Itoa(xdsPort) + "). Do not edit by hand.\n\n" + want
 	path := filepath.Join(root, envoyBootstrapFile)
 	if *update {
@@ -357,7 +357,7 @@ func TestEnvoyBootstrap(t *testing.T) {
 		t.Fatalf("%v (generate it with -update)", err)
 	}
 	if string(got) != want {
-		t.Errorf("%s is out of date with envoy/bootstrap.yaml or switchyard's -xds-addr; regenerate with\n  go test ./deploy -run TestEnvoyBootstrap -update", envoyBootstrapFile)
+		t.Errorf("%s is out of date with envoy/bootstrap.yaml or switchyard's -xds-addr; regenerate with\n  go -C deploy test -run TestEnvoyBootstrap -update .", envoyBootstrapFile)
 	}
 
 	// The health check asks Envoy's admin /ready on the bootstrap's port

@@ -14,8 +14,11 @@
 // (switchyard validate, consul validate, envoy --mode validate), and that
 // the Dockerfiles build the right command as a non-root user.
 //
-// The package has no non-test code.
+// The package has no non-test code. It is a Go module of its own
+// (deploy/go.mod, using the repository's module through a replace), so the
+// compose-spec parser and its dependencies stay out of switchyard's go.mod;
+// make test runs it after the main module.
 //
-//	go test ./deploy/
-//	go test ./deploy/ -run TestEnvoyBootstrap -update   # regenerate the compose bootstrap
+//	go -C deploy test ./...
+//	go -C deploy test -run TestEnvoyBootstrap -update .   # regenerate the compose bootstrap
 package deploy

@@ -290,6 +290,7 @@ func TestDockerignore(t *testing.T) {
 		}
 	}
 
+	testutil.SkipProcesses(t, "go list")
 	cmd := exec.Command("go", "list", "-deps", "-f",
 		`{{if .Module}}{{if .Module.Main}}{{range .GoFiles}}{{$.Dir}}/{{.}}{{"\n"}}{{end}}{{range .EmbedFiles}}{{$.Dir}}/{{.}}{{"\n"}}{{end}}{{end}}{{end}}`,
 		"./cmd/switchyard", "./cmd/vllm-sim")

@@ -7,7 +7,7 @@ listener "public" {
 }
 
 # Requests for models not listed below (and header-only requests such as
-# GET /v1/models) go to the "llama" pool instead of getting a 404.
+# GET /health) go to the "llama" pool instead of getting a 404.
 routing {
   default_pool = "llama"
 }

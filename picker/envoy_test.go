@@ -233,14 +233,26 @@ func envoyRoundTrips(t *testing.T, envoy string, sims []string, lbEndpoints, mod
 		}
 	})
 	t.Run("header-only request", func(t *testing.T) {
+		resp, err := http.Get(base + "/health")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("x-served-by") != sims[0] {
+			t.Errorf("GET /health: %d served by %q: %s", resp.StatusCode, resp.Header.Get("x-served-by"), b)
+		}
+	})
+	t.Run("model list answered by the picker", func(t *testing.T) {
 		resp, err := http.Get(base + "/v1/models")
 		if err != nil {
 			t.Fatal(err)
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != 200 || !strings.Contains(string(b), served) {
-			t.Errorf("GET /v1/models: %d %s", resp.StatusCode, b)
+		if resp.StatusCode != 200 || resp.Header.Get("x-served-by") != "" ||
+			testutil.ContainsAll(string(b), `"object":"list"`, `"id":"chat"`, `"id":"`+served+`"`) != nil {
+			t.Errorf("GET /v1/models: %d served by %q: %s", resp.StatusCode, resp.Header.Get("x-served-by"), b)
 		}
 	})
 	t.Run("local replies", func(t *testing.T) {

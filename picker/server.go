@@ -17,6 +17,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -103,6 +104,10 @@ type Server struct {
 	debug  bool
 	health *health.Server
 
+	// started is the "created" time of every model GET /v1/models lists
+	// (OpenAI's field; clients do not rely on it).
+	started time.Time
+
 	snap    atomic.Pointer[snapshot]
 	loads   loads
 	scratch sync.Pool
@@ -130,12 +135,13 @@ func New(view registry.View, opts Options, logger *slog.Logger) *Server {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{
-		view:   view,
-		opts:   opts.withDefaults(),
-		log:    logger,
-		debug:  logger.Enabled(context.Background(), slog.LevelDebug),
-		health: health.NewServer(),
-		eh:     newEndpointHealth(),
+		view:    view,
+		opts:    opts.withDefaults(),
+		log:     logger,
+		debug:   logger.Enabled(context.Background(), slog.LevelDebug),
+		health:  health.NewServer(),
+		eh:      newEndpointHealth(),
+		started: time.Now(),
 	}
 	s.scratch.New = func() any { return new(sched.Scratch) }
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)

@@ -311,7 +311,7 @@ func TestHeaderOnlyRequests(t *testing.T) {
 			st.Routing.DefaultPool = tc.defaultPool
 			h := newHarness(t, st, Options{})
 			s := h.duplex()
-			s.send(reqHeaders(true, ":method", "GET", ":path", "/v1/models"))
+			s.send(reqHeaders(true, ":method", "GET", ":path", "/health"))
 			d := decisionOf(t, s.recv())
 			if d.pool != tc.wantPool {
 				t.Errorf("pool %q, want %q", d.pool, tc.wantPool)
@@ -729,7 +729,7 @@ func TestHealthServices(t *testing.T) {
 	}
 	// No pools: requests get 503.
 	s := h.duplex()
-	s.send(reqHeaders(true, ":method", "GET", ":path", "/v1/models"))
+	s.send(reqHeaders(true, ":method", "GET", ":path", "/health"))
 	immediateOf(t, s.recv(), 503)
 
 	h.pub.Publish(testState())

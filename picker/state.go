@@ -19,7 +19,8 @@ type snapshot struct {
 	// unknownPool receives requests for models nobody declared
 	// (routing.default_pool); nil means 404.
 	unknownPool *poolView
-	// headerOnlyPool receives requests without a model (GET /v1/models):
+	// headerOnlyPool receives requests without a model (GET /health; GET
+	// /v1/models is answered by the picker itself):
 	// routing.default_pool, else the only pool, else the first by name.
 	headerOnlyPool *poolView
 }

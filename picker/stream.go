@@ -273,6 +273,9 @@ func (st *stream) reject(code int, msg string, send sendFunc) (bool, error) {
 // the held request messages.
 func (st *stream) decide(send sendFunc) (bool, error) {
 	st.decided = true
+	if r := st.answerModels(); r != nil {
+		return true, st.wrapSend(send, r)
+	}
 	st.s.stats.requests.Add(1)
 	t0 := time.Now()
 	code, msg, body, dest := st.pick()

@@ -14,7 +14,7 @@ const benchPools, benchPerPool = 20, 50
 // fillStore saves a realistic full load into s: the 1,000-endpoint state,
 // metrics and health for every endpoint, a 2 KiB prefix blob per endpoint
 // and 10,000 sessions.
-func fillStore(b *testing.B, s *Store) {
+func fillStore(b *testing.B, s *File) {
 	b.Helper()
 	st := makeState(benchPools, benchPerPool, 1)
 	s.SaveState(st)

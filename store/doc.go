@@ -5,6 +5,9 @@
 // prefix-cache blobs, the session-affinity map, the Consul blocking-query
 // indexes and the xDS version counter.
 //
+// Components depend on the Store interface; File (Open) implements it on
+// a bbolt file, and storetest.Fake in memory, for unit tests.
+//
 // The store never imports the picker or the xDS packages: everything it keeps
 // is a plain record defined here (Metrics, Health, Session, opaque prefix
 // blobs) or a registry.State, converted to and from versioned record structs
@@ -47,14 +50,16 @@
 //
 // # Opening
 //
-// Open takes an exclusive lock on the file (a second process fails after
-// Options.LockTimeout with ErrLocked), checks bbolt's meta pages and the
-// file length before handing the file to bbolt, then reads every record
-// once. A file that is not a bbolt database, is truncated, fails to decode
-// or belongs to another application is renamed to
+// Open hands the file to bbolt, which takes an exclusive lock on it (a
+// second process fails after Options.LockTimeout with ErrLocked) and checks
+// its meta pages; Open then reads every record once, turning any fault on a
+// damaged page into an error. A file bbolt rejects (not a bbolt database,
+// damaged meta pages), one with a page that faults or fails to decode, and
+// one that belongs to another application is renamed to
 // "<path>.corrupt-<UTC timestamp>" (never overwritten) and a fresh store is
-// created; Store.Recovery and a warning log line say so. A file written by a
-// newer schema than this binary knows is left untouched and Open fails with
-// ErrNewerSchema. Older schemas are migrated forward, one version at a time,
-// in a single transaction.
+// created; File.Recovery and a warning log line say so. A file the
+// operating system refuses to open (missing directory, permissions) is
+// never moved. A file written by a newer schema than this binary knows is
+// left untouched and Open fails with ErrNewerSchema. Older schemas are
+// migrated forward, one version at a time, in a single transaction.
 package store

@@ -1,106 +1,59 @@
 package store
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
-	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"syscall"
 )
 
-// bbolt's on-disk meta page, as documented by its file format: a 16-byte
-// page header, then magic, version, page size, flags (uint32 each), the
-// root bucket (root page id, sequence), the freelist page id, the page
-// high-water mark, the transaction id (uint64 each) and an FNV-64a checksum
-// of everything before it, in the machine's byte order. Page 0 and page 1
-// hold the two alternating copies.
-const (
-	boltMagic        = 0xED0CDAED
-	boltVersion      = 2
-	boltPageHeader   = 16
-	boltMetaSize     = 64
-	boltChecksumOff  = 56
-	boltNoFreelist   = ^uint64(0)
-	minBoltPageSize  = 512
-	maxBoltPageSize  = 1 << 20
-	boltMetaReadSize = boltPageHeader + boltMetaSize
-)
-
-type boltMeta struct {
-	pageSize uint32
-	root     uint64
-	freelist uint64
-	pgid     uint64
-	txid     uint64
+// isSystemError reports whether err comes from the operating system (a
+// missing directory, permissions, a full disk, no memory to map the file)
+// rather than from the file's content: such a file is left where it is.
+func isSystemError(err error) bool {
+	var (
+		pe *fs.PathError
+		se *os.SyscallError
+		en syscall.Errno
+	)
+	return errors.As(err, &pe) || errors.As(err, &se) || errors.As(err, &en)
 }
 
-// readBoltMeta reads and verifies the meta page at off.
-func readBoltMeta(f *os.File, off int64) (boltMeta, error) {
-	buf := make([]byte, boltMetaReadSize)
-	if _, err := f.ReadAt(buf, off); err != nil {
-		if errors.Is(err, io.EOF) {
-			return boltMeta{}, errors.New("file ends before the meta page")
-		}
-		return boltMeta{}, err
+// describeOpenError explains why the operating system refused to open the
+// store file, and what to do about it. The result wraps the cause, so
+// errors.Is(result, fs.ErrNotExist) and the like still work.
+func describeOpenError(path string, err error) error {
+	dir := filepath.Dir(path)
+	cause := err
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		cause = pe.Err // the message names the path already
 	}
-	m := buf[boltPageHeader:]
-	ne := binary.NativeEndian
-	if ne.Uint32(m[0:]) != boltMagic {
-		return boltMeta{}, errors.New("no bbolt magic number")
-	}
-	if v := ne.Uint32(m[4:]); v != boltVersion {
-		return boltMeta{}, fmt.Errorf("bbolt format version %d, want %d", v, boltVersion)
-	}
-	h := fnv.New64a()
-	h.Write(m[:boltChecksumOff])
-	if h.Sum64() != ne.Uint64(m[boltChecksumOff:]) {
-		return boltMeta{}, errors.New("meta page checksum mismatch")
-	}
-	return boltMeta{
-		pageSize: ne.Uint32(m[8:]),
-		root:     ne.Uint64(m[16:]),
-		freelist: ne.Uint64(m[32:]),
-		pgid:     ne.Uint64(m[40:]),
-		txid:     ne.Uint64(m[48:]),
-	}, nil
-}
-
-// checkHeader reports why f (of the given size) cannot be a healthy bbolt
-// file, or nil. It catches what would otherwise crash bbolt while mapping
-// the file: garbage, a foreign format, truncation.
-func checkHeader(f *os.File, size int64) error {
-	m0, err0 := readBoltMeta(f, 0)
-	off1 := int64(os.Getpagesize())
-	if err0 == nil {
-		off1 = int64(m0.pageSize)
-	}
-	m1, err1 := readBoltMeta(f, off1)
-	var m boltMeta
 	switch {
-	case err0 != nil && err1 != nil:
-		return fmt.Errorf("not a bbolt database: meta page 0: %v; meta page 1: %v", err0, err1)
-	case err0 != nil:
-		m = m1
-	case err1 != nil:
-		m = m0
-	case m1.txid > m0.txid:
-		m = m1
-	default:
-		m = m0
+	case errors.Is(err, fs.ErrNotExist):
+		if _, derr := os.Stat(dir); errors.Is(derr, fs.ErrNotExist) {
+			return fmt.Errorf("store %s: directory %s does not exist; create it (the store creates only its file) or choose another path: %w", path, dir, cause)
+		}
+	case errors.Is(err, fs.ErrPermission):
+		who := "the user switchyard runs as"
+		if uid := os.Getuid(); uid >= 0 {
+			who = fmt.Sprintf("%s (uid %d)", who, uid)
+		}
+		if _, serr := os.Stat(path); serr == nil {
+			return fmt.Errorf("store %s: %w: %s needs read and write access to the file; fix its owner or mode", path, cause, who)
+		}
+		return fmt.Errorf("store %s: %w: %s cannot create the file in %s; fix the directory's owner or mode, or choose another path", path, cause, who, dir)
+	case errors.Is(err, syscall.EISDIR):
+		return fmt.Errorf("store %s: %w; the store needs a file path, such as %s", path, cause, filepath.Join(path, "switchyard.db"))
+	case errors.Is(err, syscall.EROFS):
+		return fmt.Errorf("store %s: %w; choose a path on a writable file system", path, cause)
+	case errors.Is(err, syscall.ENOSPC):
+		return fmt.Errorf("store %s: %w; free some space on the device holding %s", path, cause, dir)
 	}
-	if m.pageSize < minBoltPageSize || m.pageSize > maxBoltPageSize || m.pageSize&(m.pageSize-1) != 0 {
-		return fmt.Errorf("bbolt meta page has implausible page size %d", m.pageSize)
-	}
-	if m.pgid < 4 || m.root >= m.pgid || (m.freelist >= m.pgid && m.freelist != boltNoFreelist) {
-		return fmt.Errorf("bbolt meta page is inconsistent (root %d, freelist %d, high-water %d)", m.root, m.freelist, m.pgid)
-	}
-	if need := int64(m.pgid) * int64(m.pageSize); size < need {
-		return fmt.Errorf("file is truncated: bbolt needs %d bytes, file has %d", need, size)
-	}
-	return nil
+	return fmt.Errorf("store %s: %w", path, cause)
 }
 
 // guard runs fn, turning panics and memory faults (a bbolt page that points

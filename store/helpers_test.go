@@ -23,7 +23,7 @@ func testOpts() Options {
 	}
 }
 
-func openT(t testing.TB, path string, o Options) *Store {
+func openT(t testing.TB, path string, o Options) *File {
 	t.Helper()
 	s, err := Open(path, o)
 	if err != nil {
@@ -33,7 +33,7 @@ func openT(t testing.TB, path string, o Options) *Store {
 	return s
 }
 
-func flushT(t testing.TB, s *Store) {
+func flushT(t testing.TB, s *File) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -42,7 +42,7 @@ func flushT(t testing.TB, s *Store) {
 	}
 }
 
-func loadT(t testing.TB, s *Store) *Snapshot {
+func loadT(t testing.TB, s *File) *Snapshot {
 	t.Helper()
 	snap, err := s.Load()
 	if err != nil {
@@ -51,7 +51,7 @@ func loadT(t testing.TB, s *Store) *Snapshot {
 	return snap
 }
 
-func closeT(t testing.TB, s *Store) {
+func closeT(t testing.TB, s *File) {
 	t.Helper()
 	if err := s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)

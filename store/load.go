@@ -68,6 +68,28 @@ type Snapshot struct {
 	state *stateRecord
 }
 
+// NewSnapshot returns an empty snapshot (what a new store loads).
+func NewSnapshot() *Snapshot {
+	return &Snapshot{
+		Metrics:       map[EndpointKey]Metrics{},
+		Health:        map[EndpointKey]Health{},
+		Prefix:        map[EndpointKey][]byte{},
+		ConsulIndexes: map[string]uint64{},
+	}
+}
+
+// SetState sets the snapshot's registry state and StateVersion to a copy
+// of st (nil clears them). Stores other than File, such as
+// storetest.Fake, build their snapshots with it.
+func (sn *Snapshot) SetState(st *registry.State) {
+	if st == nil {
+		sn.state, sn.StateVersion = nil, 0
+		return
+	}
+	r := fromState(st)
+	sn.state, sn.StateVersion = &r, r.Version
+}
+
 // State returns a fresh copy of the persisted registry state (with its
 // Version), or nil if no state was ever saved.
 func (sn *Snapshot) State() *registry.State {
@@ -79,7 +101,7 @@ func (sn *Snapshot) State() *registry.State {
 
 // Load reads everything persisted (that is, flushed) from disk. Sessions
 // that have expired are left out.
-func (s *Store) Load() (*Snapshot, error) {
+func (s *File) Load() (*Snapshot, error) {
 	s.mu.Lock()
 	closed := s.closed
 	s.mu.Unlock()
@@ -98,13 +120,8 @@ func (s *Store) Load() (*Snapshot, error) {
 	return snap, nil
 }
 
-func (s *Store) read(db *bolt.DB) (*Snapshot, error) {
-	snap := &Snapshot{
-		Metrics:       map[EndpointKey]Metrics{},
-		Health:        map[EndpointKey]Health{},
-		Prefix:        map[EndpointKey][]byte{},
-		ConsulIndexes: map[string]uint64{},
-	}
+func (s *File) read(db *bolt.DB) (*Snapshot, error) {
+	snap := NewSnapshot()
 	now := s.opts.Now()
 	err := db.View(func(tx *bolt.Tx) error {
 		mb := tx.Bucket(bucketMeta)

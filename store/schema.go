@@ -62,7 +62,7 @@ func currentSchema() schema {
 // prepare initialises a new file, or checks and migrates an existing one,
 // then reads everything once. A non-nil reason means the file is not a
 // usable switchyard store and should be moved aside; err is fatal.
-func (s *Store) prepare(db *bolt.DB) (snap *Snapshot, reason, err error) {
+func (s *File) prepare(db *bolt.DB) (snap *Snapshot, reason, err error) {
 	var (
 		hasMeta bool
 		others  []string
@@ -102,7 +102,7 @@ func (s *Store) prepare(db *bolt.DB) (snap *Snapshot, reason, err error) {
 	case verErr != nil:
 		return nil, verErr, nil
 	case version > sc.version:
-		return nil, nil, fmt.Errorf("store %s: %w (file has schema %d, this switchyard knows up to %d); the file was left untouched", s.path, ErrNewerSchema, version, sc.version)
+		return nil, nil, fmt.Errorf("store %s: %w (file has schema %d, this switchyard knows up to %d); the file was left untouched: run the newer switchyard, or move the file away to start cold", s.path, ErrNewerSchema, version, sc.version)
 	case version < sc.version:
 		if err := s.migrate(db, version); err != nil {
 			return nil, nil, err
@@ -125,7 +125,7 @@ func (s *Store) prepare(db *bolt.DB) (snap *Snapshot, reason, err error) {
 	return snap, nil, nil
 }
 
-func (s *Store) initialise(db *bolt.DB) error {
+func (s *File) initialise(db *bolt.DB) error {
 	err := db.Update(func(tx *bolt.Tx) error {
 		mb, err := tx.CreateBucket(bucketMeta)
 		if err != nil {
@@ -157,7 +157,7 @@ func (s *Store) initialise(db *bolt.DB) error {
 // migrate runs every migration from version up to the current schema in
 // one transaction: either the file ends up at the current schema or it is
 // left exactly as it was.
-func (s *Store) migrate(db *bolt.DB, from uint64) error {
+func (s *File) migrate(db *bolt.DB, from uint64) error {
 	sc := s.opts.schema
 	err := db.Update(func(tx *bolt.Tx) error {
 		for v := from; v < sc.version; v++ {

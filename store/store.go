@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,9 +12,11 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
+
+	"github.com/switchyard/switchyard/registry"
 )
 
-// Errors Open and the Store methods return; match them with errors.Is.
+// Errors Open and the store methods return; match them with errors.Is.
 var (
 	// ErrLocked means another process (usually another switchyard) holds
 	// the store file.
@@ -109,9 +112,36 @@ type Recovery struct {
 	Reason error
 }
 
-// Store is an open switchyard state file. Its methods are safe for
-// concurrent use.
-type Store struct {
+// Store is what switchyard's components need from persistence: depend on
+// it rather than on *File, so tests can use the in-memory
+// storetest.Fake. Its methods are safe for concurrent use.
+//
+// Save* methods record the latest value and return at once; a newer save
+// of the same item replaces an older one. Flush makes everything saved so
+// far durable, and Load returns what is durable. NextVersion hands out xDS
+// versions that never repeat, across restarts and crashes. After Close,
+// methods return ErrClosed (saves are ignored).
+type Store interface {
+	Load() (*Snapshot, error)
+	SaveState(st *registry.State)
+	SaveMetrics(m map[EndpointKey]Metrics)
+	SaveHealth(h map[EndpointKey]Health)
+	SavePrefix(pool, endpoint string, blob []byte) error
+	SaveSessions(sessions []Session)
+	SaveConsulIndex(key string, index uint64)
+	Flush(ctx context.Context) error
+	NextVersion() (uint64, error)
+	// LastError is the error of the latest failed background write, or nil
+	// once a write succeeds.
+	LastError() error
+	Close() error
+}
+
+var _ Store = (*File)(nil)
+
+// File is an open switchyard state file, the bbolt implementation of
+// Store. Its methods are safe for concurrent use.
+type File struct {
 	path     string
 	db       *bolt.DB
 	opts     Options
@@ -143,9 +173,9 @@ type Store struct {
 // Open opens (or creates) the store at path with file mode 0600. See the
 // package documentation for what happens to locked, corrupt, foreign and
 // newer-schema files.
-func Open(path string, opts Options) (*Store, error) {
+func Open(path string, opts Options) (*File, error) {
 	opts = opts.withDefaults()
-	s := &Store{
+	s := &File{
 		path:        path,
 		opts:        opts,
 		log:         opts.Logger,
@@ -170,9 +200,9 @@ func Open(path string, opts Options) (*Store, error) {
 }
 
 // open opens the database, moving an unusable file aside at most once.
-func (s *Store) open() (*Snapshot, error) {
+func (s *File) open() (*Snapshot, error) {
 	for attempt := 0; ; attempt++ {
-		db, held, reason, err := s.tryOpen()
+		db, opened, reason, err := s.tryOpen()
 		if err != nil {
 			return nil, err
 		}
@@ -190,12 +220,14 @@ func (s *Store) open() (*Snapshot, error) {
 			reason = reason2
 		}
 		if attempt > 0 {
-			if held != nil {
-				_ = held.Close()
-			}
 			return nil, fmt.Errorf("store %s: freshly created file is unusable: %w", s.path, reason)
 		}
-		moved, err := s.quarantine(held)
+		moved, err := s.quarantine(opened)
+		if errors.Is(err, errReplaced) {
+			// Another process moved the file aside first: open what is
+			// there now (it is most likely locked by that process).
+			continue
+		}
 		if err != nil {
 			return nil, fmt.Errorf("store %s is unusable (%v) and could not be moved aside: %w", s.path, reason, err)
 		}
@@ -205,83 +237,74 @@ func (s *Store) open() (*Snapshot, error) {
 	}
 }
 
-// tryOpen locks the file, checks its header and opens it with bbolt. A
-// non-nil reason means the file is unusable and should be moved aside;
-// held, if non-nil, is the still-locked file to move. err is fatal.
-func (s *Store) tryOpen() (db *bolt.DB, held *os.File, reason, err error) {
-	f, err := os.OpenFile(s.path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("store %s: open: %w", s.path, err)
-	}
-	if err := lockFile(f, s.opts.LockTimeout); err != nil {
-		_ = f.Close()
-		if errors.Is(err, ErrLocked) {
-			return nil, nil, nil, fmt.Errorf("store %s is %w (is another switchyard running with the same -store path?)", s.path, err)
+// errReplaced means the file changed identity between opening it and
+// moving it aside.
+var errReplaced = errors.New("store file was replaced while opening it")
+
+// tryOpen opens the file with bbolt, which takes its exclusive lock (for
+// at most Options.LockTimeout) and checks the meta pages itself. A non-nil
+// reason means the file's content is unusable and the file should be moved
+// aside; opened identifies the file that was opened, for the move. err is
+// fatal: the file is locked, or the system refused to open it.
+func (s *File) tryOpen() (db *bolt.DB, opened os.FileInfo, reason, err error) {
+	openFile := func(name string, flag int, perm os.FileMode) (*os.File, error) {
+		f, err := os.OpenFile(name, flag, perm)
+		if err != nil {
+			return nil, err
 		}
-		return nil, nil, nil, fmt.Errorf("store %s: lock: %w", s.path, err)
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		_ = f.Close()
-		return nil, nil, nil, fmt.Errorf("store %s: stat: %w", s.path, err)
-	}
-	if fi.Mode().Perm() != 0o600 {
-		if err := f.Chmod(0o600); err != nil {
+		fi, err := f.Stat()
+		if err != nil {
 			_ = f.Close()
-			return nil, nil, nil, fmt.Errorf("store %s: chmod 0600: %w", s.path, err)
+			return nil, err
 		}
-	}
-	if fi.Size() > 0 {
-		if reason := checkHeader(f, fi.Size()); reason != nil {
-			return nil, f, reason, nil
+		if fi.Mode().Perm() != 0o600 {
+			// bbolt's mode only applies to new files; tighten old ones.
+			if err := f.Chmod(0o600); err != nil {
+				s.log.Warn("store file is readable by others and cannot be restricted to its owner",
+					"path", name, "mode", fi.Mode().Perm().String(), "err", err)
+			}
 		}
+		opened = fi
+		return f, nil
 	}
 	returned := false
-	reason = guard(func() error {
+	boltErr := guard(func() error {
 		var err error
-		db, err = bolt.Open(s.path, 0o600, &bolt.Options{
-			Timeout: s.opts.LockTimeout,
-			// Hand bbolt the file we already locked: flock on the same
-			// open file description succeeds, and bbolt closes it.
-			OpenFile: func(string, int, os.FileMode) (*os.File, error) { return f, nil },
-		})
+		db, err = bolt.Open(s.path, 0o600, &bolt.Options{Timeout: s.opts.LockTimeout, OpenFile: openFile})
 		returned = true
 		return err
 	})
 	switch {
-	case reason == nil:
-		return db, nil, nil, nil
+	case boltErr == nil:
+		return db, opened, nil, nil
 	case !returned:
-		// bbolt panicked on a damaged page: f is still open and locked.
-		return nil, f, reason, nil
-	case errors.Is(reason, bolterrors.ErrTimeout):
-		return nil, nil, nil, fmt.Errorf("store %s is %w", s.path, ErrLocked)
+		// bbolt faulted on a damaged page while opening. The file stays
+		// mapped (and so locked) by this process until it exits; it is
+		// moved aside all the same.
+		return nil, opened, boltErr, nil
+	case errors.Is(boltErr, bolterrors.ErrTimeout):
+		return nil, nil, nil, fmt.Errorf("store %s is %w: waited %v for its lock; is another switchyard running with the same store? Stop it, or give this one another store path", s.path, ErrLocked, s.opts.LockTimeout)
+	case opened == nil || isSystemError(boltErr):
+		return nil, nil, nil, describeOpenError(s.path, boltErr)
+	case errors.Is(boltErr, bolterrors.ErrInvalid), errors.Is(boltErr, bolterrors.ErrChecksum), errors.Is(boltErr, bolterrors.ErrVersionMismatch):
+		return nil, opened, fmt.Errorf("not a bbolt database (bbolt: %w)", boltErr), nil
 	default:
-		// bbolt closed (and unlocked) f itself.
-		return nil, nil, fmt.Errorf("bbolt: %w", reason), nil
+		return nil, opened, fmt.Errorf("bbolt: %w", boltErr), nil
 	}
 }
 
-// quarantine renames the store file to "<path>.corrupt-<time>". held is the
-// locked file, or nil to lock it again first.
-func (s *Store) quarantine(held *os.File) (string, error) {
-	if held == nil {
-		f, err := os.OpenFile(s.path, os.O_RDWR, 0)
-		if err != nil {
-			return "", err
-		}
-		if err := lockFile(f, s.opts.LockTimeout); err != nil {
-			_ = f.Close()
-			return "", err
-		}
-		held = f
+// quarantine renames the store file to "<path>.corrupt-<time>". opened is
+// the file that was found unusable: if path names another file by now,
+// another process has already moved it aside and quarantine returns
+// errReplaced instead of moving a good file.
+func (s *File) quarantine(opened os.FileInfo) (string, error) {
+	cur, err := os.Lstat(s.path)
+	if err != nil {
+		return "", err
 	}
-	defer func() {
-		// Unlock explicitly: a mapping bbolt left behind after a panic
-		// would otherwise keep the lock alive on the moved file.
-		_ = unlockFile(held)
-		_ = held.Close()
-	}()
+	if opened != nil && !os.SameFile(opened, cur) {
+		return "", errReplaced
+	}
 	base := s.path + ".corrupt-" + s.opts.Now().UTC().Format("20060102T150405Z")
 	target := base
 	for i := 1; ; i++ {
@@ -298,14 +321,14 @@ func (s *Store) quarantine(held *os.File) (string, error) {
 }
 
 // Path returns the store's file name.
-func (s *Store) Path() string { return s.path }
+func (s *File) Path() string { return s.path }
 
 // Recovery reports whether Open moved an unusable file aside (nil if not).
-func (s *Store) Recovery() *Recovery { return s.recovery }
+func (s *File) Recovery() *Recovery { return s.recovery }
 
 // LastError returns the error of the latest failed background flush, or
 // nil once a flush succeeds.
-func (s *Store) LastError() error {
+func (s *File) LastError() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lastErr
@@ -313,7 +336,7 @@ func (s *Store) LastError() error {
 
 // Close flushes everything pending and closes the file. It is safe to call
 // more than once.
-func (s *Store) Close() error {
+func (s *File) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closing)
 		<-s.done
@@ -338,7 +361,7 @@ func (s *Store) Close() error {
 // every version this file has ever handed out, across restarts and crashes.
 // Versions come from a block reserved durably on disk; crossing into a new
 // block commits (and fsyncs) the new high-water mark before returning.
-func (s *Store) NextVersion() (uint64, error) {
+func (s *File) NextVersion() (uint64, error) {
 	s.verMu.Lock()
 	defer s.verMu.Unlock()
 	s.mu.Lock()

@@ -64,7 +64,7 @@ func (p pending) under(newer pending) pending {
 
 // record applies fn to the pending set under the lock and wakes the writer.
 // It does nothing once the store is closed.
-func (s *Store) record(fn func(p *pending)) {
+func (s *File) record(fn func(p *pending)) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -81,7 +81,7 @@ func (s *Store) record(fn func(p *pending)) {
 // SaveState records st as the state to persist. The store keeps the
 // pointer until the next flush, so st must not be modified afterwards
 // (published registry states never are).
-func (s *Store) SaveState(st *registry.State) {
+func (s *File) SaveState(st *registry.State) {
 	if st == nil {
 		return
 	}
@@ -90,7 +90,7 @@ func (s *Store) SaveState(st *registry.State) {
 
 // SaveMetrics replaces the persisted metrics of every endpoint with m.
 // Entries with non-finite numbers or over-long keys are dropped.
-func (s *Store) SaveMetrics(m map[EndpointKey]Metrics) {
+func (s *File) SaveMetrics(m map[EndpointKey]Metrics) {
 	cp := make(map[EndpointKey]Metrics, len(m))
 	for k, v := range m {
 		if validEndpointKey(k) && !math.IsNaN(v.KVUsage) && !math.IsInf(v.KVUsage, 0) {
@@ -102,7 +102,7 @@ func (s *Store) SaveMetrics(m map[EndpointKey]Metrics) {
 
 // SaveHealth replaces the persisted health and drain state of every
 // endpoint with h.
-func (s *Store) SaveHealth(h map[EndpointKey]Health) {
+func (s *File) SaveHealth(h map[EndpointKey]Health) {
 	cp := make(map[EndpointKey]Health, len(h))
 	for k, v := range h {
 		if validEndpointKey(k) {
@@ -117,7 +117,7 @@ func (s *Store) SaveHealth(h map[EndpointKey]Health) {
 // when the blob exceeds Options.MaxPrefixBlob, or when storing it would
 // push all blobs together past Options.MaxPrefixTotal; the previous blob
 // then stays in force.
-func (s *Store) SavePrefix(pool, endpoint string, blob []byte) error {
+func (s *File) SavePrefix(pool, endpoint string, blob []byte) error {
 	k := EndpointKey{Pool: pool, Address: endpoint}
 	if !validEndpointKey(k) {
 		return fmt.Errorf("store: prefix key %q/%q is empty or longer than %d bytes", pool, endpoint, MaxKeyLen)
@@ -159,7 +159,7 @@ func (s *Store) SavePrefix(pool, endpoint string, blob []byte) error {
 // entries, entries without an id or endpoint and over-long ids are
 // dropped; beyond Options.MaxSessions, the entries that expire last are
 // kept.
-func (s *Store) SaveSessions(sessions []Session) {
+func (s *File) SaveSessions(sessions []Session) {
 	now := s.opts.Now()
 	cp := make([]Session, 0, len(sessions))
 	seen := make(map[string]int, len(sessions))
@@ -190,7 +190,7 @@ func (s *Store) SaveSessions(sessions []Session) {
 
 // SaveConsulIndex records the last Consul index seen for a selector key;
 // index 0 deletes it.
-func (s *Store) SaveConsulIndex(key string, index uint64) {
+func (s *File) SaveConsulIndex(key string, index uint64) {
 	if key == "" || len(key) > MaxKeyLen {
 		return
 	}
@@ -207,7 +207,7 @@ func validEndpointKey(k EndpointKey) bool {
 }
 
 // Flush commits everything saved so far and waits for the commit.
-func (s *Store) Flush(ctx context.Context) error {
+func (s *File) Flush(ctx context.Context) error {
 	reply := make(chan error, 1)
 	select {
 	case s.flushReq <- reply:
@@ -225,7 +225,7 @@ func (s *Store) Flush(ctx context.Context) error {
 }
 
 // run is the single background writer.
-func (s *Store) run() {
+func (s *File) run() {
 	defer close(s.done)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -257,7 +257,7 @@ func (s *Store) run() {
 
 // flush commits the pending batch in one transaction. On failure the batch
 // is put back under anything saved meanwhile, so nothing is lost.
-func (s *Store) flush() error {
+func (s *File) flush() error {
 	s.mu.Lock()
 	b := s.pend
 	s.pend = pending{}
@@ -292,7 +292,7 @@ func (s *Store) flush() error {
 
 // apply writes batch b in tx. Records that cannot be encoded are skipped
 // and returned, so one bad value never blocks every later flush.
-func (s *Store) apply(tx *bolt.Tx, b *pending) (skipped []error, err error) {
+func (s *File) apply(tx *bolt.Tx, b *pending) (skipped []error, err error) {
 	if b.state != nil {
 		if data, err := encodeRecord("state", fromState(b.state)); err != nil {
 			skipped = append(skipped, err)

@@ -195,7 +195,7 @@ func (a *app) status() statusDoc {
 		doc.ConfigError = err.Error()
 	}
 	if a.store != nil {
-		ss := &storeStatus{Path: a.store.Path()}
+		ss := &storeStatus{Path: a.flags.storePath}
 		if err := a.store.LastError(); err != nil {
 			ss.LastError = err.Error()
 		}

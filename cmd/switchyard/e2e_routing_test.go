@@ -154,7 +154,7 @@ model "m-b" {
 		}
 		// A body-less request goes to the header-only pool (no default
 		// pool: the first by name, "main"), whatever the client asks for.
-		req, _ := http.NewRequest(http.MethodGet, "http://"+f.listen+"/v1/models", nil)
+		req, _ := http.NewRequest(http.MethodGet, "http://"+f.listen+"/health", nil)
 		req.Header.Set("x-switchyard-pool", "side")
 		req.Header.Set("x-gateway-destination-endpoint", side.Addr)
 		resp, err := f.client.Do(req)
@@ -163,7 +163,7 @@ model "m-b" {
 		}
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK || !mainPool[resp.Header.Get("x-served-by")] {
-			t.Fatalf("GET /v1/models with spoofed headers: %d served by %q, want 200 from pool main", resp.StatusCode, resp.Header.Get("x-served-by"))
+			t.Fatalf("GET /health with spoofed headers: %d served by %q, want 200 from pool main", resp.StatusCode, resp.Header.Get("x-served-by"))
 		}
 
 		if n, err := outside.requests(); err != nil || n != 0 {

@@ -39,6 +39,9 @@ Usage:
   switchyard version                         print the version and exit
 
 Run "switchyard COMMAND -h" for the flags of a command.
+
+Exit status: 0 on success, 1 on failure (a bad configuration, a store or
+address serve cannot use), 2 for a command-line error.
 `
 
 // run executes one command and returns the process exit code: 0 on

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -16,24 +15,15 @@ import (
 	"github.com/switchyard/switchyard/internal/testutil"
 )
 
-// runBinary runs the built switchyard in this package's directory and
-// returns its exit code, stdout and stderr.
-func runBinary(t *testing.T, args ...string) (int, string, string) {
+// runCLI runs the command line args in process, as the binary's main
+// would (without its os.Exit), and returns the exit code, stdout and
+// stderr. Commands that fail before serving start no process and no
+// server, so these tests run under -short too.
+func runCLI(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
-	cmd := exec.Command(testutil.Binary(t, "switchyard"), args...)
 	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-		return 0, stdout.String(), stderr.String()
-	case errors.As(err, &exit):
-		return exit.ExitCode(), stdout.String(), stderr.String()
-	default:
-		t.Fatalf("run %v: %v", args, err)
-		return 0, "", ""
-	}
+	code := run(t.Context(), args, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
 }
 
 func TestValidateCommand(t *testing.T) {
@@ -45,6 +35,7 @@ func TestValidateCommand(t *testing.T) {
 		code   int
 		stdout string
 		stderr []string
+		once   []string // each printed exactly once
 	}{
 		{desc: "single pool", args: []string{"validate", "-config", filepath.Join(root, "examples/single-pool.hcl")},
 			stdout: "ok: 1 pool, 1 model, 1 listener\n"},
@@ -53,15 +44,15 @@ func TestValidateCommand(t *testing.T) {
 		{desc: "demo directory", args: []string{"validate", "-config", filepath.Join(root, "examples/demo")},
 			stdout: "ok: 1 pool, 4 models, 1 listener\n"},
 		{desc: "bad file", args: []string{"validate", "-config", "testdata/bad.hcl"}, code: 1, stderr: []string{
-			"Error: Unknown pool\n\n  on testdata/bad.hcl line 4, in model \"chat\":\n   4:   pool = \"lama\"\n",
-			`Pool "lama" is not defined (defined pools: "llama").`,
-			"Error: Invalid address\n\n  on testdata/bad.hcl line 8, in listener \"public\":\n   8:   address = \"localhost:8080\"\n",
-			"testdata/bad.hcl:4:10: error: Unknown pool: Pool \"lama\" is not defined",
+			"testdata/bad.hcl:4:10: error: Unknown pool: Pool \"lama\" is not defined (defined pools: \"llama\")\n" +
+				"  4 |   pool = \"lama\"\n" +
+				"    |          ^^^^^^\n",
 			"testdata/bad.hcl:8:13: error: Invalid address: \"localhost:8080\": \"localhost\" is not an IP address",
+			"  8 |   address = \"localhost:8080\"\n",
 			"2 errors\n",
-		}},
+		}, once: []string{"Unknown pool", "Invalid address", `pool = "lama"`}},
 		{desc: "directory without hcl", args: []string{"validate", "-config", "testdata/../../../registry/hclfile/testdata/nohcl"}, code: 1,
-			stderr: []string{"Error: No configuration files", "contains no *.hcl files", "1 error\n"}},
+			stderr: []string{"error: No configuration files: ", "contains no *.hcl files", "1 error\n"}, once: []string{"No configuration files"}},
 		{desc: "missing config flag", args: []string{"validate"}, code: 2, stderr: []string{"-config is required", "Usage: switchyard validate"}},
 		{desc: "stray argument", args: []string{"validate", "-config", "x.hcl", "extra"}, code: 2, stderr: []string{"unexpected arguments"}},
 		{desc: "unknown command", args: []string{"frobnicate"}, code: 2, stderr: []string{`unknown command "frobnicate"`, "Usage:"}},
@@ -69,7 +60,7 @@ func TestValidateCommand(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
 			t.Parallel()
-			code, stdout, stderr := runBinary(t, tc.args...)
+			code, stdout, stderr := runCLI(t, tc.args...)
 			if code != tc.code {
 				t.Errorf("exit code %d, want %d\nstdout: %s\nstderr: %s", code, tc.code, stdout, stderr)
 			}
@@ -79,26 +70,31 @@ func TestValidateCommand(t *testing.T) {
 			if missing := testutil.ContainsAll(stderr, tc.stderr...); len(missing) > 0 {
 				t.Errorf("stderr lacks %q:\n%s", missing, stderr)
 			}
+			for _, o := range tc.once {
+				if n := strings.Count(stderr, o); n != 1 {
+					t.Errorf("stderr has %q %d times, want once:\n%s", o, n, stderr)
+				}
+			}
 		})
 	}
 }
 
 func TestHelpListsEveryFlag(t *testing.T) {
 	t.Parallel()
-	code, stdout, _ := runBinary(t, "-h")
+	code, stdout, _ := runCLI(t, "-h")
 	if code != 0 || testutil.ContainsAll(stdout, "serve", "validate", "version") != nil {
 		t.Errorf("switchyard -h: exit %d\n%s", code, stdout)
 	}
-	code, _, stderr := runBinary(t, "serve", "-h")
+	code, _, stderr := runCLI(t, "serve", "-h")
 	if code != 0 {
 		t.Errorf("serve -h exit code %d", code)
 	}
 	if missing := testutil.ContainsAll(stderr, "-config path", "-extproc-addr address", "127.0.0.1:9002",
 		"-xds-addr address", "127.0.0.1:18000", "-admin-addr address", "127.0.0.1:9090",
-		"-log-level level", "-log-format format", "SIGHUP"); len(missing) > 0 {
+		"-log-level level", "-log-format format", "SIGHUP", "Exit status: 0", "2 for a command-line error"); len(missing) > 0 {
 		t.Errorf("serve -h lacks %q:\n%s", missing, stderr)
 	}
-	code, _, stderr = runBinary(t, "validate", "-h")
+	code, _, stderr = runCLI(t, "validate", "-h")
 	if code != 0 || !strings.Contains(stderr, "-config path") {
 		t.Errorf("validate -h: exit %d\n%s", code, stderr)
 	}
@@ -106,7 +102,7 @@ func TestHelpListsEveryFlag(t *testing.T) {
 
 func TestVersionCommand(t *testing.T) {
 	t.Parallel()
-	code, stdout, _ := runBinary(t, "version")
+	code, stdout, _ := runCLI(t, "version")
 	if code != 0 || !strings.HasPrefix(stdout, "switchyard devel") || !strings.Contains(stdout, "go1.") {
 		t.Errorf("version: exit %d, %q", code, stdout)
 	}
@@ -125,11 +121,11 @@ func TestVersionLdflagsOverride(t *testing.T) {
 
 func TestServeRejectsBadConfig(t *testing.T) {
 	t.Parallel()
-	code, _, stderr := runBinary(t, "serve", "-config", "testdata/bad.hcl")
+	code, _, stderr := runCLI(t, "serve", "-config", "testdata/bad.hcl")
 	if code != 1 || !strings.Contains(stderr, "testdata/bad.hcl:4:10: error: Unknown pool") {
 		t.Errorf("exit %d, stderr:\n%s", code, stderr)
 	}
-	code, _, stderr = runBinary(t, "serve", "-config", "testdata/bad.hcl", "-log-format", "xml")
+	code, _, stderr = runCLI(t, "serve", "-config", "testdata/bad.hcl", "-log-format", "xml")
 	if code != 2 || !strings.Contains(stderr, `bad -log-format "xml"`) {
 		t.Errorf("exit %d, stderr:\n%s", code, stderr)
 	}
@@ -197,5 +193,44 @@ func TestServe(t *testing.T) {
 	}
 	if out := p.Output(); !strings.Contains(out, `"msg":"shut down"`) || strings.Contains(out, `"version":3`) {
 		t.Fatalf("unexpected output:\n%s", out)
+	}
+}
+
+// TestServeExitCodes checks the documented scheme in process: 1 when serve
+// cannot start (configuration, store), 2 for command-line errors. Every
+// case fails before anything listens.
+func TestServeExitCodes(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	good := testutil.WriteFile(t, dir, "ok.hcl", "listener \"l\" {\n  address = \"127.0.0.1:8080\"\n}\npool \"p\" {\n  endpoints = [\"127.0.0.1:8001\"]\n}\n")
+	missingDir := filepath.Join(dir, "no", "such")
+	cases := []struct {
+		desc string
+		args []string
+		code int
+		want []string
+	}{
+		{"bad configuration", []string{"-config", "testdata/bad.hcl"}, 1, []string{"testdata/bad.hcl:4:10: error: Unknown pool"}},
+		{"store directory missing", []string{"-config", good, "-store", filepath.Join(missingDir, "s.db")}, 1,
+			[]string{"serve: store " + filepath.Join(missingDir, "s.db") + ": directory " + missingDir + " does not exist; create it"}},
+		{"store is a directory", []string{"-config", good, "-store", dir}, 1,
+			[]string{"serve: store " + dir + ": is a directory; the store needs a file path"}},
+		{"missing -config", nil, 2, []string{"-config is required"}},
+		{"bad -log-level", []string{"-config", good, "-log-level", "loud"}, 2, []string{`bad -log-level "loud"`}},
+		{"bad -extproc-advertise", []string{"-config", good, "-extproc-advertise", "picker:9002"}, 2, []string{"-extproc-advertise"}},
+		{"unknown flag", []string{"-config", good, "-frobnicate"}, 2, []string{"flag provided but not defined: -frobnicate"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			args := append([]string{"serve", "-extproc-addr", "127.0.0.1:0", "-xds-addr", "127.0.0.1:0", "-admin-addr", "127.0.0.1:0"}, tc.args...)
+			code := run(t.Context(), args, &stdout, &stderr)
+			if code != tc.code {
+				t.Errorf("exit code %d, want %d\nstderr: %s", code, tc.code, stderr.String())
+			}
+			if missing := testutil.ContainsAll(stderr.String(), tc.want...); len(missing) > 0 {
+				t.Errorf("stderr lacks %q:\n%s", missing, stderr.String())
+			}
+		})
 	}
 }

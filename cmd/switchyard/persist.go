@@ -18,10 +18,10 @@ import (
 // openStore opens the bbolt file and loads what the previous run left, so
 // serve can start warm: the persisted state is served before any source
 // (Consul included) has answered.
-func openStore(path string, logger *slog.Logger) (*store.Store, *store.Snapshot, error) {
+func openStore(path string, logger *slog.Logger) (*store.File, *store.Snapshot, error) {
 	st, err := store.Open(path, store.Options{Logger: logger.With("component", "store")})
 	if err != nil {
-		return nil, nil, fmt.Errorf("open store: %w", err)
+		return nil, nil, err // names the path and what to do
 	}
 	if r := st.Recovery(); r != nil {
 		logger.Warn("store file was unusable and has been moved aside; starting cold",
@@ -30,7 +30,7 @@ func openStore(path string, logger *slog.Logger) (*store.Store, *store.Snapshot,
 	snap, err := st.Load()
 	if err != nil {
 		_ = st.Close()
-		return nil, nil, fmt.Errorf("load store: %w", err)
+		return nil, nil, err
 	}
 	return st, snap, nil
 }
@@ -39,13 +39,13 @@ func openStore(path string, logger *slog.Logger) (*store.Store, *store.Snapshot,
 // The prefix is the store file's creation time, so even a store that was
 // moved aside and recreated never repeats a version an Envoy has seen.
 type storeVersions struct {
-	st     *store.Store
+	st     store.Store
 	prefix string
 	log    *slog.Logger
 	boot   *xds.BootVersions // fallback if the store cannot reserve
 }
 
-func newStoreVersions(st *store.Store, snap *store.Snapshot, logger *slog.Logger) *storeVersions {
+func newStoreVersions(st store.Store, snap *store.Snapshot, logger *slog.Logger) *storeVersions {
 	return &storeVersions{st: st, prefix: strconv.FormatInt(snap.CreatedAt.UnixNano(), 36), log: logger}
 }
 

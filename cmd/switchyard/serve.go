@@ -76,6 +76,11 @@ over ext_proc. Configuration changes (file edits, SIGHUP) are applied
 without restarting; a bad change is logged and the last good configuration
 stays in force. SIGINT or SIGTERM shut down gracefully.
 
+Exit status: 0 after a graceful shutdown; 1 when it cannot start (a bad
+configuration, a store it cannot open, TLS files, a busy address) or a
+component fails while running; 2 for a command-line error (an unknown or
+missing flag, a bad flag value).
+
 Flags:
 `)
 		fs.PrintDefaults()
@@ -93,6 +98,10 @@ Flags:
 		fmt.Fprintf(stderr, "serve: %v\n", err)
 		return 2
 	}
+	if _, err := advertiseAddr(f.extprocAddr, f.extprocAdvertise); err != nil {
+		fmt.Fprintf(stderr, "serve: %v\n", err)
+		return 2
+	}
 
 	// Refuse to start on a bad configuration: print it like validate does.
 	cfg, diags := hclfile.Load(f.config)
@@ -105,7 +114,7 @@ Flags:
 	a, err := newApp(f, cfg, logger)
 	if err != nil {
 		fmt.Fprintf(stderr, "serve: %v\n", err)
-		return 2
+		return 1
 	}
 	if err := a.run(ctx); err != nil {
 		logger.Error("serve failed", "err", err)
@@ -127,8 +136,8 @@ type app struct {
 	picker  *picker.Server
 	xds     *xds.Server
 	consul  *consul.Source
-	store   *store.Store // nil without -store
-	warm    *warmSaver   // nil without -store
+	store   store.Store // nil without -store
+	warm    *warmSaver  // nil without -store
 	// tls serves ADS and ext_proc certificates; nil without TLS.
 	tls       *mtls.Server
 	connect   mtls.ConnectAgent // Consul agent with -tls-consul-service

@@ -25,8 +25,8 @@ func TestServeRefusesPlaintextOffLoopback(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	testutil.WriteFile(t, dir, "switchyard.hcl", policyConfig)
-	code, _, stderr := runBinary(t, "serve", "-config", dir, "-xds-addr", "0.0.0.0:18000", "-admin-addr", testutil.FreeAddr(t))
-	if code != 2 || !strings.Contains(stderr, "ADS (-xds-addr) listens on 0.0.0.0:18000, not a loopback address, without TLS") {
+	code, _, stderr := runCLI(t, "serve", "-config", dir, "-xds-addr", "0.0.0.0:18000", "-admin-addr", testutil.FreeAddr(t))
+	if code != 1 || !strings.Contains(stderr, "ADS (-xds-addr) listens on 0.0.0.0:18000, not a loopback address, without TLS") {
 		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
 	}
 

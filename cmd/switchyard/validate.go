@@ -18,7 +18,8 @@ func validateCmd(args []string, stdout, stderr io.Writer) int {
 
 Checks the configuration without starting anything. Every problem is printed
 with its file, line and column and a source snippet. Exits 0 and prints a
-one-line summary when the configuration is valid, 1 otherwise.
+one-line summary when the configuration is valid, 1 when it is not, 2 for
+a command-line error.
 
 Flags:
 `)
@@ -41,16 +42,14 @@ Flags:
 	return 0
 }
 
-// writeDiagnostics prints diags the way HCL tools do (summary, location,
-// source snippet, detail), then one compact "file:line:column: ..." line per
-// diagnostic for editors and grep.
+// writeDiagnostics prints each diagnostic once, as
+// "file:line:column: error: summary: detail" followed by the source line
+// it points at, then the number of errors.
 func writeDiagnostics(w io.Writer, files map[string]*hcl.File, diags hcl.Diagnostics) {
 	if len(diags) == 0 {
 		return
 	}
-	tw := hcl.NewDiagnosticTextWriter(w, files, 0, false)
-	_ = tw.WriteDiagnostics(diags)
-	fmt.Fprintln(w, hclfile.FormatDiagnostics(diags))
+	_ = hclfile.WriteDiagnostics(w, files, diags)
 	n := 0
 	for _, d := range diags {
 		if d.Severity == hcl.DiagError {

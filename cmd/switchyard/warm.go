@@ -21,7 +21,7 @@ const warmSaveInterval = 2 * time.Second
 // prefix blobs that changed since the last save and deleting those of
 // endpoints that are gone.
 type warmSaver struct {
-	st     *store.Store
+	st     store.Store
 	picker *picker.Server
 	log    *slog.Logger
 	seed   maphash.Seed
@@ -36,7 +36,7 @@ type warmSaver struct {
 	lastSave atomic.Int64
 }
 
-func newWarmSaver(st *store.Store, snap *store.Snapshot, p *picker.Server, logger *slog.Logger) *warmSaver {
+func newWarmSaver(st store.Store, snap *store.Snapshot, p *picker.Server, logger *slog.Logger) *warmSaver {
 	w := &warmSaver{st: st, picker: p, log: logger, seed: maphash.MakeSeed(),
 		saved: map[store.EndpointKey]uint64{}, health: map[store.EndpointKey]store.Health{}}
 	for k := range snap.Prefix {

@@ -41,6 +41,7 @@ func freeOffset(t *testing.T) int {
 
 func demoBinary(t *testing.T) string {
 	t.Helper()
+	testutil.SkipProcesses(t, "go build ./examples/demo")
 	out := filepath.Join(t.TempDir(), "demo")
 	cmd := exec.Command("go", "build", "-o", out, "./examples/demo")
 	cmd.Dir = testutil.RepoRoot(t)
@@ -77,7 +78,8 @@ func TestDemoSmoke(t *testing.T) {
 	}
 	// The adapter lives on the third simulator only (demo port 8003).
 	lora := fmt.Sprintf("sql-lora requests answered by map[127.0.0.1:%d:6]", basePorts.sims[2]+off)
-	for _, want := range []string{"switchyard demo is up", "curl -s http://127.0.0.1:", "smoke request answered", `"model":"chat"`, `"object":"chat.completion"`, lora} {
+	for _, want := range []string{"switchyard demo is up", "curl -s http://127.0.0.1:", "smoke request answered", `"model":"chat"`, `"object":"chat.completion"`, lora,
+		"(status page: pools, endpoints, Envoys; JSON at /api/status)", "200 KiB prompt answered"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
@@ -146,6 +148,7 @@ func TestDemoCtrlCStopsEverything(t *testing.T) {
 // `make tools` installs it).
 func chromiumPath(t *testing.T) string {
 	t.Helper()
+	testutil.SkipProcesses(t, "chromium")
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
 		if p, err := exec.LookPath(name); err == nil {
 			return p

@@ -38,6 +38,11 @@ var basePorts = struct {
 
 const baseModel = "meta-llama/Llama-3.1-8B-Instruct"
 
+// simMaxModelLen is the simulators' context: Llama 3.1's 128k tokens, so a
+// prompt of a few hundred KiB (the size the picker is benchmarked with)
+// fits; the simulator's default (8192) would answer such a prompt with 400.
+const simMaxModelLen = 131072
+
 type options struct {
 	switchyard, sim, envoy string
 	engine, vllmSrc        string
@@ -103,7 +108,8 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	case "sim":
 		ts := strconv.FormatFloat(o.timeScale, 'f', -1, 64)
 		for i, sp := range basePorts.sims {
-			args := []string{"-port", strconv.Itoa(p(sp)), "-model", baseModel, "-served-model-name", baseModel + ",llama-v2", "-time-scale", ts}
+			args := []string{"-port", strconv.Itoa(p(sp)), "-model", baseModel, "-served-model-name", baseModel + ",llama-v2", "-time-scale", ts,
+				"-max-model-len", strconv.Itoa(simMaxModelLen)}
 			if i == len(basePorts.sims)-1 {
 				args = append(args, "-lora-modules", "sql-lora", "-max-loras", "2")
 			}
@@ -148,7 +154,10 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return err
 	}
 	base := fmt.Sprintf("http://127.0.0.1:%d", p(basePorts.listener))
-	if err := waitHTTP(ctx, base+"/v1/models", 200, 30*time.Second); err != nil {
+	// A header-only request through Envoy reaches a simulator only once the
+	// listener, the picker and the pool's cluster all work (GET /v1/models
+	// would prove less: the picker answers it itself).
+	if err := waitHTTP(ctx, base+"/health", 200, 30*time.Second); err != nil {
 		return sup.explain(err)
 	}
 
@@ -158,7 +167,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 switchyard demo is up (logs in %s)
 
   Envoy          %s   (routes every request through the picker)
-  switchyard     %s/api/status   (pools, endpoints, Envoys)
+  switchyard     %s/   (status page: pools, endpoints, Envoys; JSON at /api/status)
   model servers  127.0.0.1:%d-%d   (%s; %d has the LoRA adapter sql-lora)
 
 Try:
@@ -188,6 +197,15 @@ Press Ctrl-C to stop everything.
 			servers[servedBy]++
 		}
 		fmt.Fprintf(out, "sql-lora requests answered by %v\n", servers)
+		if o.engine == "sim" {
+			// A 200 KiB prompt (about 40k tokens) fits the simulators'
+			// context (real vLLM's tiny model has 4096 tokens).
+			long := `{"model":"chat","prompt":"` + strings.Repeat("word ", 200<<10/5) + `","max_tokens":4}`
+			if _, _, err := post(ctx, base+"/v1/completions", long); err != nil {
+				return sup.explain(err)
+			}
+			fmt.Fprintln(out, "200 KiB prompt answered")
+		}
 		return nil
 	}
 	select {

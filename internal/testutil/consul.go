@@ -157,6 +157,7 @@ func (c *Consul) Pid() int {
 // (CONSUL_HTTP_ADDR).
 func StartNoCleanupEnv(t testing.TB, name, bin string, env []string, args ...string) *Process {
 	t.Helper()
+	SkipProcesses(t, name)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	buf := &SyncBuffer{}

@@ -2,6 +2,11 @@
 // ports, building this module's binaries once per test process, starting
 // real processes (simulators, switchyard, Envoy, Consul) with cleanup, and
 // polling with a deadline instead of sleeping.
+//
+// Under -short (make unit) every helper that would run another program
+// (Binary, EnvoyPath, ConsulPath, Start*, StartConsul) skips the test
+// instead, so a unit run starts no process even where Envoy and Consul are
+// installed; tests that run a program themselves call SkipProcesses.
 package testutil
 
 import (
@@ -98,9 +103,19 @@ var (
 	built    = map[string]string{}
 )
 
+// SkipProcesses skips the test under -short, for tests that run another
+// program (what names it, for the skip message).
+func SkipProcesses(t testing.TB, what string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("runs %s: not in -short runs", what)
+	}
+}
+
 // Binary builds ./cmd/<name> once per test process and returns its path.
 func Binary(t testing.TB, name string) string {
 	t.Helper()
+	SkipProcesses(t, "go build ./cmd/"+name)
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	if p, ok := built[name]; ok {
@@ -140,6 +155,7 @@ func ConsulPath(t testing.TB) string {
 
 func toolPath(t testing.TB, env, name, fallback, install string) string {
 	t.Helper()
+	SkipProcesses(t, name)
 	if p := os.Getenv(env); p != "" {
 		if _, err := os.Stat(p); err == nil {
 			return p

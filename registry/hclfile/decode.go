@@ -31,94 +31,156 @@ var rootSchema = &hcl.BodySchema{
 	},
 }
 
-// agentSchema is the top-level consul block: how to reach the Consul agent.
-var agentSchema = &hcl.BodySchema{
-	Attributes: []hcl.AttributeSchema{
-		{Name: "address"},
-		{Name: "token"},
-		{Name: "token_file"},
+// The attribute tables of every block type, and the block types nested in
+// them. Adding an attribute is one entry; its name, type and whether it is
+// required make the HCL schema too.
+var (
+	// agentBody is the top-level consul block: how to reach the Consul
+	// agent.
+	agentBody = newBody([]attr[*ConsulAgent]{
+		strAttr("address", func(a *ConsulAgent, v string) { a.Address = v }, notBlank(agentBlank), consulAddress),
+		strAttr("token", func(a *ConsulAgent, v string) { a.Token = v }, notBlank(agentBlank)),
+		strAttr("token_file", func(a *ConsulAgent, v string) { a.TokenFile = v }, notBlank(agentBlank)),
+	}, hcl.BlockHeaderSchema{Type: "tls"})
+
+	agentTLSBody = newBody([]attr[*ConsulTLS]{
+		strAttr("server_name", func(t *ConsulTLS, v string) { t.ServerName = v }, notBlank(agentBlank)),
+		strAttr("ca_file", func(t *ConsulTLS, v string) { t.CAFile = v }, notBlank(agentBlank)),
+		strAttr("ca_path", func(t *ConsulTLS, v string) { t.CAPath = v }, notBlank(agentBlank)),
+		strAttr("cert_file", func(t *ConsulTLS, v string) { t.CertFile = v }, notBlank(agentBlank)),
+		strAttr("key_file", func(t *ConsulTLS, v string) { t.KeyFile = v }, notBlank(agentBlank)),
+		boolAttr("insecure_skip_verify", func(t *ConsulTLS, v bool) { t.InsecureSkipVerify = v }),
+	})
+
+	listenerBody = newBody([]attr[*registry.Listener]{
+		{name: "address", isRequired: true, decode: func(d *decoder, f field, l *registry.Listener) {
+			if s, ok := d.str(f.at, f.attr.Expr); ok {
+				l.Address, _ = d.address(f.at, f.rng(), s, false)
+			}
+		}},
+	})
+
+	routingBody = newBody([]attr[*registry.Routing]{
+		strAttr("default_pool", func(r *registry.Routing, v string) { r.DefaultPool = v }),
+	})
+
+	poolBody = newBody([]attr[*registry.Pool]{
+		strAttr("engine", func(p *registry.Pool, v string) { p.Engine = registry.Engine(v) }),
+		strAttr("failure_mode", func(p *registry.Pool, v string) { p.FailureMode = registry.FailureMode(v) }),
+		strAttr("metrics_path", func(p *registry.Pool, v string) { p.MetricsPath = v }),
+		{name: "endpoints", decode: (*decoder).poolEndpoints},
 	},
-	Blocks: []hcl.BlockHeaderSchema{{Type: "tls"}},
+		hcl.BlockHeaderSchema{Type: "scheduling"},
+		hcl.BlockHeaderSchema{Type: "endpoint", LabelNames: []string{"address"}},
+		hcl.BlockHeaderSchema{Type: "consul"},
+	)
+
+	// consulBody is a pool's consul block: which Consul service instances
+	// join the pool, and its discovery guard.
+	consulBody = newBody([]attr[*poolConsul]{
+		strAttr("service", func(c *poolConsul, v string) { c.sel.Service = v }, consulName).required(),
+		strAttr("tag", func(c *poolConsul, v string) { c.sel.Tag = v }, consulName),
+		strAttr("datacenter", func(c *poolConsul, v string) { c.sel.Datacenter = v }, consulName),
+		boolAttr("passing_only", func(c *poolConsul, v bool) { c.sel.PassingOnly = v }),
+		{name: "panic_threshold", decode: func(d *decoder, f field, c *poolConsul) {
+			v, ok := d.number(f.at, f.attr.Expr)
+			if !ok {
+				return
+			}
+			if v < 0 || v > 1 {
+				d.errorAt(f.at, f.rng(), "Invalid panic_threshold",
+					fmt.Sprintf("panic_threshold %v is not a share between 0 and 1 (0.5 holds endpoints when more than half fail at once).", v))
+				return
+			}
+			c.guard().Threshold = v
+		}},
+		{name: "panic_grace", decode: func(d *decoder, f field, c *poolConsul) {
+			s, ok := d.str(f.at, f.attr.Expr)
+			if !ok {
+				return
+			}
+			dur, err := time.ParseDuration(s)
+			if err != nil || dur < 0 {
+				d.errorAt(f.at, f.rng(), "Invalid duration",
+					fmt.Sprintf("panic_grace %q is not a duration of 0 or more; write it like \"30s\" (\"0s\" turns the guard off).", s))
+				return
+			}
+			c.guard().Grace = dur
+		}},
+	})
+
+	schedulingBody = newBody([]attr[*registry.Scheduling]{
+		strAttr("profile", func(s *registry.Scheduling, v string) { s.Profile = v }),
+		strAttr("picker", func(s *registry.Scheduling, v string) { s.Picker = v }),
+		durationAttr("scrape_interval", func(s *registry.Scheduling, ms int) { s.ScrapeIntervalMS = ms }),
+		boolAttr("adapters_on_demand", func(s *registry.Scheduling, v bool) { s.AdaptersOnDemand = v }),
+		intAttr("queue_threshold", func(s *registry.Scheduling, v int) { s.QueueThreshold = v }),
+		numAttr("kv_threshold", func(s *registry.Scheduling, v float64) { s.KVThreshold = v }),
+		strAttr("session_header", func(s *registry.Scheduling, v string) { s.SessionHeader = strings.ToLower(v) }, headerName),
+		{name: "scorers", decode: (*decoder).scorers},
+		{name: "metrics", decode: (*decoder).metricNames},
+	})
+
+	endpointBody = newBody([]attr[*registry.Endpoint]{
+		boolAttr("draining", func(e *registry.Endpoint, v bool) { e.Draining = v }),
+		strAttr("metrics_path", func(e *registry.Endpoint, v string) { e.MetricsPath = v }),
+		listAttr("models", func(e *registry.Endpoint, v []string) { e.Models = v }),
+	})
+
+	modelBody = newBody([]attr[*registry.Model]{
+		strAttr("pool", func(m *registry.Model, v string) { m.Pool = v }).required(),
+		intAttr("priority", func(m *registry.Model, v int) { m.Priority = v }),
+	}, hcl.BlockHeaderSchema{Type: "target", LabelNames: []string{"name"}})
+
+	targetBody = newBody([]attr[*registry.Target]{
+		intAttr("weight", func(t *registry.Target, v int) { t.Weight = v }),
+	})
+)
+
+// poolConsul is what a pool's consul block decodes into: the selector and
+// the discovery guard's settings (nil: the defaults).
+type poolConsul struct {
+	sel registry.ConsulSelector
+	g   *registry.Guard
 }
 
-var agentTLSSchema = &hcl.BodySchema{
-	Attributes: []hcl.AttributeSchema{
-		{Name: "server_name"},
-		{Name: "ca_file"},
-		{Name: "ca_path"},
-		{Name: "cert_file"},
-		{Name: "key_file"},
-		{Name: "insecure_skip_verify"},
-	},
+// guard returns the block's guard settings, created with the defaults on
+// first use so that setting one attribute keeps the other's default.
+func (c *poolConsul) guard() *registry.Guard {
+	if c.g == nil {
+		c.g = &registry.Guard{Threshold: registry.DefaultGuardThreshold, Grace: registry.DefaultGuardGrace}
+	}
+	return c.g
 }
 
-var listenerSchema = &hcl.BodySchema{
-	Attributes: []hcl.AttributeSchema{{Name: "address", Required: true}},
+// agentBlank is the detail of an empty attribute in the consul block.
+const agentBlank = "The consul block's %s is empty; leave it out to use the environment."
+
+func isBlank(s string) bool { return strings.TrimSpace(s) == "" }
+
+// consulAddress rejects what cannot be a Consul HTTP address.
+func consulAddress(_, v string) (string, string) {
+	if strings.ContainsAny(v, " \t\r\n") || (!strings.Contains(v, "://") && !strings.Contains(v, ":")) {
+		return "Invalid Consul address", fmt.Sprintf("%q is not a Consul HTTP address; write \"host:port\", \"https://host:port\" or \"unix:///path\".", v)
+	}
+	return "", ""
 }
 
-var routingSchema = &hcl.BodySchema{
-	Attributes: []hcl.AttributeSchema{{Name: "default_pool"}},
+// consulName rejects what cannot be a Consul service, tag or datacenter
+// name.
+func consulName(name, v string) (string, string) {
+	if strings.TrimSpace(v) != v || name == "service" && (v == "" || strings.ContainsAny(v, "/?#")) {
+		return "Invalid consul " + name, fmt.Sprintf("%q is not a valid Consul %s name.", v, name)
+	}
+	return "", ""
 }
 
-var poolSchema = &hcl.BodySchema{
-	Attributes: []hcl.AttributeSchema{
-		{Name: "endpoints"},
-		{Name: "engine"},
-		{Name: "failure_mode"},
-		{Name: "metrics_path"},
-	},
-	Blocks: []hcl.BlockHeaderSchema{
-		{Type: "scheduling"},
-		{Type: "endpoint", LabelNames: []string{"address"}},
-		{Type: "consul"},
-	},
-}
-
-var consulSchema = &hcl.BodySchema{
-	Attributes: []hcl.AttributeSchema{
-		{Name: "service", Required: true},
-		{Name: "tag"},
-		{Name: "datacenter"},
-		{Name: "passing_only"},
-		{Name: "panic_threshold"},
-		{Name: "panic_grace"},
-	},
-}
-
-var schedulingSchema = &hcl.BodySchema{
-	Attributes: []hcl.AttributeSchema{
-		{Name: "profile"},
-		{Name: "picker"},
-		{Name: "scrape_interval"},
-		{Name: "queue_threshold"},
-		{Name: "kv_threshold"},
-		{Name: "session_header"},
-		{Name: "adapters_on_demand"},
-		{Name: "scorers"},
-		{Name: "metrics"},
-	},
-}
-
-var endpointSchema = &hcl.BodySchema{
-	Attributes: []hcl.AttributeSchema{
-		{Name: "draining"},
-		{Name: "metrics_path"},
-		{Name: "models"},
-	},
-}
-
-var modelSchema = &hcl.BodySchema{
-	Attributes: []hcl.AttributeSchema{
-		{Name: "pool", Required: true},
-		{Name: "priority"},
-	},
-	Blocks: []hcl.BlockHeaderSchema{
-		{Type: "target", LabelNames: []string{"name"}},
-	},
-}
-
-var targetSchema = &hcl.BodySchema{
-	Attributes: []hcl.AttributeSchema{{Name: "weight"}},
+// headerName rejects what cannot be an HTTP header name.
+func headerName(name, v string) (string, string) {
+	if v == "" || strings.ContainsAny(v, " \t:\r\n") {
+		return "Invalid " + name, fmt.Sprintf("%q is not a valid HTTP header name.", v)
+	}
+	return "", ""
 }
 
 // loc names an object or one of its attributes, matching the Kind, Name,
@@ -185,15 +247,6 @@ func (d *decoder) add(obj loc, diags hcl.Diagnostics) bool {
 		return false
 	}
 	return true
-}
-
-// required taints obj's field when a required attribute is missing (the
-// schema already reported it).
-func (d *decoder) required(obj loc, attrs hcl.Attributes, name string) {
-	if _, ok := attrs[name]; !ok {
-		obj.field = name
-		d.tainted[obj] = true
-	}
 }
 
 func (l loc) with(field string) loc {
@@ -263,6 +316,12 @@ type ConsulTLS struct {
 	InsecureSkipVerify                            bool
 }
 
+// at returns where the attributes of the block obj (under the field
+// prefix, "" for none) are reported.
+func (l loc) at(prefix string) func(name string) loc {
+	return func(name string) loc { return l.with(prefix + name) }
+}
+
 func (d *decoder) agentBlock(b *hcl.Block) {
 	const kind = "consul"
 	if !d.declare(kind, "", b) {
@@ -271,35 +330,9 @@ func (d *decoder) agentBlock(b *hcl.Block) {
 	obj := loc{kind: kind}
 	ag := &ConsulAgent{}
 	d.agent = ag
-	content, diags := b.Body.Content(agentSchema)
-	d.diags = append(d.diags, diags...)
-	strAttr := func(attrs hcl.Attributes, name string, dst *string) {
-		a, ok := attrs[name]
-		if !ok {
-			return
-		}
-		v, ok := d.str(obj.with(name), a.Expr)
-		if !ok {
-			return
-		}
-		if strings.TrimSpace(v) == "" {
-			d.errorAt(obj.with(name), a.Expr.Range(), "Empty "+name, fmt.Sprintf("The consul block's %s is empty; leave it out to use the environment.", name))
-			return
-		}
-		*dst = v
-	}
-	attrs := content.Attributes
-	strAttr(attrs, "address", &ag.Address)
-	strAttr(attrs, "token", &ag.Token)
-	strAttr(attrs, "token_file", &ag.TokenFile)
-	if a, ok := attrs["address"]; ok && ag.Address != "" {
-		if strings.ContainsAny(ag.Address, " \t\r\n") || (!strings.Contains(ag.Address, "://") && !strings.Contains(ag.Address, ":")) {
-			d.errorAt(obj.with("address"), a.Expr.Range(), "Invalid Consul address",
-				fmt.Sprintf("%q is not a Consul HTTP address; write \"host:port\", \"https://host:port\" or \"unix:///path\".", ag.Address))
-		}
-	}
+	content := decodeBody(d, b.Body, agentBody, obj.at(""), ag)
 	if ag.Token != "" && ag.TokenFile != "" {
-		d.errorAt(obj.with("token_file"), attrs["token_file"].Expr.Range(), "Conflicting Consul tokens",
+		d.errorAt(obj.with("token_file"), content.Attributes["token_file"].Expr.Range(), "Conflicting Consul tokens",
 			"Set token or token_file, not both.")
 	}
 	seenTLS := false
@@ -309,19 +342,7 @@ func (d *decoder) agentBlock(b *hcl.Block) {
 			continue
 		}
 		seenTLS = true
-		tc, diags := tb.Body.Content(agentTLSSchema)
-		d.diags = append(d.diags, diags...)
-		ta := tc.Attributes
-		strAttr(ta, "server_name", &ag.TLS.ServerName)
-		strAttr(ta, "ca_file", &ag.TLS.CAFile)
-		strAttr(ta, "ca_path", &ag.TLS.CAPath)
-		strAttr(ta, "cert_file", &ag.TLS.CertFile)
-		strAttr(ta, "key_file", &ag.TLS.KeyFile)
-		if a, ok := ta["insecure_skip_verify"]; ok {
-			if v, ok := d.boolean(obj.with("insecure_skip_verify"), a.Expr); ok {
-				ag.TLS.InsecureSkipVerify = v
-			}
-		}
+		decodeBody(d, tb.Body, agentTLSBody, obj.at(""), &ag.TLS)
 		if (ag.TLS.CertFile == "") != (ag.TLS.KeyFile == "") {
 			d.errorAt(obj.with("tls"), tb.DefRange, "Incomplete client certificate", "Set both cert_file and key_file, or neither.")
 		}
@@ -346,35 +367,18 @@ func (d *decoder) listener(b *hcl.Block) {
 	if !d.checkLabel("listener", b) || !d.declare(registry.KindListener, name, b) {
 		return
 	}
-	obj := loc{kind: registry.KindListener, name: name}
 	l := &registry.Listener{Name: name, DeclRange: pos(b.DefRange)}
 	d.listeners[name] = l
 	d.listenerOrder = append(d.listenerOrder, name)
-	content, diags := b.Body.Content(listenerSchema)
-	d.diags = append(d.diags, diags...)
-	d.required(obj, content.Attributes, "address")
-	if a, ok := content.Attributes["address"]; ok {
-		if s, ok := d.str(obj.with("address"), a.Expr); ok {
-			l.Address, _ = d.address(obj.with("address"), a.Expr.Range(), s, false)
-			d.ranges[loc{kind: registry.KindListener, name: name, field: "address"}] = a.Expr.Range()
-		}
-	}
+	decodeBody(d, b.Body, listenerBody, loc{kind: registry.KindListener, name: name}.at(""), l)
 }
 
 func (d *decoder) routingBlock(b *hcl.Block) {
 	if !d.declare(registry.KindRouting, "", b) {
 		return
 	}
-	obj := loc{kind: registry.KindRouting}
 	d.routing = &registry.Routing{}
-	content, diags := b.Body.Content(routingSchema)
-	d.diags = append(d.diags, diags...)
-	if a, ok := content.Attributes["default_pool"]; ok {
-		if s, ok := d.str(obj.with("default_pool"), a.Expr); ok {
-			d.routing.DefaultPool = s
-			d.ranges[loc{kind: registry.KindRouting, field: "default_pool"}] = a.Expr.Range()
-		}
-	}
+	decodeBody(d, b.Body, routingBody, loc{kind: registry.KindRouting}.at(""), d.routing)
 }
 
 func (d *decoder) pool(b *hcl.Block) {
@@ -392,39 +396,7 @@ func (d *decoder) pool(b *hcl.Block) {
 	}
 	d.pools[name] = p
 	d.endpointAt[name] = map[string]hcl.Range{}
-	content, diags := b.Body.Content(poolSchema)
-	d.diags = append(d.diags, diags...)
-	field := func(f string, a *hcl.Attribute) {
-		d.ranges[loc{kind: registry.KindPool, name: name, field: f}] = a.Expr.Range()
-	}
-	if a, ok := content.Attributes["engine"]; ok {
-		if s, ok := d.str(obj.with("engine"), a.Expr); ok {
-			p.Engine = registry.Engine(s)
-			field("engine", a)
-		}
-	}
-	if a, ok := content.Attributes["failure_mode"]; ok {
-		if s, ok := d.str(obj.with("failure_mode"), a.Expr); ok {
-			p.FailureMode = registry.FailureMode(s)
-			field("failure_mode", a)
-		}
-	}
-	if a, ok := content.Attributes["metrics_path"]; ok {
-		if s, ok := d.str(obj.with("metrics_path"), a.Expr); ok {
-			p.MetricsPath = s
-			field("metrics_path", a)
-		}
-	}
-	if a, ok := content.Attributes["endpoints"]; ok {
-		elems, diags := hcl.ExprList(a.Expr)
-		if d.add(obj.with("endpoints"), diags) {
-			for _, e := range elems {
-				if s, ok := d.str(obj.with("endpoints"), e); ok {
-					d.endpoint(p, obj, e.Range(), s, registry.Endpoint{})
-				}
-			}
-		}
-	}
+	content := decodeBody(d, b.Body, poolBody, obj.at(""), p)
 	var schedAt, consulAt *hcl.Range
 	for _, sb := range content.Blocks {
 		switch sb.Type {
@@ -435,7 +407,8 @@ func (d *decoder) pool(b *hcl.Block) {
 				continue
 			}
 			schedAt = sb.DefRange.Ptr()
-			p.Scheduling = d.scheduling(obj, sb)
+			p.Scheduling = &registry.Scheduling{}
+			decodeBody(d, sb.Body, schedulingBody, obj.at("scheduling."), p.Scheduling)
 		case "endpoint":
 			d.endpointBlock(p, obj, sb)
 		case "consul":
@@ -445,77 +418,35 @@ func (d *decoder) pool(b *hcl.Block) {
 				continue
 			}
 			consulAt = sb.DefRange.Ptr()
-			p.Consul, p.Guard = d.consul(obj, sb)
+			pc := &poolConsul{}
+			decodeBody(d, sb.Body, consulBody, obj.at("consul."), pc)
+			p.Consul, p.Guard = &pc.sel, pc.g
 		}
 	}
 }
 
-// consul decodes a pool's consul block: which Consul service instances
-// join the pool, and the discovery guard's settings (nil: defaults).
-func (d *decoder) consul(obj loc, b *hcl.Block) (*registry.ConsulSelector, *registry.Guard) {
-	sel := &registry.ConsulSelector{}
-	content, diags := b.Body.Content(consulSchema)
-	d.diags = append(d.diags, diags...)
-	at := func(f string) loc { return obj.with("consul." + f) }
-	if _, ok := content.Attributes["service"]; !ok {
-		d.tainted[at("service")] = true // the schema reported it
+// poolEndpoints decodes a pool's endpoints list.
+func (d *decoder) poolEndpoints(f field, p *registry.Pool) {
+	elems, diags := hcl.ExprList(f.attr.Expr)
+	if !d.add(f.at, diags) {
+		return
 	}
-	strAttr := func(name string, dst *string) {
-		if a, ok := content.Attributes[name]; ok {
-			if s, ok := d.str(at(name), a.Expr); ok {
-				if strings.TrimSpace(s) != s || name == "service" && (s == "" || strings.ContainsAny(s, "/?#")) {
-					d.errorAt(at(name), a.Expr.Range(), "Invalid consul "+name,
-						fmt.Sprintf("%q is not a valid Consul %s name.", s, name))
-					return
-				}
-				*dst = s
-			}
+	for _, e := range elems {
+		if s, ok := d.str(f.at, e); ok {
+			d.endpoint(p, f.at, e.Range(), s, registry.Endpoint{})
 		}
 	}
-	strAttr("service", &sel.Service)
-	strAttr("tag", &sel.Tag)
-	strAttr("datacenter", &sel.Datacenter)
-	if a, ok := content.Attributes["passing_only"]; ok {
-		if v, ok := d.boolean(at("passing_only"), a.Expr); ok {
-			sel.PassingOnly = v
-		}
-	}
-	var guard *registry.Guard
-	if a, ok := content.Attributes["panic_threshold"]; ok {
-		if f, ok := d.number(at("panic_threshold"), a.Expr); ok {
-			if f < 0 || f > 1 {
-				d.errorAt(at("panic_threshold"), a.Expr.Range(), "Invalid panic_threshold",
-					fmt.Sprintf("panic_threshold %v is not a share between 0 and 1 (0.5 holds endpoints when more than half fail at once).", f))
-			} else {
-				guard = &registry.Guard{Threshold: f, Grace: registry.DefaultGuardGrace}
-			}
-		}
-	}
-	if a, ok := content.Attributes["panic_grace"]; ok {
-		if s, ok := d.str(at("panic_grace"), a.Expr); ok {
-			dur, err := time.ParseDuration(s)
-			if err != nil || dur < 0 {
-				d.errorAt(at("panic_grace"), a.Expr.Range(), "Invalid duration",
-					fmt.Sprintf("panic_grace %q is not a duration of 0 or more; write it like \"30s\" (\"0s\" turns the guard off).", s))
-			} else {
-				if guard == nil {
-					guard = &registry.Guard{Threshold: registry.DefaultGuardThreshold}
-				}
-				guard.Grace = dur
-			}
-		}
-	}
-	return sel, guard
 }
 
-// endpoint canonicalises addr and adds it to p unless it is a duplicate.
-func (d *decoder) endpoint(p *registry.Pool, obj loc, r hcl.Range, addr string, ep registry.Endpoint) {
-	canon, ok := d.address(obj.with("endpoints"), r, addr, true)
+// endpoint canonicalises addr and adds it to p unless it is a duplicate;
+// problems are reported at at.
+func (d *decoder) endpoint(p *registry.Pool, at loc, r hcl.Range, addr string, ep registry.Endpoint) {
+	canon, ok := d.address(at, r, addr, true)
 	if !ok {
 		return
 	}
 	if first, dup := d.endpointAt[p.Name][canon]; dup {
-		d.errorAt(obj.with("endpoints"), r, "Duplicate endpoint",
+		d.errorAt(at, r, "Duplicate endpoint",
 			fmt.Sprintf("Endpoint %s of pool %q was already defined at %s.", canon, p.Name, pos(first)))
 		return
 	}
@@ -536,139 +467,53 @@ func (d *decoder) address(obj loc, r hcl.Range, s string, endpoint bool) (string
 	return canon, true
 }
 
-func (d *decoder) endpointBlock(p *registry.Pool, obj loc, b *hcl.Block) {
-	content, diags := b.Body.Content(endpointSchema)
-	d.diags = append(d.diags, diags...)
+// endpointBlock decodes an endpoint block of pool p (at pool).
+func (d *decoder) endpointBlock(p *registry.Pool, pool loc, b *hcl.Block) {
 	var ep registry.Endpoint
 	canon, _ := registry.CanonicalAddress(b.Labels[0], true)
-	at := func(f string, a *hcl.Attribute) {
-		d.ranges[loc{kind: registry.KindEndpoint, name: canon, pool: p.Name, field: f}] = a.Expr.Range()
-	}
-	if a, ok := content.Attributes["draining"]; ok {
-		if v, ok := d.boolean(obj, a.Expr); ok {
-			ep.Draining = v
-		}
-	}
-	if a, ok := content.Attributes["metrics_path"]; ok {
-		if s, ok := d.str(obj.with("metrics_path"), a.Expr); ok {
-			ep.MetricsPath = s
-			at("metrics_path", a)
-		}
-	}
-	if a, ok := content.Attributes["models"]; ok {
-		elems, diags := hcl.ExprList(a.Expr)
-		if d.add(obj, diags) {
-			for _, e := range elems {
-				if s, ok := d.str(obj, e); ok {
-					ep.Models = append(ep.Models, s)
-				}
-			}
-		}
-	}
-	d.endpoint(p, obj, b.LabelRanges[0], b.Labels[0], ep)
+	decodeBody(d, b.Body, endpointBody, loc{kind: registry.KindEndpoint, name: canon, pool: p.Name}.at(""), &ep)
+	d.endpoint(p, pool.with("endpoints"), b.LabelRanges[0], b.Labels[0], ep)
 }
 
-func (d *decoder) scheduling(obj loc, b *hcl.Block) *registry.Scheduling {
-	sc := &registry.Scheduling{}
-	content, diags := b.Body.Content(schedulingSchema)
-	d.diags = append(d.diags, diags...)
-	at := func(f string) loc { return obj.with("scheduling." + f) }
-	field := func(f string, r hcl.Range) {
-		d.ranges[loc{kind: obj.kind, name: obj.name, field: "scheduling." + f}] = r
+// scorers decodes scheduling.scorers, a map of scorer name to weight.
+func (d *decoder) scorers(f field, sc *registry.Scheduling) {
+	pairs, diags := hcl.ExprMap(f.attr.Expr)
+	if !d.add(f.at, diags) {
+		return
 	}
-	field("", b.DefRange)
-	attrs := content.Attributes
-	if a, ok := attrs["profile"]; ok {
-		if s, ok := d.str(at("profile"), a.Expr); ok {
-			sc.Profile = s
-			field("profile", a.Expr.Range())
+	sc.Scorers = map[string]float64{}
+	for _, kv := range pairs {
+		k, ok := d.str(f.at, kv.Key)
+		if !ok {
+			continue
+		}
+		// HCL users write kv_cache as readily as kv-cache.
+		k = strings.ReplaceAll(k, "_", "-")
+		if v, ok := d.number(f.sub(k), kv.Value); ok {
+			sc.Scorers[k] = v
+			d.ranges[f.sub(k)] = kv.Value.Range()
 		}
 	}
-	if a, ok := attrs["picker"]; ok {
-		if s, ok := d.str(at("picker"), a.Expr); ok {
-			sc.Picker = s
-			field("picker", a.Expr.Range())
+}
+
+// metricNames decodes scheduling.metrics, a map of metric to the engine's
+// name for it.
+func (d *decoder) metricNames(f field, sc *registry.Scheduling) {
+	pairs, diags := hcl.ExprMap(f.attr.Expr)
+	if !d.add(f.at, diags) {
+		return
+	}
+	sc.Metrics = map[string]string{}
+	for _, kv := range pairs {
+		k, ok := d.str(f.at, kv.Key)
+		if !ok {
+			continue
+		}
+		if v, ok := d.str(f.sub(k), kv.Value); ok {
+			sc.Metrics[k] = v
+			d.ranges[f.sub(k)] = kv.Key.Range()
 		}
 	}
-	if a, ok := attrs["session_header"]; ok {
-		if s, ok := d.str(at("session_header"), a.Expr); ok {
-			sc.SessionHeader = strings.ToLower(s)
-			if s == "" || strings.ContainsAny(s, " \t:\r\n") {
-				d.errorAt(at("session_header"), a.Expr.Range(), "Invalid session_header", fmt.Sprintf("%q is not a valid HTTP header name.", s))
-			}
-		}
-	}
-	if a, ok := attrs["adapters_on_demand"]; ok {
-		if v, ok := d.boolean(at("adapters_on_demand"), a.Expr); ok {
-			sc.AdaptersOnDemand = v
-			field("adapters_on_demand", a.Expr.Range())
-		}
-	}
-	if a, ok := attrs["scrape_interval"]; ok {
-		if s, ok := d.str(at("scrape_interval"), a.Expr); ok {
-			dur, err := time.ParseDuration(s)
-			switch {
-			case err != nil:
-				d.errorAt(at("scrape_interval"), a.Expr.Range(), "Invalid duration",
-					fmt.Sprintf("scrape_interval %q is not a duration; write it like \"50ms\" or \"1s\".", s))
-			case dur < time.Millisecond:
-				d.errorAt(at("scrape_interval"), a.Expr.Range(), "Invalid duration",
-					fmt.Sprintf("scrape_interval %q must be at least 1ms.", s))
-			default:
-				sc.ScrapeIntervalMS = int(dur / time.Millisecond)
-			}
-			field("scrape_interval", a.Expr.Range())
-		}
-	}
-	if a, ok := attrs["queue_threshold"]; ok {
-		if n, ok := d.integer(at("queue_threshold"), a.Expr); ok {
-			sc.QueueThreshold = n
-			field("queue_threshold", a.Expr.Range())
-		}
-	}
-	if a, ok := attrs["kv_threshold"]; ok {
-		if f, ok := d.number(at("kv_threshold"), a.Expr); ok {
-			sc.KVThreshold = f
-			field("kv_threshold", a.Expr.Range())
-		}
-	}
-	if a, ok := attrs["scorers"]; ok {
-		field("scorers", a.Expr.Range())
-		pairs, diags := hcl.ExprMap(a.Expr)
-		if d.add(at("scorers"), diags) {
-			sc.Scorers = map[string]float64{}
-			for _, kv := range pairs {
-				k, ok := d.str(at("scorers"), kv.Key)
-				if !ok {
-					continue
-				}
-				// HCL users write kv_cache as readily as kv-cache.
-				k = strings.ReplaceAll(k, "_", "-")
-				if f, ok := d.number(at("scorers."+k), kv.Value); ok {
-					sc.Scorers[k] = f
-					field("scorers."+k, kv.Value.Range())
-				}
-			}
-		}
-	}
-	if a, ok := attrs["metrics"]; ok {
-		field("metrics", a.Expr.Range())
-		pairs, diags := hcl.ExprMap(a.Expr)
-		if d.add(at("metrics"), diags) {
-			sc.Metrics = map[string]string{}
-			for _, kv := range pairs {
-				k, ok := d.str(at("metrics"), kv.Key)
-				if !ok {
-					continue
-				}
-				if s, ok := d.str(at("metrics."+k), kv.Value); ok {
-					sc.Metrics[k] = s
-					field("metrics."+k, kv.Key.Range())
-				}
-			}
-		}
-	}
-	return sc
 }
 
 func (d *decoder) model(b *hcl.Block) {
@@ -679,20 +524,7 @@ func (d *decoder) model(b *hcl.Block) {
 	obj := loc{kind: registry.KindModel, name: name}
 	m := &registry.Model{Name: name, DeclRange: pos(b.DefRange)}
 	d.models[name] = m
-	content, diags := b.Body.Content(modelSchema)
-	d.diags = append(d.diags, diags...)
-	d.required(obj, content.Attributes, "pool")
-	if a, ok := content.Attributes["pool"]; ok {
-		if s, ok := d.str(obj.with("pool"), a.Expr); ok {
-			m.Pool = s
-			d.ranges[loc{kind: registry.KindModel, name: name, field: "pool"}] = a.Expr.Range()
-		}
-	}
-	if a, ok := content.Attributes["priority"]; ok {
-		if n, ok := d.integer(obj.with("priority"), a.Expr); ok {
-			m.Priority = n
-		}
-	}
+	content := decodeBody(d, b.Body, modelBody, obj.at(""), m)
 	seen := map[string]hcl.Range{}
 	for _, tb := range content.Blocks {
 		tname := tb.Labels[0]
@@ -703,15 +535,8 @@ func (d *decoder) model(b *hcl.Block) {
 		}
 		seen[tname] = tb.DefRange
 		t := registry.Target{Name: tname, Weight: DefaultTargetWeight}
-		d.ranges[loc{kind: registry.KindModel, name: name, field: "target." + tname}] = tb.DefRange
-		tc, diags := tb.Body.Content(targetSchema)
-		d.diags = append(d.diags, diags...)
-		if a, ok := tc.Attributes["weight"]; ok {
-			if n, ok := d.integer(obj.with("target."+tname+".weight"), a.Expr); ok {
-				t.Weight = n
-				d.ranges[loc{kind: registry.KindModel, name: name, field: "target." + tname + ".weight"}] = a.Expr.Range()
-			}
-		}
+		d.ranges[obj.with("target."+tname)] = tb.DefRange
+		decodeBody(d, tb.Body, targetBody, obj.at("target."+tname+"."), &t)
 		m.Targets = append(m.Targets, t)
 	}
 }

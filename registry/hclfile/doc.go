@@ -52,8 +52,10 @@
 //
 //	routing {                     # optional, at most one
 //	  default_pool = "llama"      # optional; requests for unknown models and
-//	                              # header-only requests go to this pool
-//	                              # instead of getting a 404. Default: none.
+//	                              # header-only requests (GET /health; the
+//	                              # picker answers GET /v1/models itself) go
+//	                              # to this pool instead of getting a 404.
+//	                              # Default: none.
 //	}
 //
 //	pool "NAME" {
@@ -146,4 +148,15 @@
 // Values are literals: variables and functions are not available. Every
 // unknown attribute or block is an error. A configuration without a
 // listener block is valid but draws a warning.
+//
+// # Adding an attribute
+//
+// Each block type has one table of attribute specs (decode.go, tls.go):
+// a new attribute is one entry, such as
+//
+//	intAttr("max_retries", func(p *registry.Pool, v int) { p.MaxRetries = v }),
+//
+// which also puts it in the block's HCL schema, reports a bad value at its
+// file:line:column and records where it was written, so registry.Validate's
+// errors about it point there. Document it in the schema above.
 package hclfile

@@ -1,14 +1,18 @@
 package hclfile
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/hclparse"
@@ -23,7 +27,7 @@ const SourceName = "file"
 type Config struct {
 	// Files holds every file that was parsed, keyed by the name used in
 	// diagnostics, so callers can print source snippets
-	// (hcl.NewDiagnosticTextWriter).
+	// (WriteDiagnostics).
 	Files map[string]*hcl.File
 	// Update is the files' contribution to the registry. It is only
 	// meaningful when the diagnostics have no errors.
@@ -299,6 +303,55 @@ func FormatDiagnostics(diags hcl.Diagnostics) string {
 		lines = append(lines, b.String())
 	}
 	return strings.Join(lines, "\n")
+}
+
+// WriteDiagnostics prints every diagnostic once, for people: its compact
+// "file:line:column: error: summary: detail" line (as FormatDiagnostics),
+// then, when the file is in files, the source line it points at with the
+// offending range underlined.
+func WriteDiagnostics(w io.Writer, files map[string]*hcl.File, diags hcl.Diagnostics) error {
+	var b strings.Builder
+	for i, d := range diags {
+		b.WriteString(FormatDiagnostics(diags[i : i+1]))
+		b.WriteByte('\n')
+		if d.Subject != nil {
+			if f := files[d.Subject.Filename]; f != nil {
+				writeSnippet(&b, f.Bytes, *d.Subject)
+			}
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// writeSnippet writes the source line where rng starts, numbered, and a
+// line of carets under the part of it rng covers.
+func writeSnippet(b *strings.Builder, src []byte, rng hcl.Range) {
+	start := rng.Start.Byte
+	if start < 0 || start > len(src) {
+		return
+	}
+	lineStart := bytes.LastIndexByte(src[:start], '\n') + 1
+	lineEnd := len(src)
+	if n := bytes.IndexByte(src[start:], '\n'); n >= 0 {
+		lineEnd = start + n
+	}
+	line := strings.TrimRight(string(src[lineStart:lineEnd]), "\r")
+	end := min(max(rng.End.Byte, start), lineStart+len(line))
+	num := strconv.Itoa(rng.Start.Line)
+	gutter := strings.Repeat(" ", len(num))
+	fmt.Fprintf(b, "  %s | %s\n", num, line)
+	// Keep tabs as tabs so the carets line up however tabs are shown.
+	var pad strings.Builder
+	for _, r := range string(src[lineStart:start]) {
+		if r == '\t' {
+			pad.WriteByte('\t')
+		} else {
+			pad.WriteByte(' ')
+		}
+	}
+	width := max(utf8.RuneCount(src[start:end]), 1)
+	fmt.Fprintf(b, "  %s | %s%s\n", gutter, pad.String(), strings.Repeat("^", width))
 }
 
 // DiagnosticsError is the error a failed load produces: it keeps the

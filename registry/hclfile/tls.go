@@ -1,9 +1,6 @@
 package hclfile
 
 import (
-	"fmt"
-	"strings"
-
 	"github.com/hashicorp/hcl/v2"
 )
 
@@ -22,19 +19,20 @@ type TLS struct {
 	AdminTLS                        bool
 }
 
-var tlsSchema = &hcl.BodySchema{
-	Attributes: []hcl.AttributeSchema{
-		{Name: "cert_file"},
-		{Name: "key_file"},
-		{Name: "client_ca_file"},
-		{Name: "allowed_sans"},
-		{Name: "consul_service"},
-		{Name: "envoy_dir"},
-		{Name: "allow_plaintext"},
-		{Name: "admin_token_file"},
-		{Name: "admin_tls"},
-	},
-}
+// tlsBlank is the detail of an empty attribute in the tls block.
+const tlsBlank = "The tls block's %s is empty; leave it out instead."
+
+var tlsBody = newBody([]attr[*TLS]{
+	strAttr("cert_file", func(t *TLS, v string) { t.CertFile = v }, notBlank(tlsBlank)),
+	strAttr("key_file", func(t *TLS, v string) { t.KeyFile = v }, notBlank(tlsBlank)),
+	strAttr("client_ca_file", func(t *TLS, v string) { t.ClientCAFile = v }, notBlank(tlsBlank)),
+	listAttr("allowed_sans", func(t *TLS, v []string) { t.AllowedSANs = v }),
+	strAttr("consul_service", func(t *TLS, v string) { t.ConsulService = v }, notBlank(tlsBlank)),
+	strAttr("envoy_dir", func(t *TLS, v string) { t.EnvoyDir = v }, notBlank(tlsBlank)),
+	boolAttr("allow_plaintext", func(t *TLS, v bool) { t.AllowPlaintext = v }),
+	strAttr("admin_token_file", func(t *TLS, v string) { t.AdminTokenFile = v }, notBlank(tlsBlank)),
+	boolAttr("admin_tls", func(t *TLS, v bool) { t.AdminTLS = v }),
+})
 
 func (d *decoder) tlsBlock(b *hcl.Block) {
 	const kind = "tls"
@@ -44,42 +42,7 @@ func (d *decoder) tlsBlock(b *hcl.Block) {
 	obj := loc{kind: kind}
 	t := &TLS{}
 	d.tls = t
-	content, diags := b.Body.Content(tlsSchema)
-	d.diags = append(d.diags, diags...)
-	attrs := content.Attributes
-	for name, dst := range map[string]*string{
-		"cert_file": &t.CertFile, "key_file": &t.KeyFile, "client_ca_file": &t.ClientCAFile,
-		"consul_service": &t.ConsulService, "envoy_dir": &t.EnvoyDir, "admin_token_file": &t.AdminTokenFile,
-	} {
-		a, ok := attrs[name]
-		if !ok {
-			continue
-		}
-		if v, ok := d.str(obj.with(name), a.Expr); ok {
-			if strings.TrimSpace(v) == "" {
-				d.errorAt(obj.with(name), a.Expr.Range(), "Empty "+name, fmt.Sprintf("The tls block's %s is empty; leave it out instead.", name))
-				continue
-			}
-			*dst = v
-		}
-	}
-	for name, dst := range map[string]*bool{"allow_plaintext": &t.AllowPlaintext, "admin_tls": &t.AdminTLS} {
-		if a, ok := attrs[name]; ok {
-			if v, ok := d.boolean(obj.with(name), a.Expr); ok {
-				*dst = v
-			}
-		}
-	}
-	if a, ok := attrs["allowed_sans"]; ok {
-		elems, diags := hcl.ExprList(a.Expr)
-		if d.add(obj.with("allowed_sans"), diags) {
-			for _, e := range elems {
-				if s, ok := d.str(obj.with("allowed_sans"), e); ok {
-					t.AllowedSANs = append(t.AllowedSANs, s)
-				}
-			}
-		}
-	}
+	attrs := decodeBody(d, b.Body, tlsBody, obj.at(""), t).Attributes
 	files := 0
 	for _, f := range []string{t.CertFile, t.KeyFile, t.ClientCAFile} {
 		if f != "" {
