@@ -1106,4 +1106,3 @@ func TestE2EConsulAgentRestartKeepsPool(t *testing.T) {
 		t.Errorf("the discovery guard never held the pool: the restart did not exercise it\n%s", strings.Join(grepLines(metrics, "discovery_guard"), "\n"))
 	}
 }
-

@@ -205,7 +205,7 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	}
 	a.xds = xds.NewServer(a.pub, xds.Options{
 		Translation: ir.Options{PickerAddr: advertise, PickerTLS: a.pickerTLS(), PickerMaxStreams: uint32(min(f.pickerMaxStreams, 1<<32-1))},
-		Versions: versions,
+		Versions:    versions,
 	}, logger)
 	return a, nil
 }
