@@ -143,17 +143,6 @@ func BenchmarkOpen(b *testing.B) {
 	}
 }
 
-// BenchmarkNextVersion measures handing out xDS versions (one fsync per
-// VersionBlock versions).
-func BenchmarkNextVersion(b *testing.B) {
-	s := openT(b, filepath.Join(b.TempDir(), "state.db"), testOpts())
-	for b.Loop() {
-		if _, err := s.NextVersion(); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 // BenchmarkLoadState measures Load of a store holding only the
 // 1,000-endpoint / 20-pool state.
 func BenchmarkLoadState(b *testing.B) {

@@ -25,7 +25,7 @@ func TestCrashChild(t *testing.T) {
 	if path == "" {
 		t.Skip("only runs as the child of TestSIGKILLLosesNothingFlushed")
 	}
-	s, err := Open(path, Options{FlushInterval: 2 * time.Millisecond, VersionBlock: 7, Logger: testOpts().Logger})
+	s, err := Open(path, Options{FlushInterval: 2 * time.Millisecond, Logger: testOpts().Logger})
 	if err != nil {
 		fmt.Printf("open-error %v\n", err)
 		os.Exit(3)
@@ -35,16 +35,9 @@ func TestCrashChild(t *testing.T) {
 		fmt.Printf("load-error %v\n", err)
 		os.Exit(3)
 	}
-	fmt.Printf("start %d %d\n", snap.StateVersion, snap.XDSVersion)
+	fmt.Printf("start %d\n", snap.StateVersion)
 	ctx := context.Background()
 	for i := snap.StateVersion + 1; i < snap.StateVersion+1_000_000; i++ {
-		v, err := s.NextVersion()
-		if err != nil {
-			fmt.Printf("version-error %v\n", err)
-			os.Exit(3)
-		}
-		// NextVersion has returned, so v is durable.
-		fmt.Printf("version %d\n", v)
 		s.SaveState(makeState(5, 20, i))
 		s.SaveMetrics(map[EndpointKey]Metrics{{Pool: "pool-00", Address: "10.0.0.0:8000"}: {Waiting: int(i)}})
 		if err := s.SavePrefix("pool-00", "10.0.0.0:8000", []byte(strconv.FormatUint(i, 10))); err != nil {
@@ -64,8 +57,8 @@ func TestCrashChild(t *testing.T) {
 
 // crashReport is what a killed child said was durable.
 type crashReport struct {
-	maxVersion, minVersion, maxFlushed uint64
-	flushes                            int
+	maxFlushed uint64
+	flushes    int
 }
 
 func parseCrashOutput(t *testing.T, out string) crashReport {
@@ -88,13 +81,7 @@ func parseCrashOutput(t *testing.T, out string) crashReport {
 		if err != nil {
 			continue
 		}
-		switch f[0] {
-		case "version":
-			r.maxVersion = max(r.maxVersion, n)
-			if r.minVersion == 0 || n < r.minVersion {
-				r.minVersion = n
-			}
-		case "flushed":
+		if f[0] == "flushed" {
 			r.maxFlushed = max(r.maxFlushed, n)
 			r.flushes++
 		}
@@ -108,7 +95,6 @@ func TestSIGKILLLosesNothingFlushed(t *testing.T) {
 	}
 	path := filepath.Join(t.TempDir(), "state.db")
 	t.Setenv(crashChildEnv, path)
-	var prevMax uint64
 	for round := range 3 {
 		child := testutil.StartNoCleanup(t, "store-crash-child", os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
 		// Kill it mid-stream once it has flushed a few batches.
@@ -123,13 +109,9 @@ func TestSIGKILLLosesNothingFlushed(t *testing.T) {
 		})
 		child.Kill()
 		rep := parseCrashOutput(t, child.Output())
-		if rep.flushes == 0 || rep.maxVersion == 0 {
+		if rep.flushes == 0 {
 			t.Fatalf("round %d: child reported nothing durable:\n%s", round, child.Output())
 		}
-		if rep.minVersion <= prevMax {
-			t.Errorf("round %d: version %d handed out again (previous run reached %d)", round, rep.minVersion, prevMax)
-		}
-		prevMax = rep.maxVersion
 
 		checkIntegrity(t, path)
 		s, err := Open(path, testOpts())
@@ -153,20 +135,8 @@ func TestSIGKILLLosesNothingFlushed(t *testing.T) {
 		if got := string(snap.Prefix[EndpointKey{"pool-00", "10.0.0.0:8000"}]); got == "" {
 			t.Errorf("round %d: prefix blob lost", round)
 		}
-		if snap.XDSVersion < rep.maxVersion {
-			t.Errorf("round %d: xDS high-water mark %d below handed-out version %d", round, snap.XDSVersion, rep.maxVersion)
-		}
-		v, err := s.NextVersion()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if v <= rep.maxVersion {
-			t.Errorf("round %d: NextVersion after crash = %d, not above %d", round, v, rep.maxVersion)
-		}
-		prevMax = max(prevMax, v)
 		closeT(t, s)
-		t.Logf("round %d: child flushed %d batches, state %d (flushed %d), versions %d..%d, mark %d",
-			round, rep.flushes, snap.StateVersion, rep.maxFlushed, rep.minVersion, rep.maxVersion, snap.XDSVersion)
+		t.Logf("round %d: child flushed %d batches, state %d (flushed %d)", round, rep.flushes, snap.StateVersion, rep.maxFlushed)
 	}
 }
 

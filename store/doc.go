@@ -2,8 +2,9 @@
 // restarts warm, even when Consul is down. It persists the last good merged
 // registry.State (every source, Consul endpoints included), endpoint health
 // and drain state, the last scraped metrics per endpoint, the picker's
-// prefix-cache blobs, the session-affinity map, the Consul blocking-query
-// indexes and the xDS version counter.
+// prefix-cache blobs, the session-affinity map and the Consul
+// blocking-query indexes. (xDS versions are content hashes: nothing to
+// persist.)
 //
 // Components depend on the Store interface; File (Open) implements it on
 // a bbolt file, and storetest.Fake in memory, for unit tests.
@@ -21,13 +22,6 @@
 // Flush and on Close. Saves never touch the disk on the caller's goroutine,
 // and a newer value of the same item replaces an older, unflushed one.
 //
-// NextVersion is the exception: it hands out xDS snapshot versions from a
-// block reserved on disk (Options.VersionBlock, 1000 by default). The
-// high-water mark of the block is committed and fsynced before the first
-// version of the block is returned, so after a crash the store resumes
-// above the mark and no version is ever handed out twice. Versions may skip
-// (at most one block per restart); they never go backwards or repeat.
-//
 // # On-disk layout (schema version 1)
 //
 // All integers stored as values are 8-byte big-endian. Records are JSON
@@ -38,8 +32,9 @@
 //	          "schema"       schema version (uint64)
 //	          "created_at"   RFC 3339 time the file was created
 //	          "flushed_at"   RFC 3339 time of the last batched flush
-//	          "xds_version"  xDS version high-water mark (uint64): every
-//	                         version ever handed out is <= this value
+//	          "xds_version"  written by switchyard before 2026-11-26, when
+//	                         xDS versions were counted; now ignored (they
+//	                         are content hashes)
 //	state     "current"      stateRecord: the last saved registry.State,
 //	                         including its Version
 //	metrics   pool NUL addr  metricsRecord {waiting, running, kv_usage, scraped_at}

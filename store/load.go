@@ -49,11 +49,8 @@ type Snapshot struct {
 	// StateVersion is the Version of the persisted registry state (0 if
 	// none); seed registry.WithInitialVersion with it.
 	StateVersion uint64
-	// XDSVersion is the xDS version high-water mark: every version ever
-	// handed out by NextVersion is <= XDSVersion.
-	XDSVersion uint64
-	Metrics    map[EndpointKey]Metrics
-	Health     map[EndpointKey]Health
+	Metrics      map[EndpointKey]Metrics
+	Health       map[EndpointKey]Health
 	// Prefix holds the picker's opaque prefix-cache blobs.
 	Prefix map[EndpointKey][]byte
 	// Sessions are the unexpired session-affinity entries, sorted by ID.
@@ -126,11 +123,6 @@ func (s *File) read(db *bolt.DB) (*Snapshot, error) {
 	err := db.View(func(tx *bolt.Tx) error {
 		mb := tx.Bucket(bucketMeta)
 		var err error
-		if b := mb.Get(keyXDSVersion); b != nil { // absent in files migrated from schema 0
-			if snap.XDSVersion, err = parseU64("xds version", b); err != nil {
-				return err
-			}
-		}
 		if snap.CreatedAt, err = parseTime("created_at", mb.Get(keyCreatedAt)); err != nil {
 			return err
 		}

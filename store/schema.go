@@ -25,12 +25,11 @@ var (
 	bucketSessions = []byte("sessions")
 	bucketConsul   = []byte("consul")
 
-	keyApp        = []byte("app")
-	keySchema     = []byte("schema")
-	keyCreatedAt  = []byte("created_at")
-	keyFlushedAt  = []byte("flushed_at")
-	keyXDSVersion = []byte("xds_version")
-	keyState      = []byte("current")
+	keyApp       = []byte("app")
+	keySchema    = []byte("schema")
+	keyCreatedAt = []byte("created_at")
+	keyFlushedAt = []byte("flushed_at")
+	keyState     = []byte("current")
 )
 
 // dataBuckets are the buckets of the current schema besides meta.
@@ -135,7 +134,6 @@ func (s *File) initialise(db *bolt.DB) error {
 			{keyApp, []byte(appID)},
 			{keySchema, u64(s.opts.schema.version)},
 			{keyCreatedAt, []byte(s.opts.Now().UTC().Format(time.RFC3339Nano))},
-			{keyXDSVersion, u64(0)},
 		} {
 			if err := mb.Put(kv[0], kv[1]); err != nil {
 				return err

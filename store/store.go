@@ -36,7 +36,6 @@ var (
 const (
 	DefaultLockTimeout    = time.Second
 	DefaultFlushInterval  = 200 * time.Millisecond
-	DefaultVersionBlock   = 1000
 	DefaultMaxPrefixBlob  = 256 << 10
 	DefaultMaxPrefixTotal = 64 << 20
 	DefaultMaxSessions    = 100_000
@@ -53,8 +52,6 @@ type Options struct {
 	// FlushInterval is the longest a Save* waits in memory before the
 	// background writer commits it.
 	FlushInterval time.Duration
-	// VersionBlock is how many xDS versions one durable reservation covers.
-	VersionBlock uint64
 	// MaxPrefixBlob caps one prefix-cache blob, MaxPrefixTotal all of them.
 	MaxPrefixBlob  int
 	MaxPrefixTotal int
@@ -78,9 +75,6 @@ func (o Options) withDefaults() Options {
 	}
 	if o.FlushInterval <= 0 {
 		o.FlushInterval = DefaultFlushInterval
-	}
-	if o.VersionBlock == 0 {
-		o.VersionBlock = DefaultVersionBlock
 	}
 	if o.MaxPrefixBlob <= 0 {
 		o.MaxPrefixBlob = DefaultMaxPrefixBlob
@@ -118,8 +112,7 @@ type Recovery struct {
 //
 // Save* methods record the latest value and return at once; a newer save
 // of the same item replaces an older one. Flush makes everything saved so
-// far durable, and Load returns what is durable. NextVersion hands out xDS
-// versions that never repeat, across restarts and crashes. After Close,
+// far durable, and Load returns what is durable. After Close,
 // methods return ErrClosed (saves are ignored).
 type Store interface {
 	Load() (*Snapshot, error)
@@ -130,7 +123,6 @@ type Store interface {
 	SaveSessions(sessions []Session)
 	SaveConsulIndex(key string, index uint64)
 	Flush(ctx context.Context) error
-	NextVersion() (uint64, error)
 	// LastError is the error of the latest failed background write, or nil
 	// once a write succeeds.
 	LastError() error
@@ -164,10 +156,6 @@ type File struct {
 
 	closeOnce sync.Once
 	closeErr  error
-
-	verMu    sync.Mutex
-	nextVer  uint64
-	verLimit uint64 // highest version covered by the durable reservation
 }
 
 // Open opens (or creates) the store at path with file mode 0600. See the
@@ -193,8 +181,6 @@ func Open(path string, opts Options) (*File, error) {
 		s.prefixSizes[k] = len(b)
 		s.prefixTotal += len(b)
 	}
-	s.verLimit = snap.XDSVersion
-	s.nextVer = snap.XDSVersion + 1
 	go s.run()
 	return s, nil
 }
@@ -343,8 +329,6 @@ func (s *File) Close() error {
 		s.mu.Lock()
 		s.closed = true
 		s.mu.Unlock()
-		s.verMu.Lock()
-		defer s.verMu.Unlock()
 		var err error
 		if s.writeErr != nil {
 			err = fmt.Errorf("store %s: final flush: %w", s.path, s.writeErr)
@@ -355,32 +339,4 @@ func (s *File) Close() error {
 		s.closeErr = err
 	})
 	return s.closeErr
-}
-
-// NextVersion returns the next xDS snapshot version: strictly greater than
-// every version this file has ever handed out, across restarts and crashes.
-// Versions come from a block reserved durably on disk; crossing into a new
-// block commits (and fsyncs) the new high-water mark before returning.
-func (s *File) NextVersion() (uint64, error) {
-	s.verMu.Lock()
-	defer s.verMu.Unlock()
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	if closed {
-		return 0, ErrClosed
-	}
-	if s.nextVer > s.verLimit {
-		limit := s.nextVer - 1 + s.opts.VersionBlock
-		err := s.db.Update(func(tx *bolt.Tx) error {
-			return tx.Bucket(bucketMeta).Put(keyXDSVersion, u64(limit))
-		})
-		if err != nil {
-			return 0, fmt.Errorf("store %s: reserve xDS versions up to %d: %w", s.path, limit, err)
-		}
-		s.verLimit = limit
-	}
-	v := s.nextVer
-	s.nextVer++
-	return v, nil
 }

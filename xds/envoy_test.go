@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -121,10 +122,10 @@ func TestEnvoyServesTranslatedConfig(t *testing.T) {
 		if len(nodes) != 1 || nodes[0].ID != "envoy-test-1" || nodes[0].Cluster != "test" {
 			return fmt.Errorf("nodes = %+v", nodes)
 		}
-		v := srv.Stats().Version
+		vs := srv.Stats().Versions
 		for _, typ := range []string{"Listener", "Cluster", "RouteConfiguration", "ClusterLoadAssignment"} {
-			if got := nodes[0].Acked[typ]; got != v {
-				return fmt.Errorf("%s acked %q, serving %q", typ, got, v)
+			if got := nodes[0].Acked[typ]; got != vs[typ] {
+				return fmt.Errorf("%s acked %q, serving %q", typ, got, vs[typ])
 			}
 		}
 		return nil
@@ -475,9 +476,10 @@ func TestEnvoyPickerCrashFailsOpen(t *testing.T) {
 	}
 }
 
-// TestEnvoySurvivesSwitchyardRestart restarts the xDS server in place: the
-// new process's versions differ (boot prefix), so Envoy accepts its state;
-// until the new registry publishes, Envoy keeps serving the old config.
+// TestEnvoySurvivesSwitchyardRestart restarts the xDS server in place:
+// until the new registry publishes, Envoy keeps serving the old config;
+// the same content then has the same versions (content addresses), so
+// Envoy gets no new configuration at all; new content gets new versions.
 func TestEnvoySurvivesSwitchyardRestart(t *testing.T) {
 	a, b := startBackend(t), startBackend(t)
 	listen := testutil.FreeAddr(t)
@@ -485,7 +487,15 @@ func TestEnvoySurvivesSwitchyardRestart(t *testing.T) {
 	srv1, xdsAddr, stop1 := startXDSAt(t, "127.0.0.1:0", pub1, Options{})
 	admin, _ := startEnvoy(t, "envoy-restart", xdsAddr)
 	waitClusters(t, admin, 10*time.Second, []string{"pool/llama::" + a.Addr + "::"}, nil)
-	v1 := srv1.Stats().Version
+	v1 := srv1.Stats().Versions
+	updates := func() string {
+		out, err := httpGet(admin + "/stats?filter=^cluster_manager.cds.update_success$")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	before := updates()
 	stop1()
 
 	// The restarted process has not loaded its sources yet.
@@ -504,10 +514,26 @@ func TestEnvoySurvivesSwitchyardRestart(t *testing.T) {
 	}
 	waitClusters(t, admin, time.Second, []string{"pool/llama::" + a.Addr + "::"}, nil)
 
-	pub2.Publish(newState(1, listen, pool("llama", registry.FailClosed, b.Addr)))
+	// The same content under a new registry version: the same versions,
+	// and Envoy has nothing to update.
+	pub2.Publish(newState(5, listen, pool("llama", registry.FailClosed, a.Addr)))
+	testutil.Eventually(t, 5*time.Second, "restarted server serving", func() error {
+		if srv2.Stats().RegistryVersion != 5 {
+			return fmt.Errorf("not translated yet")
+		}
+		return nil
+	})
+	if v := srv2.Stats().Versions; !maps.Equal(v, v1) {
+		t.Fatalf("same content after a restart: versions %v, want %v", v, v1)
+	}
+	if after := updates(); after != before {
+		t.Fatalf("Envoy updated its clusters for unchanged content: %q -> %q", before, after)
+	}
+
+	pub2.Publish(newState(6, listen, pool("llama", registry.FailClosed, b.Addr)))
 	waitClusters(t, admin, 5*time.Second, []string{"pool/llama::" + b.Addr + "::"}, []string{"pool/llama::" + a.Addr + "::"})
-	if v2 := srv2.Stats().Version; v2 == v1 || v2 == "" {
-		t.Fatalf("restart reused version %q", v2)
+	if v2 := srv2.Stats().Versions; v2["ClusterLoadAssignment"] == v1["ClusterLoadAssignment"] {
+		t.Fatalf("new endpoints kept the endpoints version %q", v2["ClusterLoadAssignment"])
 	}
 	if srv1.Stats().NACKs+srv2.Stats().NACKs != 0 {
 		t.Fatal("Envoy NACKed")

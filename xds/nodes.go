@@ -21,8 +21,10 @@ type NodeStatus struct {
 	Streams   int
 	FirstSeen time.Time
 	LastSeen  time.Time
-	// Acked maps a resource type ("Cluster", "Listener", ...) to the last
-	// version the node ACKed.
+	// Acked maps a resource type ("Cluster", "Listener", ...) to the
+	// version the node holds: the last one it ACKed, or the one it
+	// reported when it connected (a reconnecting Envoy already holding
+	// the served content is sent nothing, so it never ACKs it here).
 	Acked map[string]string
 	ACKs  uint64
 	NACKs uint64
@@ -113,11 +115,18 @@ func (t *tracker) onRequest(id int64, req *discoveryv3.DiscoveryRequest) error {
 		return nil
 	}
 	n.LastSeen = now
+	typ := shortType(req.GetTypeUrl())
 	last, ok := st.nonces[req.GetTypeUrl()]
 	if req.GetResponseNonce() == "" || !ok || req.GetResponseNonce() != last.nonce {
-		return nil // initial request or a stale nonce: neither ACK nor NACK
+		// An initial request or a stale nonce: neither ACK nor NACK. An
+		// Envoy (re)connecting reports the version it holds, which a
+		// restarted or another replica serving the same content will not
+		// send again (versions are content addresses): record it as held.
+		if _, answered := st.nonces[req.GetTypeUrl()]; !answered && req.GetVersionInfo() != "" && req.GetErrorDetail() == nil {
+			n.Acked[typ] = req.GetVersionInfo()
+		}
+		return nil
 	}
-	typ := shortType(req.GetTypeUrl())
 	if d := req.GetErrorDetail(); d != nil {
 		n.NACKs++
 		t.nacks++

@@ -9,15 +9,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
-	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
@@ -37,36 +36,37 @@ type Options struct {
 	// Translation holds the picker address, timeouts and per-listener
 	// settings (see ir.Options for defaults).
 	Translation ir.Options
-	// Versions hands out snapshot versions (default NewBootVersions(now)).
-	// The store can supply a persisted counter instead.
-	Versions VersionSource
 }
 
 // Server translates registry states into snapshots and serves them over
 // ADS. Create it with NewServer, Register it on a gRPC server, and Run it.
 type Server struct {
-	view     registry.View
-	opts     Options
-	log      *slog.Logger
-	cache    cachev3.SnapshotCache
-	xds      serverv3.Server
-	ctx      context.Context
-	cancel   context.CancelFunc
-	tracker  *tracker
-	mu       sync.Mutex
-	stats    Stats
-	last     translator.Resources
-	synced   chan struct{} // closed and replaced on every snapshot attempt
-	nodeKey  string
-	versions VersionSource
+	view    registry.View
+	opts    Options
+	log     *slog.Logger
+	cache   cachev3.SnapshotCache
+	xds     serverv3.Server
+	ctx     context.Context
+	cancel  context.CancelFunc
+	tracker *tracker
+	mu      sync.Mutex
+	stats   Stats
+	last    translator.Resources
+	synced  chan struct{} // closed and replaced on every snapshot attempt
+	nodeKey string
 }
 
 // Stats are the server's counters and current snapshot, for metrics and
 // the status page.
 type Stats struct {
-	// Version is the version of the snapshot being served ("" before the
-	// first one).
+	// Version names the snapshot being served ("" before the first one):
+	// its per-type versions in one string (see Versions).
 	Version string
+	// Versions are the served version of each resource type, keyed by
+	// short type name ("Cluster", "ClusterLoadAssignment", "Listener",
+	// "RouteConfiguration"). They are content addresses: the same content
+	// has the same version in every replica and after a restart.
+	Versions map[string]string
 	// RegistryVersion is the registry state version the last snapshot
 	// attempt (successful or not) was built from.
 	RegistryVersion uint64
@@ -95,17 +95,12 @@ func NewServer(view registry.View, opts Options, logger *slog.Logger) *Server {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	logger = logger.With("component", "xds")
-	versions := opts.Versions
-	if versions == nil {
-		versions = NewBootVersions(time.Now())
-	}
 	s := &Server{
-		view:     view,
-		opts:     opts,
-		log:      logger,
-		synced:   make(chan struct{}),
-		nodeKey:  DefaultNodeKey,
-		versions: versions,
+		view:    view,
+		opts:    opts,
+		log:     logger,
+		synced:  make(chan struct{}),
+		nodeKey: DefaultNodeKey,
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.tracker = newTracker(logger)
@@ -144,6 +139,7 @@ func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	st := s.stats
 	st.Warnings = append([]string(nil), s.stats.Warnings...)
+	st.Versions = maps.Clone(s.stats.Versions)
 	s.mu.Unlock()
 	acks, nacks := s.tracker.totals()
 	st.ACKs, st.NACKs = acks, nacks
@@ -213,10 +209,14 @@ func (s *Server) trySync(ctx context.Context, state *registry.State) error {
 	if unchanged {
 		return nil
 	}
-	version := s.versions.Next()
-	snap, err := cachev3.NewSnapshot(version, map[resource.Type][]types.Resource(res))
+	versions, err := resourceVersions(res)
 	if err != nil {
-		return fmt.Errorf("snapshot %s: %w", version, err)
+		return fmt.Errorf("version resources: %w", err)
+	}
+	version := summaryVersion(versions)
+	snap := &cachev3.Snapshot{}
+	for typ, items := range res {
+		snap.Resources[cachev3.GetResponseType(typ)] = cachev3.NewResources(versions[typ], items)
 	}
 	if err := snap.Consistent(); err != nil {
 		return fmt.Errorf("snapshot %s inconsistent: %w", version, err)
@@ -224,9 +224,13 @@ func (s *Server) trySync(ctx context.Context, state *registry.State) error {
 	if err := s.cache.SetSnapshot(ctx, s.nodeKey, snap); err != nil {
 		return fmt.Errorf("set snapshot %s: %w", version, err)
 	}
+	short := make(map[string]string, len(versions))
+	for typ, v := range versions {
+		short[shortType(typ)] = v
+	}
 	s.mu.Lock()
 	s.last = res
-	s.stats.Version = version
+	s.stats.Version, s.stats.Versions = version, short
 	s.stats.Snapshots++
 	s.mu.Unlock()
 	s.log.Info("xDS snapshot set", "version", version, "registry_version", state.Version,

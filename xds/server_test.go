@@ -3,6 +3,7 @@ package xds
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"testing"
@@ -134,18 +135,41 @@ func TestServerWithholdsUnhealthyEndpoints(t *testing.T) {
 	})
 }
 
-func TestBootVersionsNeverRepeat(t *testing.T) {
-	boot := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	a := NewBootVersions(boot)
-	b := NewBootVersions(boot.Add(time.Millisecond)) // a restart
-	seen := map[string]bool{}
-	for i := 0; i < 100; i++ {
-		for _, v := range []string{a.Next(), b.Next()} {
-			if seen[v] {
-				t.Fatalf("version %q repeated", v)
-			}
-			seen[v] = true
+// TestVersionsAreContentAddresses: two servers (replicas, or one before
+// and after a restart) serving the same state serve the same versions; a
+// change of endpoints only changes the endpoints' version; a different
+// configuration never gets a version it had before.
+func TestVersionsAreContentAddresses(t *testing.T) {
+	mk := func(v uint64, addrs ...string) *registry.State {
+		return newState(v, "127.0.0.1:8080", pool("llama", registry.FailClosed, addrs...))
+	}
+	pubA := registry.NewPublisher(mk(1, "10.0.0.1:8000", "10.0.0.2:8000"))
+	pubB := registry.NewPublisher(mk(7, "10.0.0.1:8000", "10.0.0.2:8000")) // another registry version, same content
+	a, b := runServer(t, pubA, Options{}), runServer(t, pubB, Options{})
+	va, vb := waitRegistryVersion(t, a, 1), waitRegistryVersion(t, b, 7)
+	if va.Version == "" || !maps.Equal(va.Versions, vb.Versions) {
+		t.Fatalf("same content, different versions:\n%v\n%v", va.Versions, vb.Versions)
+	}
+	if len(va.Versions) != 4 {
+		t.Fatalf("versions %v, want one per resource type", va.Versions)
+	}
+	seen := map[string]string{va.Versions["ClusterLoadAssignment"]: "two endpoints"}
+
+	// Endpoints change: only the endpoints' version moves.
+	pubA.Publish(mk(2, "10.0.0.1:8000"))
+	v2 := waitRegistryVersion(t, a, 2)
+	for typ, v := range v2.Versions {
+		if changed := v != va.Versions[typ]; changed != (typ == "ClusterLoadAssignment") {
+			t.Errorf("%s version %q -> %q after an endpoints-only change", typ, va.Versions[typ], v)
 		}
+	}
+	if prev, ok := seen[v2.Versions["ClusterLoadAssignment"]]; ok {
+		t.Fatalf("one endpoint got the version of %s", prev)
+	}
+	// Back to the first content: the first versions again.
+	pubA.Publish(mk(3, "10.0.0.1:8000", "10.0.0.2:8000"))
+	if v3 := waitRegistryVersion(t, a, 3); !maps.Equal(v3.Versions, va.Versions) {
+		t.Fatalf("the first content again: %v, want %v", v3.Versions, va.Versions)
 	}
 }
 

@@ -87,14 +87,17 @@ type warmCount struct {
 }
 
 type xdsStatus struct {
-	Version         string   `json:"version"`
-	RegistryVersion uint64   `json:"registry_version"`
-	Snapshots       uint64   `json:"snapshots"`
-	Failures        uint64   `json:"failures"`
-	LastError       string   `json:"last_error,omitempty"`
-	ACKs            uint64   `json:"acks"`
-	NACKs           uint64   `json:"nacks"`
-	Warnings        []string `json:"warnings,omitempty"`
+	Version string `json:"version"`
+	// Versions are the served version of each resource type: content
+	// addresses, equal on every replica serving the same configuration.
+	Versions        map[string]string `json:"versions"`
+	RegistryVersion uint64            `json:"registry_version"`
+	Snapshots       uint64            `json:"snapshots"`
+	Failures        uint64            `json:"failures"`
+	LastError       string            `json:"last_error,omitempty"`
+	ACKs            uint64            `json:"acks"`
+	NACKs           uint64            `json:"nacks"`
+	Warnings        []string          `json:"warnings,omitempty"`
 }
 
 type envoyStatus struct {
@@ -184,7 +187,7 @@ func (a *app) status() statusDoc {
 	}
 	doc.TLS = a.tlsStatus()
 	xs := a.xds.Stats()
-	doc.XDS = xdsStatus{Version: xs.Version, RegistryVersion: xs.RegistryVersion, Snapshots: xs.Snapshots,
+	doc.XDS = xdsStatus{Version: xs.Version, Versions: xs.Versions, RegistryVersion: xs.RegistryVersion, Snapshots: xs.Snapshots,
 		Failures: xs.Failures, LastError: xs.LastError, ACKs: xs.ACKs, NACKs: xs.NACKs, Warnings: xs.Warnings}
 	doc.Envoys = []envoyStatus{}
 	for _, n := range a.xds.Nodes() {

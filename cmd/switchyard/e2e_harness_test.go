@@ -311,11 +311,12 @@ type status struct {
 		Rejected       map[string]int64 `json:"rejected"`
 	} `json:"picker"`
 	XDS struct {
-		Version         string `json:"version"`
-		RegistryVersion uint64 `json:"registry_version"`
-		Failures        uint64 `json:"failures"`
-		ACKs            uint64 `json:"acks"`
-		NACKs           uint64 `json:"nacks"`
+		Version         string            `json:"version"`
+		Versions        map[string]string `json:"versions"`
+		RegistryVersion uint64            `json:"registry_version"`
+		Failures        uint64            `json:"failures"`
+		ACKs            uint64            `json:"acks"`
+		NACKs           uint64            `json:"nacks"`
 	} `json:"xds"`
 	Envoys []struct {
 		ID      string            `json:"id"`
@@ -405,8 +406,8 @@ func (f *fleet) acked(minRegistry uint64) (*status, error) {
 			return nil, errors.New("Envoy not connected")
 		}
 		for _, typ := range xdsTypes {
-			if n.Acked[typ] != s.XDS.Version {
-				return nil, fmt.Errorf("Envoy ACKed %s %q, serving %q", typ, n.Acked[typ], s.XDS.Version)
+			if n.Acked[typ] != s.XDS.Versions[typ] {
+				return nil, fmt.Errorf("Envoy ACKed %s %q, serving %q", typ, n.Acked[typ], s.XDS.Versions[typ])
 			}
 		}
 		return s, nil

@@ -441,7 +441,7 @@ model "m-a" {
 		}
 		acked := false
 		for _, n := range st.Envoys {
-			if n.ID == "rogue-after-rotation" && n.Streams > 0 && n.Acked["Cluster"] == st.XDS.Version {
+			if n.ID == "rogue-after-rotation" && n.Streams > 0 && n.Acked["Cluster"] == st.XDS.Versions["Cluster"] {
 				acked = true
 			}
 		}

@@ -5,14 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"strconv"
-	"time"
 
 	"github.com/switchyard/switchyard/registry"
 	"github.com/switchyard/switchyard/registry/consul"
 	"github.com/switchyard/switchyard/registry/hclfile"
 	"github.com/switchyard/switchyard/store"
-	"github.com/switchyard/switchyard/xds"
 )
 
 // openStore opens the bbolt file and loads what the previous run left, so
@@ -33,35 +30,6 @@ func openStore(path string, logger *slog.Logger) (*store.File, *store.Snapshot, 
 		return nil, nil, err
 	}
 	return st, snap, nil
-}
-
-// storeVersions hands out xDS versions from the store's durable counter.
-// The prefix is the store file's creation time, so even a store that was
-// moved aside and recreated never repeats a version an Envoy has seen.
-type storeVersions struct {
-	st     store.Store
-	prefix string
-	log    *slog.Logger
-	boot   *xds.BootVersions // fallback if the store cannot reserve
-}
-
-func newStoreVersions(st store.Store, snap *store.Snapshot, logger *slog.Logger) *storeVersions {
-	return &storeVersions{st: st, prefix: strconv.FormatInt(snap.CreatedAt.UnixNano(), 36), log: logger}
-}
-
-// Next implements xds.VersionSource.
-func (v *storeVersions) Next() string {
-	n, err := v.st.NextVersion()
-	if err != nil {
-		// A store that cannot write must not stop config pushes: fall back
-		// to boot-time versions, which are unique too (just not counted).
-		if v.boot == nil {
-			v.boot = xds.NewBootVersions(time.Now())
-		}
-		v.log.Error("store: cannot reserve an xDS version; using a boot-time version", "err", err)
-		return v.boot.Next()
-	}
-	return v.prefix + "-" + strconv.FormatUint(n, 10)
 }
 
 // consulIndexKey encodes a selector as the store's string key.

@@ -55,7 +55,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.extprocAdvertise, "extproc-advertise", "", "`address` (ip:port) Envoy uses to reach the picker; default -extproc-addr, with 127.0.0.1 for an unspecified host such as 0.0.0.0")
 	fs.UintVar(&f.pickerMaxStreams, "picker-max-streams", ir.DefaultPickerMaxStreams, "concurrent ext_proc `streams` each Envoy may open to the picker (its picker cluster's circuit breakers); every request in flight holds one until its response ends, and a request past the limit fails (fail_closed) or bypasses the picker (fail_open)")
 	fs.StringVar(&f.xdsAddr, "xds-addr", "127.0.0.1:18000", "`address` of the xDS (ADS) gRPC server Envoy fetches its configuration from")
-	fs.StringVar(&f.storePath, "store", "", "bbolt `file` that persists pool state and the xDS version counter so a restart is warm (even with Consul down); empty disables persistence")
+	fs.StringVar(&f.storePath, "store", "", "bbolt `file` that persists pool state and the picker's memory so a restart is warm (even with Consul down); empty disables persistence")
 	fs.StringVar(&f.adminAddr, "admin-addr", "127.0.0.1:9090", "`address` of the admin HTTP server (status page, /metrics, health)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log `format`: text or json")
@@ -157,11 +157,10 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 		return nil, err
 	}
 	var (
-		initial  *registry.State
-		snap     *store.Snapshot
-		versions xds.VersionSource
-		saved    map[string]uint64
-		mgrOpts  = []registry.ManagerOption{registry.WithLogger(logger)}
+		initial *registry.State
+		snap    *store.Snapshot
+		saved   map[string]uint64
+		mgrOpts = []registry.ManagerOption{registry.WithLogger(logger)}
 	)
 	if f.storePath != "" {
 		st, loaded, err := openStore(f.storePath, logger)
@@ -169,7 +168,6 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 			return nil, err
 		}
 		a.store, snap = st, loaded
-		versions = newStoreVersions(st, snap, logger)
 		saved = snap.ConsulIndexes
 		if initial = snap.State(); initial != nil {
 			// Consul's bootstrap stays the HCL file state: it, not the
@@ -205,7 +203,6 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	}
 	a.xds = xds.NewServer(a.pub, xds.Options{
 		Translation: ir.Options{PickerAddr: advertise, PickerTLS: a.pickerTLS(), PickerMaxStreams: uint32(min(f.pickerMaxStreams, 1<<32-1))},
-		Versions:    versions,
 	}, logger)
 	return a, nil
 }

@@ -24,12 +24,10 @@ type Fake struct {
 	durable  snapshot
 	pending  snapshot
 	dirty    bool
-	nextVer  uint64
 	closed   bool
 	flushes  int
 	lastErr  error
 	flushErr error
-	verErr   error
 	closeErr error
 }
 
@@ -43,7 +41,6 @@ type snapshot struct {
 	prefix   map[store.EndpointKey][]byte // pending: nil value deletes
 	consul   map[string]uint64            // pending: 0 deletes
 	created  time.Time
-	xds      uint64
 }
 
 var _ store.Store = (*Fake)(nil)
@@ -59,7 +56,6 @@ func New() *Fake {
 			consul:  map[string]uint64{},
 			created: time.Now().UTC(),
 		},
-		nextVer: 1,
 	}
 }
 
@@ -79,8 +75,6 @@ func NewFrom(snap *store.Snapshot) *Fake {
 	if !snap.CreatedAt.IsZero() {
 		d.created = snap.CreatedAt
 	}
-	d.xds = snap.XDSVersion
-	f.nextVer = snap.XDSVersion + 1
 	return f
 }
 
@@ -97,13 +91,6 @@ func (f *Fake) FailFlushes(err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.flushErr = err
-}
-
-// FailVersions makes NextVersion fail with err until it is called with nil.
-func (f *Fake) FailVersions(err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.verErr = err
 }
 
 // Flushes returns how many flushes have committed something.
@@ -143,7 +130,6 @@ func (f *Fake) Load() (*store.Snapshot, error) {
 	}
 	maps.Copy(sn.ConsulIndexes, d.consul)
 	sn.CreatedAt = d.created
-	sn.XDSVersion = d.xds
 	return sn, nil
 }
 
@@ -274,23 +260,6 @@ func (f *Fake) flushLocked() error {
 	f.pending, f.dirty = snapshot{}, false
 	f.flushes++
 	return nil
-}
-
-// NextVersion implements store.Store: 1, 2, 3, ... above the seed's
-// high-water mark. Every version handed out is durable at once.
-func (f *Fake) NextVersion() (uint64, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed {
-		return 0, store.ErrClosed
-	}
-	if f.verErr != nil {
-		return 0, f.verErr
-	}
-	v := f.nextVer
-	f.nextVer++
-	f.durable.xds = v
-	return v, nil
 }
 
 // LastError implements store.Store.

@@ -132,7 +132,10 @@ func (t *translation) add(typ resource.Type, r types.Resource) {
 
 // any packs m, recording a failure.
 func (t *translation) any(m proto.Message) *anypb.Any {
-	a, err := anypb.New(m)
+	// Deterministic, so the same configuration always encodes to the same
+	// bytes: xDS versions are hashes of the encoded resources.
+	a := &anypb.Any{}
+	err := anypb.MarshalFrom(a, m, proto.MarshalOptions{Deterministic: true})
 	if err != nil {
 		t.errs = append(t.errs, fmt.Errorf("pack %T: %w", m, err))
 	}
