@@ -30,6 +30,12 @@ type Update struct {
 	// Routing, when non-nil, is this source's routing block; at most one
 	// source may set it.
 	Routing *Routing
+	// Replicas are switchyard replicas this source knows (a static list
+	// in the configuration, or those registered in Consul).
+	Replicas []Replica
+	// ReplicaDiscovery, when non-nil, is this source's replicas block; at
+	// most one source may set it.
+	ReplicaDiscovery *ReplicaDiscovery
 	// ScrapeFailing is the health input: pool name -> addresses of
 	// endpoints whose metrics scrapes are failing. It marks endpoints that
 	// other sources supply (Endpoint.ScrapeFailing); addresses no pool has
@@ -73,6 +79,8 @@ func Merge(updates []Update) (s *State, warnings []string, err error) {
 	modelFrom := map[string]string{}
 	listenerFrom := map[string]string{}
 	routingFrom := ""
+	replicasFrom := ""
+	replicaAt := map[string]int{}
 	epFrom := map[string]map[string]string{} // pool -> address -> source
 
 	dupErr := func(kind, name, where, src, first string) {
@@ -175,6 +183,25 @@ func Merge(updates []Update) (s *State, warnings []string, err error) {
 			listenerFrom[l.Name] = u.Source
 			s.Listeners = append(s.Listeners, l)
 		}
+		if u.ReplicaDiscovery != nil {
+			if replicasFrom != "" {
+				dupErr(KindReplicas, "", u.ReplicaDiscovery.DeclRange, u.Source, replicasFrom)
+			} else {
+				replicasFrom = u.Source
+				rd := *u.ReplicaDiscovery
+				s.ReplicaDiscovery = &rd
+			}
+		}
+		for _, r := range u.Replicas {
+			if _, dup := replicaAt[r.Address]; dup {
+				continue // the same replica from two sources: the first wins
+			}
+			if r.Source == "" {
+				r.Source = u.Source
+			}
+			replicaAt[r.Address] = len(s.Replicas)
+			s.Replicas = append(s.Replicas, r)
+		}
 		if u.Routing != nil {
 			if routingFrom != "" {
 				dupErr(KindRouting, "", "", u.Source, routingFrom)
@@ -185,6 +212,7 @@ func Merge(updates []Update) (s *State, warnings []string, err error) {
 		}
 	}
 	sort.Slice(s.Listeners, func(i, j int) bool { return s.Listeners[i].Name < s.Listeners[j].Name })
+	sort.Slice(s.Replicas, func(i, j int) bool { return s.Replicas[i].Address < s.Replicas[j].Address })
 	return s, warnings, errors.Join(errs...)
 }
 

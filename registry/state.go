@@ -199,6 +199,38 @@ type State struct {
 	Models    map[string]*Model
 	Listeners []Listener // sorted by Name
 	Routing   Routing
+	// Replicas are the switchyard processes serving this configuration
+	// side by side (sorted by Address): Envoy's picker cluster lists them
+	// all, and they share their picks. Empty: one switchyard, which lists
+	// itself.
+	Replicas []Replica
+	// ReplicaDiscovery says how replicas find each other (nil: no
+	// replicas block).
+	ReplicaDiscovery *ReplicaDiscovery
+}
+
+// Replica is one switchyard process of an active-active set.
+type Replica struct {
+	// ID names the replica (its Consul service ID, or its address).
+	ID string
+	// Address is the replica's picker (ext_proc gRPC) "ip:port" as Envoys
+	// and the other replicas reach it.
+	Address string
+	// Admin is the replica's admin "ip:port" ("" if unknown).
+	Admin string
+	// XDS is the replica's ADS "ip:port" ("" if unknown).
+	XDS string
+	// Source names the provider that contributed it ("file", "consul").
+	Source string
+}
+
+// ReplicaDiscovery is the configuration's replicas block.
+type ReplicaDiscovery struct {
+	// ConsulService, when set, is the Consul service every replica
+	// registers itself as, and whose passing instances are the replicas.
+	ConsulService string
+	// DeclRange is where the block was declared ("file:line:column").
+	DeclRange string
 }
 
 // Empty returns a State with no pools, models or listeners.

@@ -28,6 +28,7 @@ const (
 	KindModel    = "model"
 	KindListener = "listener"
 	KindRouting  = "routing"
+	KindReplicas = "replicas"
 	KindEndpoint = "endpoint"
 )
 
@@ -311,6 +312,17 @@ func Validate(s *State) error {
 	if dp := s.Routing.DefaultPool; dp != "" {
 		if _, ok := s.Pools[dp]; !ok {
 			add(KindRouting, "", "default_pool", "", ErrUnknownPool, "the default pool %q is not defined%s", dp, knownHint(s.PoolNames()))
+		}
+	}
+	for _, r := range s.Replicas {
+		where := ""
+		if s.ReplicaDiscovery != nil {
+			where = s.ReplicaDiscovery.DeclRange
+		}
+		if canon, err := CanonicalAddress(r.Address, true); err != nil {
+			addErr(KindReplicas, r.ID, "peers", where, err)
+		} else if canon != r.Address {
+			add(KindReplicas, r.ID, "peers", where, ErrBadAddress, "replica address %q is not canonical (want %q)", r.Address, canon)
 		}
 	}
 	return errors.Join(errs...)

@@ -24,6 +24,7 @@ var rootSchema = &hcl.BodySchema{
 	Blocks: []hcl.BlockHeaderSchema{
 		{Type: "listener", LabelNames: []string{"name"}},
 		{Type: "routing"},
+		{Type: "replicas"},
 		{Type: "pool", LabelNames: []string{"name"}},
 		{Type: "model", LabelNames: []string{"name"}},
 		{Type: "consul"},
@@ -56,6 +57,35 @@ var (
 		{name: "address", isRequired: true, decode: func(d *decoder, f field, l *registry.Listener) {
 			if s, ok := d.str(f.at, f.attr.Expr); ok {
 				l.Address, _ = d.address(f.at, f.rng(), s, false)
+			}
+		}},
+	})
+
+	// replicasBody is the top-level replicas block: how the switchyard
+	// replicas serving this configuration find each other.
+	replicasBody = newBody([]attr[*replicasBlock]{
+		strAttr("consul_service", func(r *replicasBlock, v string) { r.disc.ConsulService = v }, consulName),
+		{name: "peers", decode: func(d *decoder, f field, r *replicasBlock) {
+			elems, diags := hcl.ExprList(f.attr.Expr)
+			if !d.add(f.at, diags) {
+				return
+			}
+			seen := map[string]bool{}
+			for _, e := range elems {
+				s, ok := d.str(f.at, e)
+				if !ok {
+					continue
+				}
+				canon, ok := d.address(f.at, e.Range(), s, true)
+				if !ok {
+					continue
+				}
+				if seen[canon] {
+					d.errorAt(f.at, e.Range(), "Duplicate peer", fmt.Sprintf("Replica %s is listed twice.", canon))
+					continue
+				}
+				seen[canon] = true
+				r.peers = append(r.peers, registry.Replica{ID: canon, Address: canon})
 			}
 		}},
 	})
@@ -203,6 +233,7 @@ type decoder struct {
 	models    map[string]*registry.Model
 	listeners map[string]*registry.Listener
 	routing   *registry.Routing
+	replicas  *replicasBlock
 	agent     *ConsulAgent
 	tls       *TLS
 	// first declaration of each object, for "already defined at" details.
@@ -288,6 +319,8 @@ func (d *decoder) file(body hcl.Body) {
 			d.listener(b)
 		case "routing":
 			d.routingBlock(b)
+		case "replicas":
+			d.replicasBlock(b)
 		case "pool":
 			d.pool(b)
 		case "model":
@@ -371,6 +404,25 @@ func (d *decoder) listener(b *hcl.Block) {
 	d.listeners[name] = l
 	d.listenerOrder = append(d.listenerOrder, name)
 	decodeBody(d, b.Body, listenerBody, loc{kind: registry.KindListener, name: name}.at(""), l)
+}
+
+// replicasBlock is what the replicas block decodes into.
+type replicasBlock struct {
+	disc  registry.ReplicaDiscovery
+	peers []registry.Replica
+}
+
+func (d *decoder) replicasBlock(b *hcl.Block) {
+	if !d.declare(registry.KindReplicas, "", b) {
+		return
+	}
+	d.replicas = &replicasBlock{disc: registry.ReplicaDiscovery{DeclRange: pos(b.DefRange)}}
+	decodeBody(d, b.Body, replicasBody, loc{kind: registry.KindReplicas}.at(""), d.replicas)
+	if d.replicas.disc.ConsulService == "" && len(d.replicas.peers) == 0 {
+		d.diags = append(d.diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Empty replicas block",
+			Detail:  "Say how replicas find each other: consul_service = \"switchyard\" (each registers itself in Consul) and/or peers = [\"ip:port\", ...] (every replica's picker address).",
+			Subject: b.DefRange.Ptr()})
+	}
 }
 
 func (d *decoder) routingBlock(b *hcl.Block) {

@@ -58,6 +58,20 @@
 //	                              # Default: none.
 //	}
 //
+//	replicas {                    # optional, at most one: several switchyard
+//	                              # processes serve this configuration at
+//	                              # once (active-active); every one lists
+//	                              # them all in Envoy's picker cluster and
+//	                              # shares its picks with the others
+//	  consul_service = "switchyard" # each replica registers itself in Consul
+//	                              # under this name (its picker address, a
+//	                              # check on its /readyz); the passing
+//	                              # instances are the replicas
+//	  peers = ["10.0.0.5:9002", "10.0.0.6:9002"]  # and/or a static list of
+//	                              # every replica's picker (ext_proc) address
+//	                              # as Envoys reach it (-extproc-advertise)
+//	}
+//
 //	pool "NAME" {
 //	  endpoints    = ["127.0.0.1:8001", "[::1]:8002"]  # optional; model
 //	                              # servers as ip:port or [ipv6]:port literals

@@ -130,6 +130,10 @@ func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
 		u.Listeners = append(u.Listeners, *d.listeners[name])
 	}
 	u.Routing = d.routing
+	if r := d.replicas; r != nil {
+		disc := r.disc
+		u.ReplicaDiscovery, u.Replicas = &disc, r.peers
+	}
 	if len(inputs) > 0 && len(d.declared) == 0 && !d.diags.HasErrors() {
 		// Most likely a file caught half-written (truncated) or emptied by
 		// mistake: refuse rather than withdraw every pool.

@@ -150,6 +150,14 @@ func TestLoadErrors(t *testing.T) {
 		{"default_pool.hcl", []string{
 			`4:18: Unknown pool: The default pool "lama" is not defined (defined pools: "llama")`,
 		}},
+		{"replicas.hcl", []string{
+			`2:29: Invalid address: "localhost:9002": "localhost" is not an IP address`,
+			`2:47: Duplicate peer: Replica 10.0.0.5:9002 is listed twice`,
+			`5:1: Duplicate replicas: A replicas block was already defined at testdata/bad/replicas.hcl:1:1.`,
+		}},
+		{"replicas_empty.hcl", []string{
+			`1:1: Empty replicas block: Say how replicas find each other`,
+		}},
 		{"guard.hcl", []string{
 			`4:23: Invalid panic_threshold: panic_threshold 1.5 is not a share between 0 and 1`,
 			`11:19: Invalid duration: panic_grace "soon" is not a duration of 0 or more`,
@@ -410,5 +418,36 @@ pool "defaults" {
 		if got := cfg.State.Pools[pool].EffectiveGuard(); got != want {
 			t.Errorf("pool %s guard = %+v, want %+v", pool, got, want)
 		}
+	}
+}
+
+// The replicas block: a static peer list and a Consul service name reach
+// the state (canonical addresses, sorted).
+func TestLoadReplicas(t *testing.T) {
+	t.Parallel()
+	src := `
+listener "l" { address = "127.0.0.1:8080" }
+replicas {
+  consul_service = "switchyard"
+  peers = ["10.0.0.6:9002", "[2001:db8::1]:9002", "10.0.0.5:9002"]
+}
+`
+	cfg, diags := Parse([]Input{{Name: "r.hcl", Src: []byte(src)}})
+	if diags.HasErrors() {
+		t.Fatalf("diagnostics = %s", FormatDiagnostics(diags))
+	}
+	st := cfg.State
+	if st.ReplicaDiscovery == nil || st.ReplicaDiscovery.ConsulService != "switchyard" || st.ReplicaDiscovery.DeclRange != "r.hcl:3:1" {
+		t.Fatalf("replica discovery = %+v", st.ReplicaDiscovery)
+	}
+	var got []string
+	for _, r := range st.Replicas {
+		if r.Source != SourceName || r.ID != r.Address {
+			t.Errorf("replica %+v", r)
+		}
+		got = append(got, r.Address)
+	}
+	if want := []string{"10.0.0.5:9002", "10.0.0.6:9002", "[2001:db8::1]:9002"}; !slices.Equal(got, want) {
+		t.Fatalf("replicas %v, want %v", got, want)
 	}
 }

@@ -37,6 +37,7 @@ type Source struct {
 	refresh time.Duration
 	watch   bool
 	reload  chan struct{}
+	onLoad  func(*Config)
 
 	mu       sync.Mutex
 	lastErr  error
@@ -68,6 +69,12 @@ func WithRefresh(d time.Duration) SourceOption { return func(s *Source) { s.refr
 // WithoutWatch disables file system notifications; the source then only
 // re-reads on Reload and on the refresh interval.
 func WithoutWatch() SourceOption { return func(s *Source) { s.watch = false } }
+
+// WithOnLoad calls fn with every configuration that loads without errors,
+// before it is sent to the registry: what other components derive from the
+// configuration itself (the Consul selectors to watch) is applied to them
+// here, never read back from the registry's published state.
+func WithOnLoad(fn func(*Config)) SourceOption { return func(s *Source) { s.onLoad = fn } }
 
 // NewSource returns a Source for the file or directory at path.
 func NewSource(path string, opts ...SourceOption) *Source {
@@ -222,6 +229,9 @@ func (s *Source) loadAndSend(ctx context.Context, up chan<- registry.Update) boo
 	s.lastErr = err
 	s.loads++
 	s.mu.Unlock()
+	if err == nil && s.onLoad != nil {
+		s.onLoad(cfg)
+	}
 	select {
 	case up <- u:
 		return true
