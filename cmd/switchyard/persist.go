@@ -83,12 +83,16 @@ func (a *app) persist(ctx context.Context) error {
 	}
 }
 
-// newConsulSource builds the Consul source; it opens no connection until a
-// pool asks for Consul members. The configuration's top-level consul block,
-// read once at start, overrides the CONSUL_HTTP_* environment.
-func newConsulSource(pub *registry.Publisher, cfg *hclfile.Config, saved map[string]uint64, logger *slog.Logger) (*consul.Source, error) {
+// newConsulSource builds the Consul source watching what cfg asks for (its
+// pools' consul blocks, the replicas block); it opens no connection until
+// something is wanted. restored is the persisted state, whose Consul
+// members stand in until Consul first answers. The configuration's
+// top-level consul block, read once at start, overrides the CONSUL_HTTP_*
+// environment.
+func newConsulSource(cfg *hclfile.Config, restored *registry.State, saved map[string]uint64, logger *slog.Logger) (*consul.Source, error) {
 	opts := consul.Options{
-		Bootstrap:      cfg.State,
+		Wants:          consul.WantsFrom(cfg.State),
+		Restored:       restored,
 		InitialIndexes: consulIndexes(saved),
 		Logger:         logger.With("component", "consul"),
 	}
@@ -98,7 +102,7 @@ func newConsulSource(pub *registry.Publisher, cfg *hclfile.Config, saved map[str
 		opts.TLS = consul.TLSOptions{ServerName: t.ServerName, CAFile: t.CAFile, CAPath: t.CAPath,
 			CertFile: t.CertFile, KeyFile: t.KeyFile, InsecureSkipVerify: t.InsecureSkipVerify}
 	}
-	cs, err := consul.New(pub, opts)
+	cs, err := consul.New(opts)
 	if err != nil {
 		return nil, fmt.Errorf("consul: %w", err)
 	}

@@ -170,7 +170,7 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 		a.store, snap = st, loaded
 		saved = snap.ConsulIndexes
 		if initial = snap.State(); initial != nil {
-			// Consul's bootstrap stays the HCL file state: it, not the
+			// What Consul is asked stays the configuration's: it, not the
 			// snapshot, says which pools want Consul members now.
 			logger.Info("serving the persisted state until sources answer", "version", initial.Version, "summary", initial.Summary())
 		}
@@ -180,12 +180,14 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	}
 	a.pub = registry.NewPublisher(initial)
 	a.view = a.pub
-	a.files = hclfile.NewSource(f.config, hclfile.WithLogger(logger))
 	a.manager = registry.NewManager(a.pub, mgrOpts...)
-	if a.consul, err = newConsulSource(a.pub, cfg, saved, logger); err != nil {
+	if a.consul, err = newConsulSource(cfg, initial, saved, logger); err != nil {
 		a.close()
 		return nil, err
 	}
+	// Every reloaded configuration tells the Consul source what to watch.
+	a.files = hclfile.NewSource(f.config, hclfile.WithLogger(logger),
+		hclfile.WithOnLoad(func(c *hclfile.Config) { a.consul.Apply(consul.WantsFrom(c.State)) }))
 	// Registration order is source priority; names are distinct, so
 	// AddSource cannot fail on a fresh manager.
 	_ = a.manager.AddSource(hclfile.SourceName, a.files)

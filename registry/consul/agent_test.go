@@ -126,12 +126,17 @@ func TestAgent(t *testing.T) {
 	pub := registry.NewPublisher(nil)
 	log := slog.New(slog.NewTextHandler(t.Output(), nil))
 	m := registry.NewManager(pub, registry.WithLogger(log)) // default debounce, as in serve
-	if err := m.AddSource("file", staticSource{registry.Update{Pools: map[string]*registry.Pool{
+	file := registry.Update{Pools: map[string]*registry.Pool{
 		"llama": pool("llama", passing), "llama-all": pool("llama-all", all), "guarded": guarded,
-	}}}); err != nil {
+	}}
+	if err := m.AddSource("file", staticSource{file}); err != nil {
 		t.Fatal(err)
 	}
-	src, err := New(m.View(), Options{Address: "http://" + a.Addr, WaitTime: 10 * time.Second, Logger: log,
+	cfg, _, err := registry.Merge([]registry.Update{file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := New(Options{Wants: WantsFrom(cfg), Address: "http://" + a.Addr, WaitTime: 10 * time.Second, Logger: log,
 		MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -256,4 +261,51 @@ func TestAgent(t *testing.T) {
 			return m.LastError()
 		})
 	})
+}
+
+// TestRegisterReplica registers a replica with a real agent: its service
+// carries the picker address, admin and ADS addresses and a readiness check
+// that passes; the registration comes back after the agent loses it, and
+// goes when Register returns.
+func TestRegisterReplica(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Consul")
+	}
+	a := testutil.StartConsul(t)
+	c := a.Client()
+	ready := newModelServer(t) // answers /health; the check only needs a 200
+	reg := Registration{Service: "switchyard", ID: "sy-test", Address: "127.0.0.1:9002",
+		Admin: "127.0.0.1:9090", XDS: "127.0.0.1:18000", CheckURL: "http://" + ready.addr() + "/health"}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Register(ctx, c, reg, 200*time.Millisecond, slog.New(slog.NewTextHandler(t.Output(), nil)))
+	}()
+	passing := func() error {
+		entries, _, err := c.Health().Service("switchyard", "", true, nil)
+		if err != nil {
+			return err
+		}
+		reps, _ := convertReplicas(entries)
+		if len(reps) != 1 || reps[0].Address != "127.0.0.1:9002" || reps[0].Admin != "127.0.0.1:9090" || reps[0].XDS != "127.0.0.1:18000" || reps[0].ID != "sy-test" {
+			return fmt.Errorf("replicas %+v", reps)
+		}
+		return nil
+	}
+	testutil.Eventually(t, 10*time.Second, "replica registered and passing", passing)
+	if err := c.Agent().ServiceDeregister("sy-test"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, "replica registered again after the agent lost it", passing)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	svcs, err := c.Agent().Services()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := svcs["sy-test"]; ok {
+		t.Fatal("replica still registered after Register returned")
+	}
 }

@@ -153,3 +153,33 @@ func parseModels(v string) []string {
 	slices.Sort(out)
 	return slices.Compact(out)
 }
+
+// Service-meta keys a switchyard replica sets on its own registration
+// (see Registration).
+const (
+	// MetaAdmin is the replica's admin "ip:port".
+	MetaAdmin = "admin"
+	// MetaXDS is the replica's ADS "ip:port".
+	MetaXDS = "xds"
+)
+
+// convertReplicas turns the passing instances of the replicas' service into
+// replicas: the service address and port are the replica's picker address,
+// meta admin and xds its other ports. Failing instances are left out: a
+// replica whose readiness check fails takes no traffic.
+func convertReplicas(entries []*api.ServiceEntry) (reps []registry.Replica, warnings []string) {
+	for _, e := range entries {
+		if e == nil || e.Service == nil || e.Checks.AggregatedStatus() != api.HealthPassing {
+			continue
+		}
+		addr, err := instanceAddress(e)
+		if err != nil {
+			warnings = append(warnings, fmt.Sprintf("switchyard replica %s left out: %v", instanceID(e), err))
+			continue
+		}
+		reps = append(reps, registry.Replica{ID: e.Service.ID, Address: addr,
+			Admin: e.Service.Meta[MetaAdmin], XDS: e.Service.Meta[MetaXDS], Source: SourceName})
+	}
+	sort.Slice(reps, func(i, j int) bool { return reps[i].Address < reps[j].Address })
+	return reps, warnings
+}

@@ -5,9 +5,13 @@
 //
 // # How it works
 //
-// The source watches the registry's own published state (a registry.View)
-// to learn which pools want Consul members. For every distinct
-// registry.ConsulSelector it runs one watcher doing Consul blocking queries
+// The source is told what to watch (Wants: the pools whose configuration
+// has a consul block, and the service switchyard replicas register as);
+// serve derives Wants from the configuration at start and hands every
+// reloaded configuration's Wants to Apply, as Prometheus applies its
+// configuration to its discoverers: the source never reads the registry it
+// feeds. For every distinct registry.ConsulSelector it runs one watcher
+// doing Consul blocking queries
 // on /v1/health/service/<service> (tag, datacenter and passing-only filter
 // from the selector), so a registration, deregistration or health change
 // reaches the registry as soon as Consul answers, typically well under a
@@ -158,12 +162,13 @@ type Options struct {
 	// restart Consul's index may be lower than the persisted one, and a
 	// query blocking on it would hang until WaitTime.
 	InitialIndexes map[registry.ConsulSelector]uint64
-	// Bootstrap, when set, is read for the pools wanting Consul members
-	// while the view still holds its initial state (the Manager publishes
-	// its first state only once every source has contributed). Pass the
-	// parsed HCL configuration so that the first published state already
-	// has the Consul members instead of getting them one publish later.
-	Bootstrap *registry.State
+	// Wants is what to watch from the start (WantsFrom the configuration
+	// serve loaded); Apply replaces it.
+	Wants Wants
+	// Restored is the state a previous run persisted (the store's); with
+	// InitialIndexes it supplies each watcher's members until Consul first
+	// answers.
+	Restored *registry.State
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -209,9 +214,50 @@ func NewClient(opts Options) (*api.Client, error) {
 // block on next.
 type fetchFunc func(ctx context.Context, sel registry.ConsulSelector, waitIndex uint64) ([]*api.ServiceEntry, uint64, error)
 
+// Wants is what the Source watches: the pools that take members from
+// Consul, and the Consul service switchyard replicas register as ("" for
+// none).
+type Wants struct {
+	Pools    map[string]PoolWant
+	Replicas string
+}
+
+// PoolWant is what one pool asks of Consul.
+type PoolWant struct {
+	Selector registry.ConsulSelector
+	Engine   registry.Engine // the pool's engine (meta.engine must match)
+}
+
+// WantsFrom derives Wants from a configuration: every pool with a consul
+// block, and the replicas block's consul_service.
+func WantsFrom(s *registry.State) Wants {
+	w := Wants{Pools: map[string]PoolWant{}}
+	if s == nil {
+		return w
+	}
+	for name, p := range s.Pools {
+		if p.Consul != nil {
+			eng := p.Engine
+			if eng == "" {
+				eng = registry.EngineVLLM
+			}
+			w.Pools[name] = PoolWant{Selector: *p.Consul, Engine: eng}
+		}
+	}
+	if rd := s.ReplicaDiscovery; rd != nil {
+		w.Replicas = rd.ConsulService
+	}
+	return w
+}
+
+// replicaSelector is the query of the replicas' service: passing
+// instances only (a replica whose /readyz fails is not one).
+func replicaSelector(service string) registry.ConsulSelector {
+	return registry.ConsulSelector{Service: service, PassingOnly: true}
+}
+
 // Source is the Consul registry.Source. Create it with New; Run it once.
 type Source struct {
-	view registry.View
 	opts Options
 	log  *slog.Logger
 	// fetch is the Consul query; tests replace it.
@@ -221,20 +267,32 @@ type Source struct {
 
 	mu       sync.Mutex
 	watchers map[registry.ConsulSelector]*watcher
+	wants    Wants
+	wantsGen uint64 // bumped by Apply
+}
+
+// Apply replaces what the source watches (a reloaded configuration):
+// watchers for selectors no longer wanted stop, new ones start.
+func (s *Source) Apply(w Wants) {
+	s.mu.Lock()
+	s.wants = w
+	s.wantsGen++
+	s.mu.Unlock()
+	s.notify()
 }
 
 var _ registry.Source = (*Source)(nil)
 
-// New returns a Source that reads the pools wanting Consul members from view
-// (the Manager's own View) and queries Consul as opts say. It fails only on
-// unusable client settings (for example unreadable TLS files); an
-// unreachable Consul is a runtime condition Run retries.
-func New(view registry.View, opts Options) (*Source, error) {
+// New returns a Source watching opts.Wants (until Apply changes them) and
+// querying Consul as opts say. It fails only on unusable client settings
+// (for example unreadable TLS files); an unreachable Consul is a runtime
+// condition Run retries.
+func New(opts Options) (*Source, error) {
 	client, err := NewClient(opts)
 	if err != nil {
 		return nil, err
 	}
-	s := newSource(view, opts, nil)
+	s := newSource(opts, nil)
 	health := client.Health()
 	s.fetch = func(ctx context.Context, sel registry.ConsulSelector, waitIndex uint64) ([]*api.ServiceEntry, uint64, error) {
 		// A blocking query answers within WaitTime plus Consul's jitter
@@ -261,7 +319,7 @@ func New(view registry.View, opts Options) (*Source, error) {
 }
 
 // newSource builds a Source around fetch with defaults filled in.
-func newSource(view registry.View, opts Options, fetch fetchFunc) *Source {
+func newSource(opts Options, fetch fetchFunc) *Source {
 	if opts.WaitTime <= 0 {
 		opts.WaitTime = DefaultWaitTime
 	}
@@ -281,8 +339,8 @@ func newSource(view registry.View, opts Options, fetch fetchFunc) *Source {
 		opts.Logger = slog.Default()
 	}
 	return &Source{
-		view:     view,
 		opts:     opts,
+		wants:    opts.Wants,
 		log:      opts.Logger.With("source", SourceName),
 		fetch:    fetch,
 		wake:     make(chan struct{}, 1),
@@ -355,27 +413,6 @@ func selectorLess(a, b registry.ConsulSelector) bool {
 	return !a.PassingOnly && b.PassingOnly
 }
 
-// poolWant is what one pool asks of Consul.
-type poolWant struct {
-	sel    registry.ConsulSelector
-	engine registry.Engine
-}
-
-// wanted lists the pools of s that take members from Consul.
-func wanted(s *registry.State) map[string]poolWant {
-	out := map[string]poolWant{}
-	for name, p := range s.Pools {
-		if p.Consul != nil {
-			eng := p.Engine
-			if eng == "" {
-				eng = registry.EngineVLLM
-			}
-			out[name] = poolWant{sel: *p.Consul, engine: eng}
-		}
-	}
-	return out
-}
-
 // Run implements registry.Source.
 func (s *Source) Run(ctx context.Context, up chan<- registry.Update) {
 	var wg sync.WaitGroup
@@ -398,36 +435,32 @@ func (s *Source) Run(ctx context.Context, up chan<- registry.Update) {
 	}
 
 	var (
-		lastState *registry.State
-		pools     map[string]poolWant
-		sent      bool
-		lastSent  map[string][]registry.Endpoint
-		lastErr   string // the error the Manager holds for us ("" none)
-		lastWarn  []string
-		first     = time.NewTimer(time.Hour)
-		firstDue  bool // the first-answer timer has fired
+		gen      uint64 = 1<<64 - 1 // no wants reconciled yet
+		wants    Wants
+		sent     bool
+		lastSent registry.Update
+		lastErr  string // the error the Manager holds for us ("" none)
+		lastWarn []string
+		first    = time.NewTimer(time.Hour)
+		firstDue bool // the first-answer timer has fired
 	)
 	first.Stop()
 	defer first.Stop()
-	initial, _ := s.view.Current()
 
 	for {
-		st, changed := s.view.Current()
-		if st != lastState {
-			lastState = st
-			if st == initial && s.opts.Bootstrap != nil {
-				pools = wanted(s.opts.Bootstrap)
-			} else {
-				pools = wanted(st)
-			}
-			if s.reconcile(ctx, &wg, pools, initial) {
+		s.mu.Lock()
+		cur, curGen := s.wants, s.wantsGen
+		s.mu.Unlock()
+		if curGen != gen {
+			gen, wants = curGen, cur
+			if s.reconcile(ctx, &wg, wants) {
 				firstDue = false
 				first.Reset(firstResultWait)
 			}
 		}
 
 		if firstDue || !s.awaitingFirst() {
-			eps, warnings := s.build(pools)
+			u, warnings := s.build(wants)
 			if !slices.Equal(warnings, lastWarn) {
 				for _, w := range warnings {
 					s.log.Warn("consul instance not used", "reason", w)
@@ -435,11 +468,11 @@ func (s *Source) Run(ctx context.Context, up chan<- registry.Update) {
 				lastWarn = warnings
 			}
 			downErr := s.downError()
-			if !sent || lastErr != "" && downErr == nil || !reflect.DeepEqual(eps, lastSent) {
-				if !send(registry.Update{Source: SourceName, Endpoints: eps}) {
+			if !sent || lastErr != "" && downErr == nil || !reflect.DeepEqual(u, lastSent) {
+				if !send(u) {
 					return
 				}
-				sent, lastSent, lastErr = true, eps, ""
+				sent, lastSent, lastErr = true, u, ""
 			}
 			if downErr != nil && downErr.Error() != lastErr {
 				if !send(registry.Update{Source: SourceName, Err: downErr}) {
@@ -452,7 +485,6 @@ func (s *Source) Run(ctx context.Context, up chan<- registry.Update) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-changed:
 		case <-s.wake:
 		case <-first.C:
 			firstDue = true
@@ -460,13 +492,20 @@ func (s *Source) Run(ctx context.Context, up chan<- registry.Update) {
 	}
 }
 
-// reconcile starts watchers for new selectors, stops the ones no pool uses
-// any more and records which pools use each. It reports whether it
-// started a watcher.
-func (s *Source) reconcile(ctx context.Context, wg *sync.WaitGroup, pools map[string]poolWant, initial *registry.State) bool {
+// reconcile starts watchers for new selectors, stops the ones nothing
+// wants any more and records which pools (and whether the replicas) use
+// each. It reports whether it started a watcher.
+func (s *Source) reconcile(ctx context.Context, wg *sync.WaitGroup, wants Wants) bool {
 	bySel := map[registry.ConsulSelector][]string{}
-	for name, pw := range pools {
-		bySel[pw.sel] = append(bySel[pw.sel], name)
+	for name, pw := range wants.Pools {
+		bySel[pw.Selector] = append(bySel[pw.Selector], name)
+	}
+	var replicas registry.ConsulSelector
+	if wants.Replicas != "" {
+		replicas = replicaSelector(wants.Replicas)
+		if _, ok := bySel[replicas]; !ok {
+			bySel[replicas] = nil
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -480,20 +519,21 @@ func (s *Source) reconcile(ctx context.Context, wg *sync.WaitGroup, pools map[st
 	}
 	for sel, names := range bySel {
 		sort.Strings(names)
+		isReplicas := wants.Replicas != "" && sel == replicas
 		if w, ok := s.watchers[sel]; ok {
-			w.pools = names
+			w.pools, w.replicas = names, isReplicas
 			continue
 		}
 		wctx, cancel := context.WithCancel(ctx)
-		w := &watcher{sel: sel, pools: names, cancel: cancel}
-		if idx, ok := s.opts.InitialIndexes[sel]; ok && idx > 0 {
+		w := &watcher{sel: sel, pools: names, replicas: isReplicas, cancel: cancel}
+		if idx, ok := s.opts.InitialIndexes[sel]; ok && idx > 0 && s.opts.Restored != nil {
 			w.initialIndex = idx
-			w.seed = restored(initial, names)
+			w.seed = restored(s.opts.Restored, names)
 		}
 		s.watchers[sel] = w
 		started = true
 		s.log.Info("consul watch started", "service", sel.Service, "tag", sel.Tag, "datacenter", sel.Datacenter,
-			"passing_only", sel.PassingOnly, "pools", names, "initial_index", w.initialIndex)
+			"passing_only", sel.PassingOnly, "pools", names, "replicas", isReplicas, "initial_index", w.initialIndex)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -534,33 +574,41 @@ func (s *Source) awaitingFirst() bool {
 	return false
 }
 
-// build makes the contribution: every Consul pool's endpoints.
-func (s *Source) build(pools map[string]poolWant) (map[string][]registry.Endpoint, []string) {
+// build makes the contribution: every Consul pool's endpoints, and the
+// replicas registered in Consul.
+func (s *Source) build(wants Wants) (registry.Update, []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := map[string][]registry.Endpoint{}
+	u := registry.Update{Source: SourceName, Endpoints: map[string][]registry.Endpoint{}}
 	var warnings []string
-	for _, name := range sortedNames(pools) {
-		pw := pools[name]
-		w, ok := s.watchers[pw.sel]
+	for _, name := range sortedNames(wants.Pools) {
+		pw := wants.Pools[name]
+		w, ok := s.watchers[pw.Selector]
 		if !ok {
 			continue
 		}
 		if !w.answered {
 			if eps := w.seed[name]; len(eps) > 0 {
-				out[name] = eps
+				u.Endpoints[name] = eps
 			}
 			continue
 		}
-		eps, warn := convert(w.current(time.Now()), pw.sel, pw.engine)
+		eps, warn := convert(w.current(time.Now()), pw.Selector, pw.Engine)
 		for _, m := range warn {
 			warnings = append(warnings, fmt.Sprintf("pool %q: %s", name, m))
 		}
 		if len(eps) > 0 {
-			out[name] = eps
+			u.Endpoints[name] = eps
 		}
 	}
-	return out, warnings
+	if wants.Replicas != "" {
+		if w, ok := s.watchers[replicaSelector(wants.Replicas)]; ok && w.answered {
+			reps, warn := convertReplicas(w.entries)
+			u.Replicas = reps
+			warnings = append(warnings, warn...)
+		}
+	}
+	return u, warnings
 }
 
 // downError joins the errors of the watchers whose latest query failed.
@@ -593,7 +641,7 @@ func describe(sel registry.ConsulSelector) string {
 	return d
 }
 
-func sortedNames(m map[string]poolWant) []string {
+func sortedNames(m map[string]PoolWant) []string {
 	names := make([]string, 0, len(m))
 	for n := range m {
 		names = append(names, n)

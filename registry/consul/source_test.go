@@ -98,14 +98,32 @@ func stateWith(pools map[string]registry.ConsulSelector) *registry.State {
 }
 
 // runSource runs a Source on fake and returns the channel its updates
-// arrive on.
+// arrive on. The test drives what it watches by publishing configurations
+// on view: each one's WantsFrom is applied, as serve applies every
+// reloaded configuration.
 func runSource(t *testing.T, view registry.View, fake *fakeConsul, opts Options) (*Source, <-chan registry.Update) {
 	t.Helper()
 	opts.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
-	s := newSource(view, opts, fake.fetch)
+	st, changed := view.Current()
+	opts.Wants = WantsFrom(st)
+	if opts.Restored == nil {
+		opts.Restored = st
+	}
+	s := newSource(opts, fake.fetch)
 	up := make(chan registry.Update)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			}
+			st, changed = view.Current()
+			s.Apply(WantsFrom(st))
+		}
+	}()
 	go func() { s.Run(ctx, up); close(done) }()
 	t.Cleanup(func() {
 		cancel()
@@ -359,34 +377,57 @@ func TestSourceRestoredStateStandsInUntilConsulAnswers(t *testing.T) {
 	}
 }
 
-func TestSourceBootstrapWatchesBeforeTheFirstState(t *testing.T) {
+// TestSourceWatchesWhatItIsTold: the Wants given at construction are
+// watched before any Apply (the first contribution already has the
+// members), and an applied configuration without Consul pools empties the
+// contribution; the replicas' service is watched too, and its passing
+// instances are the replicas.
+func TestSourceWatchesWhatItIsTold(t *testing.T) {
 	t.Parallel()
 	fake := newFake()
-	pub := registry.NewPublisher(nil) // nothing published yet
-	boot := stateWith(map[string]registry.ConsulSelector{"llama": {Service: "vllm"}})
-	_, up := runSource(t, pub, fake, Options{Bootstrap: boot})
+	s := newSource(Options{Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
+		Wants: Wants{Pools: map[string]PoolWant{"llama": {Selector: registry.ConsulSelector{Service: "vllm"}, Engine: registry.EngineVLLM}}, Replicas: "switchyard"}},
+		fake.fetch)
+	up := make(chan registry.Update)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx, up); close(done) }()
+	defer func() { cancel(); <-done }()
 	fake.reply("vllm", answer{index: 3, entries: []*api.ServiceEntry{inst("n", "a", "", "10.0.0.1", 8000, nil, "")}})
-	// The very first contribution already has the members.
-	wantAddrs(t, next(t, up), "llama", "10.0.0.1:8000")
-	// Once the registry publishes, its state decides: the pool is gone.
-	pub.Publish(registry.Empty())
-	if u := next(t, up); u.Err != nil || len(u.Endpoints) != 0 {
-		t.Fatalf("after publishing a state without consul pools: %+v, want an empty contribution", u)
+	replica := inst("n", "sy-1", "", "10.0.0.9", 9002, map[string]string{MetaAdmin: "10.0.0.9:9090", MetaXDS: "10.0.0.9:18000"}, api.HealthPassing)
+	failing := inst("n", "sy-2", "", "10.0.0.8", 9002, nil, api.HealthCritical)
+	fake.reply("switchyard", answer{index: 5, entries: []*api.ServiceEntry{replica, failing}})
+	var u registry.Update
+	testutil.Eventually(t, 5*time.Second, "members and replicas", func() error {
+		select {
+		case u = <-up:
+		case <-time.After(time.Second):
+		}
+		if len(u.Endpoints["llama"]) != 1 || len(u.Replicas) != 1 {
+			return fmt.Errorf("update %+v", u)
+		}
+		return nil
+	})
+	if r := u.Replicas[0]; r.ID != "sy-1" || r.Address != "10.0.0.9:9002" || r.Admin != "10.0.0.9:9090" || r.XDS != "10.0.0.9:18000" || r.Source != SourceName {
+		t.Fatalf("replica %+v", r)
+	}
+	s.Apply(Wants{})
+	if u := next(t, up); u.Err != nil || len(u.Endpoints) != 0 || len(u.Replicas) != 0 {
+		t.Fatalf("after applying a configuration without Consul: %+v, want an empty contribution", u)
 	}
 }
 
 func TestNewRejectsUnusableClientSettings(t *testing.T) {
 	t.Parallel()
-	view := registry.NewPublisher(nil)
 	for _, opts := range []Options{
 		{Address: "ftp://127.0.0.1:8500"},
 		{Address: "127.0.0.1:8501", TLS: TLSOptions{CAFile: filepath.Join(t.TempDir(), "missing-ca.pem")}},
 	} {
-		if _, err := New(view, opts); err == nil || !strings.HasPrefix(err.Error(), "consul: client for ") {
+		if _, err := New(opts); err == nil || !strings.HasPrefix(err.Error(), "consul: client for ") {
 			t.Errorf("New(%+v) error = %v, want a client error", opts, err)
 		}
 	}
-	if _, err := New(view, Options{Address: "https://127.0.0.1:8501", Token: "secret"}); err != nil {
+	if _, err := New(Options{Address: "https://127.0.0.1:8501", Token: "secret"}); err != nil {
 		t.Errorf("New with https address: %v", err)
 	}
 }

@@ -17,6 +17,7 @@ type watcher struct {
 	cancel context.CancelFunc
 
 	pools        []string // pools using the selector, sorted
+	replicas     bool     // the selector is the replicas' service
 	initialIndex uint64   // Options.InitialIndexes entry, 0 if none
 	seed         map[string][]registry.Endpoint
 	answered     bool // Consul has answered at least once
