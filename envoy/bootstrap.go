@@ -9,6 +9,7 @@ package envoy
 import (
 	_ "embed"
 	"fmt"
+	"net"
 	"regexp"
 	"strconv"
 	"strings"
@@ -35,8 +36,11 @@ type Params struct {
 	NodeCluster string // default "switchyard"
 	XDSHost     string // IP or DNS name of switchyard's xDS server (default 127.0.0.1)
 	XDSPort     int    // default 18000
-	AdminHost   string // default 127.0.0.1
-	AdminPort   int    // default 9901
+	// XDSServers, when set, lists several xDS servers ("host:port", one
+	// per switchyard replica) instead of XDSHost and XDSPort.
+	XDSServers []string
+	AdminHost  string // default 127.0.0.1
+	AdminPort  int    // default 9901
 	// TLSDir, when set, connects to switchyard with mutual TLS using the
 	// certificate directory at this path on the Envoy host (see TLSLayout;
 	// DefaultTLSDir is what bootstrap-mtls.yaml uses).
@@ -91,6 +95,15 @@ func Bootstrap(p Params) (string, error) {
 		}
 	}
 
+	if len(p.XDSServers) > 0 {
+		if p.XDSHost != "" || p.XDSPort != 0 {
+			return "", fmt.Errorf("envoy bootstrap: set XDSServers or XDSHost/XDSPort, not both")
+		}
+		var err error
+		if tmpl, err = withServers(tmpl, p.XDSServers); err != nil {
+			return "", err
+		}
+	}
 	seen := map[string]bool{}
 	lines := strings.Split(tmpl, "\n")
 	for i, line := range lines {
@@ -118,4 +131,50 @@ func quote(v string) string {
 		return v
 	}
 	return strconv.Quote(v)
+}
+
+// withServers replaces the ADS cluster's one endpoint (the lines from
+// "- endpoint:" through the @xds_port line) with one per server.
+func withServers(tmpl string, servers []string) (string, error) {
+	lines := strings.Split(tmpl, "\n")
+	start, end := -1, -1
+	for i, l := range lines {
+		if strings.Contains(l, "# @xds_host") {
+			for j := i; j >= 0; j-- {
+				if strings.TrimSpace(lines[j]) == "- endpoint:" {
+					start = j
+					break
+				}
+			}
+		}
+		if strings.Contains(l, "# @xds_port") {
+			end = i
+		}
+	}
+	if start < 0 || end < start {
+		return "", fmt.Errorf("envoy bootstrap: no xDS endpoint block in bootstrap.yaml")
+	}
+	block := lines[start : end+1]
+	var out []string
+	for _, srv := range servers {
+		host, port, err := net.SplitHostPort(srv)
+		if err != nil {
+			return "", fmt.Errorf("envoy bootstrap: xDS server %q: %w", srv, err)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+			return "", fmt.Errorf("envoy bootstrap: xDS server %q: port out of range", srv)
+		}
+		for _, l := range block {
+			if m := marker.FindStringSubmatch(l); m != nil {
+				switch m[4] {
+				case "xds_host":
+					l = m[1] + quote(host) + m[3]
+				case "xds_port":
+					l = m[1] + port + m[3]
+				}
+			}
+			out = append(out, l)
+		}
+	}
+	return strings.Join(append(append(lines[:start:start], out...), lines[end+1:]...), "\n"), nil
 }

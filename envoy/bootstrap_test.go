@@ -31,6 +31,31 @@ func TestBootstrapRendersParams(t *testing.T) {
 	}
 }
 
+// Several xDS servers (replicas) become one health-checked endpoint each.
+func TestBootstrapListsSeveralXDSServers(t *testing.T) {
+	out, err := Bootstrap(Params{XDSServers: []string{"10.0.0.5:18000", "10.0.0.6:18001", "[2001:db8::7]:18002"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if missing := testutil.ContainsAll(out,
+		"address: 10.0.0.5 # @xds_host", "port_value: 18000 # @xds_port",
+		"address: 10.0.0.6 # @xds_host", "port_value: 18001 # @xds_port",
+		"address: 2001:db8::7 # @xds_host", "port_value: 18002 # @xds_port",
+		"service_name: envoy.service.discovery.v3.AggregatedDiscoveryService",
+	); len(missing) > 0 {
+		t.Fatalf("rendered bootstrap lacks %q:\n%s", missing, out)
+	}
+	if n := strings.Count(out, "- endpoint:"); n != 3 {
+		t.Fatalf("%d endpoints, want 3:\n%s", n, out)
+	}
+	if _, err := Bootstrap(Params{XDSServers: []string{"10.0.0.5"}}); err == nil {
+		t.Fatal("a server without a port was accepted")
+	}
+	if _, err := Bootstrap(Params{XDSServers: []string{"10.0.0.5:18000"}, XDSPort: 18000}); err == nil {
+		t.Fatal("XDSServers and XDSPort together were accepted")
+	}
+}
+
 func TestBootstrapRejectsBadPort(t *testing.T) {
 	if _, err := Bootstrap(Params{XDSPort: 70000}); err == nil {
 		t.Fatal("port 70000 accepted")
@@ -56,7 +81,11 @@ func TestBootstrapValidatesInEnvoy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, content := range map[string]string{"shipped.yaml": Template(), "rendered.yaml": rendered} {
+	replicas, err := Bootstrap(Params{NodeID: "validate", XDSServers: []string{"10.0.0.5:18000", "10.0.0.6:18000"}, AdminPort: 19998})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range map[string]string{"shipped.yaml": Template(), "rendered.yaml": rendered, "replicas.yaml": replicas} {
 		path := testutil.WriteFile(t, dir, name, content)
 		cmd := exec.Command(envoy, "--mode", "validate", "-c", path, "-l", "warning", "--use-dynamic-base-id")
 		if b, err := cmd.CombinedOutput(); err != nil {

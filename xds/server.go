@@ -21,6 +21,8 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/switchyard/switchyard/registry"
@@ -41,19 +43,21 @@ type Options struct {
 // Server translates registry states into snapshots and serves them over
 // ADS. Create it with NewServer, Register it on a gRPC server, and Run it.
 type Server struct {
-	view    registry.View
-	opts    Options
-	log     *slog.Logger
-	cache   cachev3.SnapshotCache
-	xds     serverv3.Server
-	ctx     context.Context
-	cancel  context.CancelFunc
-	tracker *tracker
-	mu      sync.Mutex
-	stats   Stats
-	last    translator.Resources
-	synced  chan struct{} // closed and replaced on every snapshot attempt
-	nodeKey string
+	view     registry.View
+	opts     Options
+	log      *slog.Logger
+	cache    cachev3.SnapshotCache
+	xds      serverv3.Server
+	ctx      context.Context
+	cancel   context.CancelFunc
+	tracker  *tracker
+	mu       sync.Mutex
+	stats    Stats
+	last     translator.Resources
+	synced   chan struct{} // closed and replaced on every snapshot attempt
+	nodeKey  string
+	health   *health.Server
+	draining bool
 }
 
 // Stats are the server's counters and current snapshot, for metrics and
@@ -101,7 +105,9 @@ func NewServer(view registry.View, opts Options, logger *slog.Logger) *Server {
 		log:     logger,
 		synced:  make(chan struct{}),
 		nodeKey: DefaultNodeKey,
+		health:  health.NewServer(),
 	}
+	s.updateHealth(false)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.tracker = newTracker(logger)
 	s.cache = cachev3.NewSnapshotCache(true, constantHash(s.nodeKey), cacheLogger{logger})
@@ -113,6 +119,32 @@ func NewServer(view registry.View, opts Options, logger *slog.Logger) *Server {
 // envoy/bootstrap.yaml does): the snapshot cache runs in ADS mode.
 func (s *Server) Register(g *grpc.Server) {
 	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, s.xds)
+	healthpb.RegisterHealthServer(g, s.health)
+}
+
+// HealthService is the gRPC health service name Envoy's ADS cluster
+// checks (envoy/bootstrap.yaml): SERVING once this server has a snapshot
+// to serve, so an Envoy with several xDS servers (replicas) connects to
+// one that has configuration, and NOT_SERVING when it stops.
+const HealthService = "envoy.service.discovery.v3.AggregatedDiscoveryService"
+
+// SetServing reports this server SERVING or NOT_SERVING on its gRPC health
+// service (a replica draining before it stops), once it has a snapshot.
+func (s *Server) SetServing(serving bool) {
+	s.mu.Lock()
+	s.draining = !serving
+	has := s.stats.Version != ""
+	s.mu.Unlock()
+	s.updateHealth(has && serving)
+}
+
+func (s *Server) updateHealth(serving bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if serving {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus(HealthService, st)
+	s.health.SetServingStatus("", st)
 }
 
 // Run translates the current registry state, pushes it, and repeats on
@@ -123,6 +155,7 @@ func (s *Server) Register(g *grpc.Server) {
 // Call Run once: when it returns, the ADS streams are closed.
 func (s *Server) Run(ctx context.Context) error {
 	defer s.cancel()
+	defer s.health.Shutdown()
 	for {
 		state, changed := s.view.Current()
 		s.sync(ctx, state)
@@ -232,7 +265,9 @@ func (s *Server) trySync(ctx context.Context, state *registry.State) error {
 	s.last = res
 	s.stats.Version, s.stats.Versions = version, short
 	s.stats.Snapshots++
+	draining := s.draining
 	s.mu.Unlock()
+	s.updateHealth(!draining)
 	s.log.Info("xDS snapshot set", "version", version, "registry_version", state.Version,
 		"listeners", len(res[resource.ListenerType]), "clusters", len(res[resource.ClusterType]),
 		"endpoints", countEndpoints(cfg))

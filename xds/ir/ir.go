@@ -71,7 +71,8 @@ func RouteConfigName(listener string) string { return "listener/" + listener + "
 // Zero values mean the documented default.
 type Options struct {
 	// PickerAddr is the picker's ext_proc gRPC address as Envoy reaches it,
-	// "ip:port" (default 127.0.0.1:9002).
+	// "ip:port" (default 127.0.0.1:9002), used when the state lists no
+	// replicas (State.Replicas, which then all are).
 	PickerAddr string
 	// PickerConnectTimeout bounds connecting to the picker (default 1s).
 	PickerConnectTimeout time.Duration
@@ -231,8 +232,11 @@ type Config struct {
 
 // Picker is the picker's gRPC cluster and the ext_proc filter settings.
 type Picker struct {
-	ClusterName    string
-	Address        Address
+	ClusterName string
+	// Addresses are every replica's picker address (sorted), or this
+	// switchyard's alone when no replicas are configured. Envoy gets them
+	// through EDS, so replicas joining and leaving change only endpoints.
+	Addresses      []Address
 	ConnectTimeout time.Duration
 	HealthInterval time.Duration
 	HealthTimeout  time.Duration
@@ -377,13 +381,32 @@ func Build(s *registry.State, o Options) (*Config, error) {
 	var errs []error
 	cfg := &Config{}
 
-	pickerAddr, err := ParseAddress(o.PickerAddr)
+	if s == nil {
+		s = registry.Empty()
+	}
+	var pickerAddrs []Address
+	if len(s.Replicas) == 0 {
+		a, err := ParseAddress(o.PickerAddr)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("picker address: %w", err))
+		}
+		pickerAddrs = []Address{a}
+	}
+	for _, r := range s.Replicas {
+		a, err := ParseAddress(r.Address)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("replica %q: %w", r.ID, err))
+			continue
+		}
+		pickerAddrs = append(pickerAddrs, a)
+	}
+	pickerAddrs, err := sortAddresses(pickerAddrs)
 	if err != nil {
-		errs = append(errs, fmt.Errorf("picker address: %w", err))
+		errs = append(errs, fmt.Errorf("replicas: %w", err))
 	}
 	cfg.Picker = Picker{
 		ClusterName:    PickerCluster,
-		Address:        pickerAddr,
+		Addresses:      pickerAddrs,
 		ConnectTimeout: o.PickerConnectTimeout,
 		HealthInterval: o.PickerHealthInterval,
 		HealthTimeout:  o.PickerHealthTimeout,
@@ -398,9 +421,6 @@ func Build(s *registry.State, o Options) (*Config, error) {
 		}
 		tc := *t
 		cfg.Picker.TLS = &tc
-	}
-	if s == nil {
-		s = registry.Empty()
 	}
 	models := map[string][]string{} // pool -> client model names
 	for _, m := range s.ModelNames() {

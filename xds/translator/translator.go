@@ -89,6 +89,7 @@ const (
 func Translate(cfg *ir.Config) (Resources, error) {
 	t := &translation{res: Resources{}}
 	t.add(resource.ClusterType, t.pickerCluster(cfg.Picker))
+	t.add(resource.EndpointType, pickerAssignment(cfg.Picker))
 	for _, p := range cfg.Pools {
 		t.add(resource.ClusterType, t.poolCluster(p))
 		if p.FailOpenCluster != "" {
@@ -210,16 +211,11 @@ func (t *translation) pickerCluster(p ir.Picker) *clusterv3.Cluster {
 		}},
 	}
 	return &clusterv3.Cluster{
-		Name:                 p.ClusterName,
-		TransportSocket:      t.pickerTLS(p.TLS),
-		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
-		ConnectTimeout:       dur(p.ConnectTimeout),
-		LoadAssignment: &endpointv3.ClusterLoadAssignment{
-			ClusterName: p.ClusterName,
-			Endpoints: []*endpointv3.LocalityLbEndpoints{{
-				LbEndpoints: []*endpointv3.LbEndpoint{lbEndpoint(p.Address)},
-			}},
-		},
+		Name:                          p.ClusterName,
+		TransportSocket:               t.pickerTLS(p.TLS),
+		ClusterDiscoveryType:          &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig:              &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsSource()},
+		ConnectTimeout:                dur(p.ConnectTimeout),
 		TypedExtensionProtocolOptions: map[string]*anypb.Any{httpProtocolKey: t.any(h2)},
 		// Every request in flight holds one ext_proc stream until its
 		// response ends. Envoy's default thresholds (1,024) would fail or,
@@ -313,6 +309,16 @@ func (t *translation) pickerTLS(p *ir.PickerTLS) *corev3.TransportSocket {
 		Name:       tlsSocketName,
 		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: t.any(ctx)},
 	}
+}
+
+// pickerAssignment lists every replica's picker (EDS of the picker
+// cluster), so replicas joining or leaving change endpoints only.
+func pickerAssignment(p ir.Picker) *endpointv3.ClusterLoadAssignment {
+	loc := &endpointv3.LocalityLbEndpoints{}
+	for _, a := range p.Addresses {
+		loc.LbEndpoints = append(loc.LbEndpoints, lbEndpoint(a))
+	}
+	return &endpointv3.ClusterLoadAssignment{ClusterName: p.ClusterName, Endpoints: []*endpointv3.LocalityLbEndpoints{loc}}
 }
 
 // poolCluster is a pool's EDS cluster for picked requests, using

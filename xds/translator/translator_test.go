@@ -40,6 +40,14 @@ func state(listeners []registry.Listener, pools ...*registry.Pool) *registry.Sta
 
 var oneListener = []registry.Listener{{Name: "public", Address: "0.0.0.0:8080"}}
 
+// replicas sets s's replicas to addrs (in the order given).
+func replicas(s *registry.State, addrs ...string) *registry.State {
+	for _, a := range addrs {
+		s.Replicas = append(s.Replicas, registry.Replica{ID: a, Address: a})
+	}
+	return s
+}
+
 // goldenCases maps a case name to its input. Outputs live in
 // testdata/out/<case>.<type>.json.
 func goldenCases() map[string]struct {
@@ -84,6 +92,7 @@ func goldenCases() map[string]struct {
 		"empty-state":    {state: registry.Empty()},
 		"all-unhealthy":  {state: scrapeFailing(state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), "10.0.0.1:8000")},
 		"two-fail-open":  {state: state(oneListener, vllmPool("a", registry.FailOpen, "10.0.0.1:8000"), vllmPool("b", registry.FailOpen, "10.0.0.2:8000"))},
+		"replicas":       {state: replicas(state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), "10.1.0.7:9002", "10.1.0.5:9002", "10.1.0.6:9002"), opts: ir.Options{PickerAddr: "10.1.0.5:9002"}},
 		"picker-mtls": {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), opts: ir.Options{
 			PickerAddr: "10.1.0.5:9002",
 			PickerTLS: &ir.PickerTLS{CertificateSDS: "/etc/envoy/switchyard-tls/cert-sds.yaml", CertificateSecret: "switchyard-client",
@@ -233,7 +242,7 @@ func TestTranslateRejectsInvalidResource(t *testing.T) {
 	// A listener port above 65535 passes the IR (uint32) but fails the
 	// generated proto validation, which must surface as an error.
 	cfg := &ir.Config{
-		Picker: ir.Picker{ClusterName: ir.PickerCluster, Address: ir.Address{IP: "127.0.0.1", Port: 9002}, ConnectTimeout: 1, HealthInterval: 1, HealthTimeout: 1, MessageTimeout: 1},
+		Picker: ir.Picker{ClusterName: ir.PickerCluster, Addresses: []ir.Address{{IP: "127.0.0.1", Port: 9002}}, ConnectTimeout: 1, HealthInterval: 1, HealthTimeout: 1, MessageTimeout: 1},
 		Listeners: []ir.Listener{{
 			Name: "listener/x", RouteConfigName: "listener/x/routes", StatPrefix: "x",
 			Address: ir.Address{IP: "127.0.0.1", Port: 70000},
