@@ -63,8 +63,13 @@ type statusDoc struct {
 	Picker          pickerStatus  `json:"picker"`
 	XDS             xdsStatus     `json:"xds"`
 	Envoys          []envoyStatus `json:"envoys"`
-	Store           *storeStatus  `json:"store,omitempty"` // nil without -store
-	TLS             *tlsStatus    `json:"tls,omitempty"`   // nil without TLS
+	// ReplicaID names this switchyard among the replicas.
+	ReplicaID string `json:"replica_id"`
+	// Replicas are the switchyard replicas of the configuration (empty:
+	// one switchyard).
+	Replicas []replicaStatus `json:"replicas"`
+	Store    *storeStatus    `json:"store,omitempty"` // nil without -store
+	TLS      *tlsStatus      `json:"tls,omitempty"`   // nil without TLS
 }
 
 // storeStatus describes the bbolt store: where it is, what the start
@@ -84,6 +89,15 @@ type warmCount struct {
 	PrefixBlocks    int `json:"prefix_blocks"`
 	Sessions        int `json:"sessions"`
 	FailingEps      int `json:"failing_endpoints"`
+}
+
+type replicaStatus struct {
+	ID      string `json:"id"`
+	Address string `json:"address"`
+	Admin   string `json:"admin,omitempty"`
+	XDS     string `json:"xds,omitempty"`
+	Source  string `json:"source"`
+	Self    bool   `json:"self"`
 }
 
 type xdsStatus struct {
@@ -189,6 +203,12 @@ func (a *app) status() statusDoc {
 	xs := a.xds.Stats()
 	doc.XDS = xdsStatus{Version: xs.Version, Versions: xs.Versions, RegistryVersion: xs.RegistryVersion, Snapshots: xs.Snapshots,
 		Failures: xs.Failures, LastError: xs.LastError, ACKs: xs.ACKs, NACKs: xs.NACKs, Warnings: xs.Warnings}
+	doc.ReplicaID = a.replicaID
+	doc.Replicas = []replicaStatus{}
+	for _, r := range st.Replicas {
+		doc.Replicas = append(doc.Replicas, replicaStatus{ID: r.ID, Address: r.Address, Admin: r.Admin, XDS: r.XDS,
+			Source: r.Source, Self: r.Address == a.pickerAddr})
+	}
 	doc.Envoys = []envoyStatus{}
 	for _, n := range a.xds.Nodes() {
 		doc.Envoys = append(doc.Envoys, envoyStatus{ID: n.ID, Cluster: n.Cluster, Streams: n.Streams,

@@ -318,6 +318,12 @@ type status struct {
 		ACKs            uint64            `json:"acks"`
 		NACKs           uint64            `json:"nacks"`
 	} `json:"xds"`
+	ReplicaID string `json:"replica_id"`
+	Replicas  []struct {
+		ID      string `json:"id"`
+		Address string `json:"address"`
+		Self    bool   `json:"self"`
+	} `json:"replicas"`
 	Envoys []struct {
 		ID      string            `json:"id"`
 		Streams int               `json:"streams"`

@@ -16,6 +16,8 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
+	"github.com/hashicorp/consul/api"
+
 	"github.com/switchyard/switchyard/internal/adminauth"
 	"github.com/switchyard/switchyard/internal/mtls"
 	"github.com/switchyard/switchyard/picker"
@@ -42,6 +44,9 @@ type serveFlags struct {
 	extprocAdvertise string
 	pickerMaxStreams uint
 	xdsAddr          string
+	xdsAdvertise     string
+	adminAdvertise   string
+	replicaID        string
 	storePath        string
 	adminAddr        string
 	logLevel         string
@@ -55,6 +60,9 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.extprocAdvertise, "extproc-advertise", "", "`address` (ip:port) Envoy uses to reach the picker; default -extproc-addr, with 127.0.0.1 for an unspecified host such as 0.0.0.0")
 	fs.UintVar(&f.pickerMaxStreams, "picker-max-streams", ir.DefaultPickerMaxStreams, "concurrent ext_proc `streams` each Envoy may open to the picker (its picker cluster's circuit breakers); every request in flight holds one until its response ends, and a request past the limit fails (fail_closed) or bypasses the picker (fail_open)")
 	fs.StringVar(&f.xdsAddr, "xds-addr", "127.0.0.1:18000", "`address` of the xDS (ADS) gRPC server Envoy fetches its configuration from")
+	fs.StringVar(&f.xdsAdvertise, "xds-advertise", "", "`address` (ip:port) Envoys and operators reach the xDS server at, published with this replica's Consul registration; default -xds-addr, with 127.0.0.1 for an unspecified host")
+	fs.StringVar(&f.adminAdvertise, "admin-advertise", "", "`address` (ip:port) the admin server is reached at from other hosts, published with this replica's Consul registration (the status page lists every replica); default -admin-addr, with 127.0.0.1 for an unspecified host")
+	fs.StringVar(&f.replicaID, "replica-id", "", "`name` of this replica among the switchyard replicas of the configuration's replicas block (its Consul service ID); default <hostname>-<picker port>")
 	fs.StringVar(&f.storePath, "store", "", "bbolt `file` that persists pool state and the picker's memory so a restart is warm (even with Consul down); empty disables persistence")
 	fs.StringVar(&f.adminAddr, "admin-addr", "127.0.0.1:9090", "`address` of the admin HTTP server (status page, /metrics, health)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
@@ -139,9 +147,15 @@ type app struct {
 	store   store.Store // nil without -store
 	warm    *warmSaver  // nil without -store
 	// tls serves ADS and ext_proc certificates; nil without TLS.
-	tls       *mtls.Server
-	connect   mtls.ConnectAgent // Consul agent with -tls-consul-service
-	adminAuth adminauth.Options
+	tls     *mtls.Server
+	connect mtls.ConnectAgent // Consul agent with -tls-consul-service
+	// replicaID names this process among the replicas; registration, when
+	// set, is its Consul registration (replicas { consul_service }).
+	replicaID    string
+	pickerAddr   string // the picker address Envoys and replicas dial
+	registration *consul.Registration
+	consulClient *api.Client
+	adminAuth    adminauth.Options
 }
 
 // newApp builds every component. With -store, the state persisted by the
@@ -154,6 +168,9 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	}
 	a := &app{flags: f, log: logger}
 	if err := a.setupTLS(context.Background(), cfg); err != nil {
+		return nil, err
+	}
+	if err := a.replicaSetup(cfg, advertise); err != nil {
 		return nil, err
 	}
 	var (
@@ -222,15 +239,22 @@ func (a *app) close() {
 // -extproc-advertise, else -extproc-addr with an unspecified host replaced
 // by loopback.
 func advertiseAddr(listen, advertise string) (string, error) {
+	return advertised("extproc", listen, advertise)
+}
+
+// advertised returns the address others reach the server whose flags are
+// -<name>-addr (listen) and -<name>-advertise at: the advertised one, else
+// the listen address with an unspecified host replaced by loopback.
+func advertised(name, listen, advertise string) (string, error) {
 	if advertise != "" {
 		if _, err := registry.CanonicalAddress(advertise, false); err != nil {
-			return "", fmt.Errorf("-extproc-advertise: %w", err)
+			return "", fmt.Errorf("-%s-advertise: %w", name, err)
 		}
 		return advertise, nil
 	}
 	host, port, err := net.SplitHostPort(listen)
 	if err != nil {
-		return "", fmt.Errorf("-extproc-addr %q: %w", listen, err)
+		return "", fmt.Errorf("-%s-addr %q: %w", name, listen, err)
 	}
 	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
 		host = "127.0.0.1"
@@ -265,6 +289,9 @@ func (a *app) components() []component {
 	}
 	if a.tls != nil {
 		comps = append(comps, component{"tls-reload", a.watchTLS})
+	}
+	if a.registration != nil {
+		comps = append(comps, component{"replica-registration", a.registerReplica})
 	}
 	if a.store != nil {
 		comps = append(comps, component{"persist", a.persist}, component{"persist-warm", a.persistWarm})

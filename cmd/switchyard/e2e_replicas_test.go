@@ -1,0 +1,334 @@
+package main
+
+// End-to-end replicas (issue 12): several switchyard processes serving one
+// configuration, one real Envoy using all of them.
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/switchyard/switchyard/envoy"
+	"github.com/switchyard/switchyard/internal/testutil"
+)
+
+// replicaProc is one switchyard replica of a replicaFleet.
+type replicaProc struct {
+	id, extproc, xds, admin string
+	args                    []string
+	env                     []string
+	mu                      sync.Mutex
+	proc                    *testutil.Process
+	old                     []*testutil.Process
+}
+
+// replicaFleet is several switchyard replicas reading one configuration
+// directory, and one Envoy whose bootstrap lists every replica's xDS
+// server.
+type replicaFleet struct {
+	t        *testing.T
+	dir      string
+	listen   string
+	replicas []*replicaProc
+	nodeID   string
+	envoyAdm string
+	client   *http.Client
+}
+
+// replicaOptions tune newReplicaFleet.
+type replicaOptions struct {
+	// peers puts a static peers list of every replica in the
+	// configuration's replicas block.
+	peers bool
+	// extraReplicasBlock is more content of the replicas block.
+	extraReplicasBlock string
+	// prelude goes before everything else in the configuration (a top-level
+	// consul block, say).
+	prelude string
+	// env is extra environment for every replica.
+	env []string
+}
+
+func newReplicaFleet(t *testing.T, n int, body string, o replicaOptions) *replicaFleet {
+	t.Helper()
+	f := &replicaFleet{t: t, dir: t.TempDir(), listen: testutil.FreeAddr(t), nodeID: "e2e-" + strings.ReplaceAll(t.Name(), "/", "-"),
+		client: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}}}
+	t.Cleanup(f.client.CloseIdleConnections)
+	var peers, xdsServers []string
+	for i := range n {
+		r := &replicaProc{id: fmt.Sprintf("r%d", i+1), extproc: testutil.FreeAddr(t), xds: testutil.FreeAddr(t), admin: testutil.FreeAddr(t), env: o.env}
+		f.replicas = append(f.replicas, r)
+		peers = append(peers, strconv.Quote(r.extproc))
+		xdsServers = append(xdsServers, r.xds)
+	}
+	block := o.extraReplicasBlock
+	if o.peers {
+		block += "\n  peers = [" + strings.Join(peers, ", ") + "]\n"
+	}
+	config := fmt.Sprintf("%s\nlistener \"public\" {\n  address = %q\n}\n\nreplicas {\n%s}\n\n%s", o.prelude, f.listen, block, body)
+	testutil.WriteFile(t, f.dir, "switchyard.hcl", config)
+	t.Cleanup(func() {
+		for _, r := range f.replicas {
+			r.mu.Lock()
+			procs := append(append([]*testutil.Process(nil), r.old...), r.proc)
+			r.mu.Unlock()
+			for _, p := range procs {
+				if p == nil {
+					continue
+				}
+				p.Stop()
+				if t.Failed() {
+					t.Logf("--- output of %s (%s) ---\n%s", p.Name, r.id, tail(p.Output(), 6000))
+				}
+			}
+		}
+	})
+	for _, r := range f.replicas {
+		f.start(r)
+	}
+	adminPort := testutil.FreePort(t)
+	f.envoyAdm = fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+	bs, err := envoy.Bootstrap(envoy.Params{NodeID: f.nodeID, NodeCluster: "e2e", XDSServers: xdsServers, AdminPort: adminPort})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := testutil.WriteFile(t, t.TempDir(), "envoy.yaml", bs)
+	ev := testutil.Start(t, "envoy", testutil.EnvoyPath(t), "-c", path, "--use-dynamic-base-id", "-l", "warning", "--concurrency", "2")
+	testutil.Eventually(t, 30*time.Second, "Envoy uses every replica", func() error {
+		if ev.Exited() {
+			return errors.New("envoy exited:\n" + tail(ev.Output(), 4000))
+		}
+		healthy, err := f.healthyPickers()
+		if err != nil {
+			return err
+		}
+		if len(healthy) != n {
+			return fmt.Errorf("healthy pickers in Envoy: %v", healthy)
+		}
+		resp, err := f.client.Get("http://" + f.listen + "/e2e-probe")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return nil
+	})
+	return f
+}
+
+// start starts (or restarts) replica r on its ports and waits for /readyz.
+func (f *replicaFleet) start(r *replicaProc) {
+	f.t.Helper()
+	args := append([]string{"serve", "-config", f.dir, "-extproc-addr", r.extproc, "-xds-addr", r.xds,
+		"-admin-addr", r.admin, "-replica-id", r.id, "-log-level", "info"}, r.args...)
+	p := testutil.StartNoCleanupEnv(f.t, "switchyard "+r.id, testutil.Binary(f.t, "switchyard"), r.env, args...)
+	r.mu.Lock()
+	if r.proc != nil {
+		r.old = append(r.old, r.proc)
+	}
+	r.proc = p
+	r.mu.Unlock()
+	testutil.Eventually(f.t, 20*time.Second, r.id+" /readyz", func() error {
+		if p.Exited() {
+			return errors.New(r.id + " exited:\n" + tail(p.Output(), 4000))
+		}
+		resp, err := http.Get("http://" + r.admin + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz %d", resp.StatusCode)
+		}
+		return nil
+	})
+}
+
+func (r *replicaProc) process() *testutil.Process {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.proc
+}
+
+// status reads a replica's /api/status.
+func (r *replicaProc) status() (*status, error) {
+	f := &fleet{admin: r.admin}
+	return f.status()
+}
+
+// healthyPickers lists the picker hosts Envoy's picker cluster holds as
+// healthy.
+func (f *replicaFleet) healthyPickers() ([]string, error) {
+	out, err := httpGetString(f.envoyAdm + "/clusters")
+	if err != nil {
+		return nil, err
+	}
+	var hosts []string
+	for _, l := range strings.Split(out, "\n") {
+		rest, ok := strings.CutPrefix(l, "switchyard/picker::")
+		if !ok {
+			continue
+		}
+		addr, flags, ok := strings.Cut(rest, "::health_flags::")
+		if ok && flags == "healthy" {
+			hosts = append(hosts, addr)
+		}
+	}
+	return hosts, nil
+}
+
+// adsReplica returns the replica holding the Envoy's ADS stream ("" none).
+func (f *replicaFleet) adsReplica() string {
+	for _, r := range f.replicas {
+		st, err := r.status()
+		if err != nil {
+			continue
+		}
+		for _, n := range st.Envoys {
+			if n.ID == f.nodeID && n.Streams > 0 {
+				return r.id
+			}
+		}
+	}
+	return ""
+}
+
+func (f *replicaFleet) replica(id string) *replicaProc {
+	for _, r := range f.replicas {
+		if r.id == id {
+			return r
+		}
+	}
+	return nil
+}
+
+// TestE2EReplicas runs three replicas from a static peers list behind one
+// Envoy: each lists all three and Envoy spreads ext_proc streams over
+// them; when the replica holding Envoy's ADS stream is killed (SIGKILL)
+// under load on a fail-closed pool, Envoy reconnects to another with no
+// configuration churn, requests started more than a second after the
+// kill all succeed, and the restarted replica takes traffic again.
+func TestE2EReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Envoy, three switchyards and simulators")
+	}
+	t.Parallel()
+	s1, s2 := startSim(t, simOptions{}), startSim(t, simOptions{})
+	f := newReplicaFleet(t, 3, fmt.Sprintf(`pool "main" {
+  failure_mode = "fail_closed"
+  endpoints = [%q, %q]
+}
+model "m-a" {
+  pool = "main"
+}
+`, s1.Addr, s2.Addr), replicaOptions{peers: true})
+
+	for _, r := range f.replicas {
+		st, err := r.status()
+		if err != nil {
+			t.Fatal(err)
+		}
+		self := 0
+		for _, rep := range st.Replicas {
+			if rep.Self {
+				self++
+				if rep.Address != r.extproc {
+					t.Errorf("%s marks %s as itself", r.id, rep.Address)
+				}
+			}
+		}
+		if len(st.Replicas) != 3 || self != 1 || st.ReplicaID != r.id {
+			t.Fatalf("%s lists replicas %+v (self %d, id %q)", r.id, st.Replicas, self, st.ReplicaID)
+		}
+	}
+
+	// Envoy spreads requests over the replicas' pickers.
+	for i := range 60 {
+		resp, err := sendTo(f.client, "http://"+f.listen, infReq{model: "m-a", prompt: fmt.Sprintf("spread %d", i), maxTokens: 1}, nil)
+		checkOK(t, resp, err, "m-a")
+	}
+	for _, r := range f.replicas {
+		st, err := r.status()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Picker.Picked == 0 {
+			t.Errorf("replica %s picked nothing of 60 requests", r.id)
+		}
+	}
+
+	// Kill the replica holding the ADS stream, under load.
+	var ads string
+	testutil.Eventually(t, 10*time.Second, "an ADS stream", func() error {
+		if ads = f.adsReplica(); ads == "" {
+			return errors.New("no replica holds the stream")
+		}
+		return nil
+	})
+	cdsVersion := func() string {
+		out, _ := httpGetString(f.envoyAdm + "/stats?filter=^cluster_manager.cds.version_text$")
+		return strings.TrimSpace(out)
+	}
+	// A reconnecting Envoy is sent the same versions again (the snapshot
+	// cache answers a new stream in full); no cluster or listener may be
+	// added or modified by that.
+	updates := func() string {
+		out, _ := httpGetString(f.envoyAdm + "/stats?filter=^(cluster_manager.cluster_(added|modified|removed)|listener_manager.listener_(added|modified|removed))$")
+		return strings.TrimSpace(out)
+	}
+	versionBefore, updatesBefore := cdsVersion(), updates()
+	fl := &fleet{listen: f.listen}
+	l := startLoader(t, fl, 4, 5*time.Millisecond, func(w, i int) infReq {
+		return infReq{model: "m-a", prompt: fmt.Sprintf("worker %d request %d", w, i), maxTokens: 1}
+	})
+	l.waitFor(t, 100, time.Time{}, 20*time.Second, "load before the kill")
+	victim := f.replica(ads)
+	victim.process().Kill()
+	killed := time.Now()
+	testutil.Eventually(t, 20*time.Second, "Envoy's ADS stream on another replica", func() error {
+		if now := f.adsReplica(); now == "" || now == ads {
+			return fmt.Errorf("stream on %q", now)
+		}
+		return nil
+	})
+	l.waitFor(t, 300, killed.Add(time.Second), 30*time.Second, "load after the kill")
+	if v, u := cdsVersion(), updates(); v != versionBefore || u != updatesBefore {
+		t.Errorf("configuration churn on ADS failover: %q -> %q, updates %q -> %q", versionBefore, v, updatesBefore, u)
+	}
+
+	// The killed replica comes back and takes traffic within 3 s of
+	// being ready.
+	f.start(victim)
+	back := time.Now()
+	before, err := victim.status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 3*time.Second, "the restarted replica picks again", func() error {
+		st, err := victim.status()
+		if err != nil {
+			return err
+		}
+		if st.Picker.Picked <= before.Picker.Picked {
+			return errors.New("no pick yet")
+		}
+		return nil
+	})
+	rejoined := time.Since(back)
+	l.stopLoad()
+
+	all := l.outcomes()
+	late := between(all, killed.Add(time.Second), time.Time{})
+	n, ex := failures(late)
+	early := between(all, killed, killed.Add(time.Second))
+	nEarly, exEarly := failures(early)
+	t.Logf("ADS failover from %s; %d requests in the second after the kill, %d failed %q; %d after it, %d failed; rejoined after %v",
+		ads, len(early), nEarly, exEarly, len(late), n, rejoined.Round(time.Millisecond))
+	if n > 0 {
+		t.Errorf("%d of %d requests started more than 1 s after the kill failed: %q", n, len(late), ex)
+	}
+}
