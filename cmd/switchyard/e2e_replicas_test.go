@@ -332,3 +332,75 @@ model "m-a" {
 		t.Errorf("%d of %d requests started more than 1 s after the kill failed: %q", n, len(late), ex)
 	}
 }
+
+// add starts one more replica on fresh ports (not in Envoy's bootstrap:
+// Envoy learns its picker through EDS).
+func (f *replicaFleet) add(env []string) *replicaProc {
+	f.t.Helper()
+	r := &replicaProc{id: fmt.Sprintf("r%d", len(f.replicas)+1), extproc: testutil.FreeAddr(f.t), xds: testutil.FreeAddr(f.t), admin: testutil.FreeAddr(f.t), env: env}
+	f.replicas = append(f.replicas, r)
+	f.start(r)
+	return r
+}
+
+// TestE2EReplicasConsul: replicas that find each other through Consul.
+// Each registers itself (picker address, /readyz check) and lists the
+// others; a replica started later joins every replica's list and Envoy's
+// picker cluster without restarting anything, and one stopped leaves both
+// at once (it deregisters on its way out).
+func TestE2EReplicasConsul(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Consul, Envoy, switchyards and simulators")
+	}
+	t.Parallel()
+	c := testutil.StartConsul(t)
+	s1 := startSim(t, simOptions{})
+	prelude := fmt.Sprintf("consul {\n  address = %q\n}\n", "http://"+c.Addr)
+	f := newReplicaFleet(t, 2, fmt.Sprintf("pool \"main\" {\n  endpoints = [%q]\n}\nmodel \"m-a\" {\n  pool = \"main\"\n}\n", s1.Addr),
+		replicaOptions{prelude: prelude, extraReplicasBlock: "  consul_service = \"switchyard\"\n"})
+	listed := func(want int) error {
+		for _, r := range f.replicas {
+			if p := r.process(); p == nil || p.Exited() {
+				continue
+			}
+			st, err := r.status()
+			if err != nil {
+				return err
+			}
+			if len(st.Replicas) != want {
+				return fmt.Errorf("%s lists %d replicas, want %d", r.id, len(st.Replicas), want)
+			}
+		}
+		healthy, err := f.healthyPickers()
+		if err != nil {
+			return err
+		}
+		if len(healthy) != want {
+			return fmt.Errorf("Envoy's picker cluster has %v", healthy)
+		}
+		return nil
+	}
+	testutil.Eventually(t, 20*time.Second, "two replicas listed everywhere", func() error { return listed(2) })
+
+	r3 := f.add(nil)
+	joined := time.Now()
+	testutil.Eventually(t, 20*time.Second, "the third replica listed everywhere", func() error { return listed(3) })
+	t.Logf("a new replica was in every list and in Envoy's picker cluster %v after it was ready", time.Since(joined).Round(time.Millisecond))
+	testutil.Eventually(t, 10*time.Second, "the new replica picks", func() error {
+		resp, err := sendTo(f.client, "http://"+f.listen, infReq{model: "m-a", prompt: "x", maxTokens: 1}, nil)
+		checkOK(t, resp, err, "m-a")
+		st, err := r3.status()
+		if err != nil {
+			return err
+		}
+		if st.Picker.Picked == 0 {
+			return errors.New("no pick on the new replica yet")
+		}
+		return nil
+	})
+
+	r3.process().Stop()
+	left := time.Now()
+	testutil.Eventually(t, 20*time.Second, "the stopped replica gone everywhere", func() error { return listed(2) })
+	t.Logf("a stopped replica left every list and Envoy's picker cluster %v after SIGTERM", time.Since(left).Round(time.Millisecond))
+}
