@@ -35,12 +35,11 @@ func (a *app) replicaSetup(cfg *hclfile.Config, picker string) error {
 	if err != nil {
 		return err
 	}
-	// The local agent checks readiness on the admin address this host
-	// binds: loopback works, whatever other hosts use.
-	check, err := advertised("admin", a.flags.adminAddr, "")
-	if err != nil {
-		return err
-	}
+	// The agent checks readiness on the advertised admin address: the
+	// same as the listen address (loopback) for an agent on this host
+	// and the default flags, reachable from an agent elsewhere (a Consul
+	// container) when -admin-advertise says where.
+	check := adminAddr
 	scheme := "http"
 	if a.adminTLSConfig() != nil {
 		scheme = "https"
