@@ -39,9 +39,12 @@ build:
 # configured from examples/demo. Ctrl-C stops everything it started.
 # `make run ENGINE=vllm` runs it on three real vLLM servers instead (CPU
 # build, tiny generated model; installed first, ~3 GB once).
-ENGINE ?= sim
+# `make run REPLICAS=2` runs two switchyard replicas (up to 5) that list
+# each other from a static peers list, behind one Envoy that knows both.
+ENGINE   ?= sim
+REPLICAS ?= 1
 run: build envoy $(if $(filter vllm,$(ENGINE)),vllm)
-	$(BIN)/demo -envoy $(ENVOY_BIN) -engine $(ENGINE)
+	$(BIN)/demo -envoy $(ENVOY_BIN) -engine $(ENGINE) -replicas $(REPLICAS)
 
 vet:
 	$(GO) vet ./...

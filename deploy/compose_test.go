@@ -33,8 +33,10 @@ func TestComposeServices(t *testing.T) {
 	if want := "envoyproxy/envoy:v" + mk["ENVOY_VERSION"]; envoy.Image != want {
 		t.Errorf("envoy image = %q, want %q (the Makefile tests against Envoy %s)", envoy.Image, want, mk["ENVOY_VERSION"])
 	}
-	sy := service(t, p, svcSwitchyard)
-	checkBuild(t, root, sy, switchyardDockerfile)
+	replicas := replicaServices(t, p)
+	for _, r := range replicas {
+		checkBuild(t, root, r, switchyardDockerfile)
+	}
 
 	sims := simServices(p)
 	if len(sims) < 3 {
@@ -80,9 +82,17 @@ func TestComposeServices(t *testing.T) {
 		})
 	}
 
-	// Start order follows health: Consul, then switchyard, then Envoy.
-	checkDependsHealthy(t, sy, svcConsul)
-	checkDependsHealthy(t, envoy, svcSwitchyard)
+	// Start order follows health: Consul, then the replicas (side by side:
+	// neither waits for the other), then Envoy.
+	for _, r := range replicas {
+		checkDependsHealthy(t, r, svcConsul)
+		checkDependsHealthy(t, envoy, r.Name)
+		for _, other := range replicas {
+			if _, ok := r.DependsOn[other.Name]; ok {
+				t.Errorf("replica %q depends on replica %q: one replica down must not keep another from starting", r.Name, other.Name)
+			}
+		}
+	}
 }
 
 func checkBuild(t *testing.T, root string, s types.ServiceConfig, dockerfile string) {
@@ -224,28 +234,36 @@ func TestComposeMounts(t *testing.T) {
 		}
 	}
 
-	// The bbolt store lives on a named volume, so it survives re-creating
-	// the container (compose up after an image change).
-	sy := service(t, p, svcSwitchyard)
-	flags, _ := flagValues(sy.Command)
-	store := flags["store"]
-	if store == "" || !path.IsAbs(store) {
-		t.Fatalf("switchyard command must set -store to an absolute path, got %q", store)
-	}
-	if !sy.ReadOnly {
-		t.Errorf("switchyard should run with read_only: true; only the store volume needs writing")
-	}
-	found := false
-	for _, v := range sy.Volumes {
-		if v.Type == types.VolumeTypeVolume && path.Dir(store) == path.Clean(v.Target) {
-			found = true
+	// Each replica's bbolt store lives on a named volume of its own, so it
+	// survives re-creating the container (compose up after an image
+	// change), and no two replicas open one file (bbolt has one writer).
+	storeVolumes := map[string]string{} // volume -> replica
+	for _, sy := range replicaServices(t, p) {
+		flags, _ := flagValues(sy.Command)
+		store := flags["store"]
+		if store == "" || !path.IsAbs(store) {
+			t.Fatalf("%s: command must set -store to an absolute path, got %q", sy.Name, store)
 		}
-	}
-	if !found {
-		t.Errorf("-store %s: its directory is not a named volume mount of service %q", store, svcSwitchyard)
+		if !sy.ReadOnly {
+			t.Errorf("%s should run with read_only: true; only the store volume needs writing", sy.Name)
+		}
+		volume := ""
+		for _, v := range sy.Volumes {
+			if v.Type == types.VolumeTypeVolume && path.Dir(store) == path.Clean(v.Target) {
+				volume = v.Source
+			}
+		}
+		if volume == "" {
+			t.Errorf("-store %s: its directory is not a named volume mount of service %q", store, sy.Name)
+			continue
+		}
+		if other, dup := storeVolumes[volume]; dup {
+			t.Errorf("replicas %q and %q keep their store on the same volume %q", other, sy.Name, volume)
+		}
+		storeVolumes[volume] = sy.Name
 	}
 	consul := service(t, p, svcConsul)
-	found = false
+	found := false
 	for _, v := range consul.Volumes {
 		found = found || v.Type == types.VolumeTypeVolume && v.Target == "/consul/data"
 	}
@@ -256,8 +274,8 @@ func TestComposeMounts(t *testing.T) {
 
 func TestComposePorts(t *testing.T) {
 	p := loadProject(t)
-	sy := service(t, p, svcSwitchyard)
-	cfgDir := bindSourceFor(t, sy, "/etc/switchyard")
+	replicas := replicaServices(t, p)
+	cfgDir := bindSourceFor(t, replicas[0], "/etc/switchyard")
 	cfg := readHCLConfig(t, cfgDir)
 	if len(cfg.listeners) == 0 {
 		t.Fatalf("%s declares no listener", cfgDir)
@@ -284,6 +302,23 @@ func TestComposePorts(t *testing.T) {
 				t.Errorf("service %q publishes %d on %q; admin ports must be published on 127.0.0.1 only", name, pc.Target, pc.HostIP)
 			}
 		}
+	}
+
+	// Each replica publishes its admin port, and nothing else (Envoy and
+	// Consul reach ADS, the picker and /readyz inside the network), on a
+	// host port of its own.
+	hostPorts := map[string]string{}
+	for _, r := range replicas {
+		_, admin := hostPort(t, r.Name+" -admin-addr", serveFlags(t, r)["admin-addr"])
+		if len(r.Ports) != 1 || int(r.Ports[0].Target) != admin || r.Ports[0].Published == "" {
+			t.Errorf("replica %q publishes %+v; want only its admin port %d, with an explicit host port", r.Name, r.Ports, admin)
+			continue
+		}
+		pub := r.Ports[0].Published
+		if other, dup := hostPorts[pub]; dup {
+			t.Errorf("replicas %q and %q both publish host port %s", other, r.Name, pub)
+		}
+		hostPorts[pub] = r.Name
 	}
 }
 

@@ -56,45 +56,28 @@ func serveFlags(t *testing.T, sy types.ServiceConfig) map[string]string {
 
 func TestComposeSwitchyardCommand(t *testing.T) {
 	p := loadProject(t)
-	sy := service(t, p, svcSwitchyard)
-	flags := serveFlags(t, sy)
-
-	if flags["config"] != switchyardConfigTarget {
-		t.Errorf("-config = %q, want the mounted directory %s", flags["config"], switchyardConfigTarget)
+	replicas := replicaServices(t, p)
+	cfg := readHCLConfig(t, bindSourceFor(t, replicas[0], switchyardConfigTarget))
+	if cfg.replicasConsulService != replicaConsulService {
+		t.Errorf("replicas { consul_service = %q }, want %q: the replicas find each other through Consul", cfg.replicasConsulService, replicaConsulService)
 	}
-	bindSourceFor(t, sy, switchyardConfigTarget)
-	for _, f := range []string{"extproc-addr", "xds-addr", "admin-addr"} {
-		host, _ := hostPort(t, "-"+f, flags[f])
-		if host != "0.0.0.0" {
-			t.Errorf("-%s = %q: inside a container it must listen on 0.0.0.0 to be reachable from Envoy", f, flags[f])
-		}
-	}
-	// Envoy runs in its own container: the picker address switchyard puts
-	// in Envoy's configuration must be switchyard's own static IP.
-	_, extprocPort := hostPort(t, "-extproc-addr", flags["extproc-addr"])
-	want := net.JoinHostPort(staticIP(t, sy, stackNetwork).String(), strconv.Itoa(extprocPort))
-	if flags["extproc-advertise"] != want {
-		t.Errorf("-extproc-advertise = %q, want %q (switchyard's ipv4_address and -extproc-addr port)", flags["extproc-advertise"], want)
-	}
-	if f := flags["log-format"]; f != "json" {
-		t.Errorf("-log-format = %q, want json for log collectors", f)
-	}
-
-	// The health check probes readiness on the admin port.
-	_, adminPort := hostPort(t, "-admin-addr", flags["admin-addr"])
-	probe := fmt.Sprintf("http://127.0.0.1:%d/readyz", adminPort)
-	if !slices.Contains(sy.HealthCheck.Test, probe) && !strings.Contains(strings.Join(sy.HealthCheck.Test, " "), probe) {
-		t.Errorf("switchyard healthcheck %q does not probe %s", sy.HealthCheck.Test, probe)
-	}
-
-	// Consul is reached by its service name on the stack network.
-	addr := sy.Environment["CONSUL_HTTP_ADDR"]
-	if addr == nil {
-		t.Fatalf("switchyard: CONSUL_HTTP_ADDR is not set")
-	}
-	host, _ := hostPort(t, "CONSUL_HTTP_ADDR", strings.TrimPrefix(*addr, "http://"))
-	if host != svcConsul {
-		t.Errorf("CONSUL_HTTP_ADDR = %q, want the %q service", *addr, svcConsul)
+	ids := map[string]string{}
+	used := map[string]bool{}
+	for _, sy := range replicas {
+		t.Run(sy.Name, func(t *testing.T) {
+			flags := serveFlags(t, sy)
+			for f := range flags {
+				used[f] = true
+			}
+			checkReplicaCommand(t, p, sy, flags)
+			if id := flags["replica-id"]; id != sy.Name {
+				t.Errorf("-replica-id = %q, want the service name %q (its Consul service ID)", id, sy.Name)
+			}
+			if other, dup := ids[flags["replica-id"]]; dup {
+				t.Errorf("-replica-id %q also used by %s", flags["replica-id"], other)
+			}
+			ids[flags["replica-id"]] = sy.Name
+		})
 	}
 
 	// Every flag the stack passes exists in the binary it builds.
@@ -109,34 +92,72 @@ func TestComposeSwitchyardCommand(t *testing.T) {
 			t.Fatalf("switchyard serve -h lists no flags:\n%s", out)
 		}
 		var missing []string
-		for f := range flags {
+		for f := range used {
 			if !known[f] {
 				missing = append(missing, f)
 			}
 		}
 		sort.Strings(missing)
-		// -store comes with the bbolt persistence issue; until then the
-		// binary rejects it and the stack cannot start.
-		if len(missing) == 1 && missing[0] == "store" {
-			t.Skip("switchyard serve has no -store flag yet (bbolt persistence pending); the stack needs it")
-		}
 		if len(missing) > 0 {
 			t.Errorf("switchyard serve does not know flags %v used in %s", missing, composeFile)
 		}
 	})
 }
 
+// checkReplicaCommand checks one replica's serve flags: it listens on
+// every interface and advertises its own static IP for the picker, xDS
+// and admin (Envoy and Consul run in other containers), reads the shared
+// configuration and reaches Consul.
+func checkReplicaCommand(t *testing.T, p *types.Project, sy types.ServiceConfig, flags map[string]string) {
+	t.Helper()
+	if flags["config"] != switchyardConfigTarget {
+		t.Errorf("-config = %q, want the mounted directory %s", flags["config"], switchyardConfigTarget)
+	}
+	if src, first := bindSourceFor(t, sy, switchyardConfigTarget), bindSourceFor(t, replicaServices(t, p)[0], switchyardConfigTarget); src != first {
+		t.Errorf("mounts %s as its configuration, another replica %s: replicas serve one configuration", src, first)
+	}
+	ip := staticIP(t, sy, stackNetwork)
+	for _, f := range []string{"extproc", "xds", "admin"} {
+		addr := flags[f+"-addr"]
+		host, port := hostPort(t, "-"+f+"-addr", addr)
+		if host != "0.0.0.0" {
+			t.Errorf("-%s-addr = %q: inside a container it must listen on 0.0.0.0 to be reachable from Envoy and Consul", f, addr)
+		}
+		want := net.JoinHostPort(ip.String(), strconv.Itoa(port))
+		if got := flags[f+"-advertise"]; got != want {
+			t.Errorf("-%s-advertise = %q, want %q (the replica's ipv4_address and -%s-addr port)", f, got, want, f)
+		}
+	}
+	if f := flags["log-format"]; f != "json" {
+		t.Errorf("-log-format = %q, want json for log collectors", f)
+	}
+
+	// The health check probes readiness on the admin port.
+	_, adminPort := hostPort(t, "-admin-addr", flags["admin-addr"])
+	probe := fmt.Sprintf("http://127.0.0.1:%d/readyz", adminPort)
+	if !slices.Contains(sy.HealthCheck.Test, probe) && !strings.Contains(strings.Join(sy.HealthCheck.Test, " "), probe) {
+		t.Errorf("healthcheck %q does not probe %s", sy.HealthCheck.Test, probe)
+	}
+
+	// Consul is reached by its service name on the stack network.
+	addr := sy.Environment["CONSUL_HTTP_ADDR"]
+	if addr == nil {
+		t.Fatalf("CONSUL_HTTP_ADDR is not set")
+	}
+	host, _ := hostPort(t, "CONSUL_HTTP_ADDR", strings.TrimPrefix(*addr, "http://"))
+	if host != svcConsul {
+		t.Errorf("CONSUL_HTTP_ADDR = %q, want the %q service", *addr, svcConsul)
+	}
+}
+
 // TestComposeSwitchyardConfigValidates runs switchyard's own validator on
 // the configuration the stack mounts.
 func TestComposeSwitchyardConfigValidates(t *testing.T) {
 	p := loadProject(t)
-	dir := bindSourceFor(t, service(t, p, svcSwitchyard), switchyardConfigTarget)
+	dir := bindSourceFor(t, replicaServices(t, p)[0], switchyardConfigTarget)
 	bin := testutil.Binary(t, "switchyard")
 	out, err := exec.Command(bin, "validate", "-config", dir).CombinedOutput()
 	if err != nil {
-		if bytes.Contains(out, []byte("Unsupported block type")) && bytes.Contains(out, []byte(`"consul"`)) {
-			t.Skipf("switchyard's HCL decoder does not support pool consul blocks yet (Consul source pending):\n%s", out)
-		}
 		t.Fatalf("switchyard validate -config %s: %v\n%s", dir, err, out)
 	}
 	if !bytes.HasPrefix(out, []byte("ok:")) {
@@ -169,7 +190,7 @@ func TestComposeConsulRegistrations(t *testing.T) {
 	if !slices.Contains(consul.Command, "-config-dir="+consulServicesTarget) {
 		t.Errorf("consul command %q does not load %s (-config-dir=%s)", consul.Command, consulServicesTarget, consulServicesTarget)
 	}
-	cfg := readHCLConfig(t, bindSourceFor(t, service(t, p, svcSwitchyard), switchyardConfigTarget))
+	cfg := readHCLConfig(t, bindSourceFor(t, replicaServices(t, p)[0], switchyardConfigTarget))
 	if len(cfg.consul) == 0 {
 		t.Fatalf("no pool in the switchyard configuration discovers endpoints from Consul")
 	}
@@ -314,9 +335,9 @@ func sorted(s []string) []string {
 }
 
 // TestEnvoyBootstrap checks the bootstrap the envoy service mounts: it must
-// be envoy/bootstrap.yaml (the shipped, tested one) with ADS pointed at the
-// switchyard service, so a change to the shipped bootstrap reaches the
-// compose stack (run with -update to regenerate).
+// be envoy/bootstrap.yaml (the shipped, tested one) with ADS pointed at
+// every switchyard replica, so a change to the shipped bootstrap reaches
+// the compose stack (run with -update to regenerate).
 func TestEnvoyBootstrap(t *testing.T) {
 	p := loadProject(t)
 	root := testutil.RepoRoot(t)
@@ -329,15 +350,19 @@ func TestEnvoyBootstrap(t *testing.T) {
 		t.Errorf("envoy command %q does not start with envoy -c %s", env.Command, envoyBootstrapTarget)
 	}
 
-	sy := service(t, p, svcSwitchyard)
-	_, xdsPort := hostPort(t, "-xds-addr", serveFlags(t, sy)["xds-addr"])
+	// One xDS server per replica: its service name (Docker's DNS) and
+	// -xds-addr port.
+	var servers []string
+	for _, sy := range replicaServices(t, p) {
+		_, xdsPort := hostPort(t, sy.Name+" -xds-addr", serveFlags(t, sy)["xds-addr"])
+		servers = append(servers, net.JoinHostPort(sy.Name, strconv.Itoa(xdsPort)))
+	}
 	params := envoy.Params{
-		NodeID:    envoyNodeID,
-		XDSHost:   svcSwitchyard,
-		XDSPort:   xdsPort,
-		AdminHost: "127.0.0.1",
-		AdminPort: envoyAdminPort,
-		TLSDir:    envoyTLSTarget,
+		NodeID:     envoyNodeID,
+		XDSServers: servers,
+		AdminHost:  "127.0.0.1",
+		AdminPort:  envoyAdminPort,
+		TLSDir:     envoyTLSTarget,
 	}
 	want, err := envoy.Bootstrap(params)
 	if err != nil {
@@ -345,7 +370,7 @@ func TestEnvoyBootstrap(t *testing.T) {
 	}
 	want = "# Generated from envoy/bootstrap.yaml for docker-compose.yaml by\n" +
 		"#   go -C deploy test -run TestEnvoyBootstrap -update .\n" +
-		"# ADS: the switchyard service (" + svcSwitchyard + ":" + strconv.Itoa(xdsPort) + "). Do not edit by hand.\n\n" + want
+		"# ADS: the switchyard replicas (" + strings.Join(servers, ", ") + "). Do not edit by hand.\n\n" + want
 	path := filepath.Join(root, envoyBootstrapFile)
 	if *update {
 		if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
@@ -357,7 +382,11 @@ func TestEnvoyBootstrap(t *testing.T) {
 		t.Fatalf("%v (generate it with -update)", err)
 	}
 	if string(got) != want {
-		t.Errorf("%s is out of date with envoy/bootstrap.yaml or switchyard's -xds-addr; regenerate with\n  go -C deploy test -run TestEnvoyBootstrap -update .", envoyBootstrapFile)
+		t.Errorf("%s is out of date with envoy/bootstrap.yaml or the replicas' -xds-addr; regenerate with\n  go -C deploy test -run TestEnvoyBootstrap -update .", envoyBootstrapFile)
+	}
+	// Read back from the file: the ADS cluster lists every replica.
+	if listed := xdsEndpoints(string(got)); !slices.Equal(listed, servers) {
+		t.Errorf("%s lists xDS servers %v, want every replica %v", envoyBootstrapFile, listed, servers)
 	}
 
 	// The health check asks Envoy's admin /ready on the bootstrap's port
@@ -386,6 +415,26 @@ func TestEnvoyBootstrap(t *testing.T) {
 			t.Fatalf("envoy --mode validate -c %s: %v\n%s", path, err, out)
 		}
 	})
+}
+
+// xdsEndpoints returns the host:port of every endpoint of the bootstrap's
+// ADS cluster, in order (the @xds_host and @xds_port lines).
+func xdsEndpoints(bootstrap string) []string {
+	var out []string
+	host := ""
+	re := regexp.MustCompile(`^\s*[a-z_]+:\s*"?([^"\s]+)"?\s*# @(xds_host|xds_port)\s*$`)
+	for _, l := range strings.Split(bootstrap, "\n") {
+		m := re.FindStringSubmatch(l)
+		switch {
+		case m == nil:
+		case m[2] == "xds_host":
+			host = m[1]
+		case host != "":
+			out = append(out, net.JoinHostPort(host, m[1]))
+			host = ""
+		}
+	}
+	return out
 }
 
 // TestEnvoyHealthcheckProbe runs the envoy service's health check command

@@ -8,11 +8,16 @@
 // tests load the compose file with the compose-spec reference parser
 // (schema and cross-reference checks included), then check what a broken
 // deployment would get wrong: services, images and build files, health
-// checks and start order, restart policies, published ports, the store's
-// named volume, static IPs that match the Consul registrations, that every
-// mounted file exists and is accepted by the program that reads it
-// (switchyard validate, consul validate, envoy --mode validate), and that
-// the Dockerfiles build the right command as a non-root user.
+// checks and start order, restart policies, published ports, each
+// replica's command, certificate and store volume, static IPs that match
+// the Consul registrations and the replicas' advertised addresses, an
+// Envoy bootstrap that lists every replica, that every mounted file exists
+// and is accepted by the program that reads it (switchyard validate,
+// consul validate, envoy --mode validate), and that the Dockerfiles build
+// the right command as a non-root user. One test runs what the stack runs
+// on loopback: a real Consul with the simulators' definitions and both
+// replicas with their compose commands, which register, list each other
+// and admit each other's certificates.
 //
 // The package has no non-test code. It is a Go module of its own
 // (deploy/go.mod, using the repository's module through a replace), so the

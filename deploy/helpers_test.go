@@ -24,11 +24,24 @@ import (
 // composeFile is the deployment's compose file, relative to the repository root.
 const composeFile = "docker-compose.yaml"
 
-// Service names the stack must define.
+// Service names the stack must define. The switchyard replicas are the
+// services built from switchyardDockerfile (replicaServices).
 const (
-	svcConsul     = "consul"
-	svcSwitchyard = "switchyard"
-	svcEnvoy      = "envoy"
+	svcConsul = "consul"
+	svcEnvoy  = "envoy"
+)
+
+// The replicas: how many the stack runs, and the names they share.
+const (
+	wantReplicas = 2
+	// replicaSAN is the DNS SAN every replica certificate carries: Envoy
+	// accepts replicas by it (it is also the SNI Envoy sends), and the
+	// replicas admit each other's client certificates by it.
+	replicaSAN = "switchyard"
+	// envoySAN is the Envoy certificate's SAN the replicas admit.
+	envoySAN = "envoy.switchyard.internal"
+	// replicaConsulService is the Consul service the replicas register as.
+	replicaConsulService = "switchyard"
 )
 
 // Dockerfiles, relative to the repository root.
@@ -82,8 +95,6 @@ func serviceNames(p *types.Project) []string {
 	return names
 }
 
-// simServices returns the services built from the vllm-sim Dockerfile,
-// sorted by name.
 // gpuServices are the real-vLLM services (official image) of a project
 // loaded with the "gpu" profile.
 func gpuServices(p *types.Project) []types.ServiceConfig {
@@ -96,15 +107,37 @@ func gpuServices(p *types.Project) []types.ServiceConfig {
 	return out
 }
 
+// simServices returns the services built from the vllm-sim Dockerfile,
+// sorted by name.
 func simServices(p *types.Project) []types.ServiceConfig {
-	var sims []types.ServiceConfig
+	return builtFrom(p, simDockerfile)
+}
+
+// replicaServices returns the switchyard replicas (the services built
+// from switchyard's Dockerfile), sorted by name; it fails the test unless
+// there are wantReplicas of them.
+func replicaServices(t *testing.T, p *types.Project) []types.ServiceConfig {
+	t.Helper()
+	reps := builtFrom(p, switchyardDockerfile)
+	if len(reps) != wantReplicas {
+		var names []string
+		for _, r := range reps {
+			names = append(names, r.Name)
+		}
+		t.Fatalf("%s: want %d switchyard replicas (services built from %s), got %v", composeFile, wantReplicas, switchyardDockerfile, names)
+	}
+	return reps
+}
+
+func builtFrom(p *types.Project, dockerfile string) []types.ServiceConfig {
+	var out []types.ServiceConfig
 	for _, name := range serviceNames(p) {
 		s := p.Services[name]
-		if s.Build != nil && filepath.ToSlash(s.Build.Dockerfile) == simDockerfile {
-			sims = append(sims, s)
+		if s.Build != nil && filepath.ToSlash(s.Build.Dockerfile) == dockerfile {
+			out = append(out, s)
 		}
 	}
-	return sims
+	return out
 }
 
 // flagValues parses a Go-flag-style command line ("-name=value",
@@ -172,6 +205,9 @@ type hclConfig struct {
 	models    []string
 	// consul discovery blocks of pools: pool name -> service, tag.
 	consul map[string]consulQuery
+	// replicasConsulService is the replicas block's consul_service ("":
+	// none).
+	replicasConsulService string
 }
 
 type consulQuery struct{ service, tag string }
@@ -190,6 +226,7 @@ func readHCLConfig(t *testing.T, dir string) hclConfig {
 		{Type: "listener", LabelNames: []string{"name"}},
 		{Type: "pool", LabelNames: []string{"name"}},
 		{Type: "model", LabelNames: []string{"name"}},
+		{Type: "replicas"},
 	}}
 	for _, path := range files {
 		f, diags := parser.ParseHCLFile(path)
@@ -206,6 +243,8 @@ func readHCLConfig(t *testing.T, dir string) hclConfig {
 				cfg.listeners[b.Labels[0]] = stringAttr(t, b.Body, "address")
 			case "model":
 				cfg.models = append(cfg.models, b.Labels[0])
+			case "replicas":
+				cfg.replicasConsulService = stringAttr(t, b.Body, "consul_service")
 			case "pool":
 				pc, _, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "consul"}}})
 				if diags.HasErrors() {

@@ -1,13 +1,18 @@
 package deploy
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,6 +22,7 @@ import (
 	"github.com/compose-spec/compose-go/v2/types"
 	consulapi "github.com/hashicorp/consul/api"
 
+	"github.com/switchyard/switchyard/internal/certgen"
 	"github.com/switchyard/switchyard/internal/testutil"
 )
 
@@ -37,7 +43,7 @@ func TestComposeRegistrationsLive(t *testing.T) {
 
 	p := loadProject(t)
 	srcDir := bindSourceFor(t, service(t, p, svcConsul), consulServicesTarget)
-	cfg := readHCLConfig(t, bindSourceFor(t, service(t, p, svcSwitchyard), switchyardConfigTarget))
+	cfg := readHCLConfig(t, bindSourceFor(t, replicaServices(t, p)[0], switchyardConfigTarget))
 	var query consulQuery
 	for _, q := range cfg.consul {
 		query = q
@@ -117,10 +123,11 @@ func TestComposeRegistrationsLive(t *testing.T) {
 		}
 	}
 
-	// switchyard starts with the compose command and configuration, next
-	// to this Consul, and turns healthy by the compose health check.
-	t.Run("switchyard", func(t *testing.T) {
-		startSwitchyardLikeCompose(t, p, httpAddr)
+	// The replicas start with their compose commands and configuration,
+	// next to this Consul, turn healthy by the compose health check,
+	// register themselves and find each other.
+	t.Run("replicas", func(t *testing.T) {
+		checkReplicasLive(t, p, client, httpAddr)
 	})
 
 	// A simulator that stops fails its check and leaves the passing set.
@@ -193,27 +200,174 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// startSwitchyardLikeCompose runs the switchyard binary with the switchyard
+// liveReplica is a replica started by startReplicaLikeCompose, on loopback.
+type liveReplica struct {
+	name                string
+	extproc, xds, admin string // the addresses it listens on and advertises
+	cert, key           string // its certificate and key (from devcerts)
+}
+
+// checkReplicasLive starts every replica like compose and checks what the
+// stack relies on: each registers in Consul under its -replica-id with
+// its advertised addresses and a passing /readyz check, each lists both
+// replicas, and a replica's own certificate, used as a client
+// certificate, passes the other's TLS check on its picker port while a
+// certificate from the same CA without an allowed SAN does not.
+func checkReplicasLive(t *testing.T, p *types.Project, client *consulapi.Client, consulAddr string) {
+	// The certificates `make compose-certs` would mount.
+	certs := t.TempDir()
+	devcerts(t, certs)
+	var reps []liveReplica
+	for _, sy := range replicaServices(t, p) {
+		reps = append(reps, startReplicaLikeCompose(t, p, sy, consulAddr, certs))
+	}
+
+	testutil.Eventually(t, 30*time.Second, "every replica passing in Consul", func() error {
+		entries, _, err := client.Health().Service(replicaConsulService, "", true, nil)
+		if err != nil {
+			return err
+		}
+		got := map[string]*consulapi.AgentService{}
+		for _, e := range entries {
+			got[e.Service.ID] = e.Service
+		}
+		for _, r := range reps {
+			svc := got[r.name]
+			if svc == nil {
+				return fmt.Errorf("%s not passing (passing: %v)", r.name, sortedKeys(got))
+			}
+			if addr := net.JoinHostPort(svc.Address, strconv.Itoa(svc.Port)); addr != r.extproc || svc.Meta["admin"] != r.admin || svc.Meta["xds"] != r.xds {
+				return fmt.Errorf("%s registered as %s meta %v, want %s admin %s xds %s", r.name, addr, svc.Meta, r.extproc, r.admin, r.xds)
+			}
+		}
+		if len(got) != len(reps) {
+			return fmt.Errorf("passing %v", sortedKeys(got))
+		}
+		return nil
+	})
+	testutil.Eventually(t, 20*time.Second, "every replica lists them all", func() error {
+		for _, r := range reps {
+			var st struct {
+				ReplicaID string `json:"replica_id"`
+				Replicas  []struct {
+					ID   string `json:"id"`
+					Self bool   `json:"self"`
+				} `json:"replicas"`
+			}
+			if err := getJSON("http://"+r.admin+"/api/status", &st); err != nil {
+				return err
+			}
+			var ids []string
+			for _, x := range st.Replicas {
+				ids = append(ids, x.ID)
+				if x.Self != (x.ID == r.name) {
+					return fmt.Errorf("%s marks %s self=%v", r.name, x.ID, x.Self)
+				}
+			}
+			if st.ReplicaID != r.name || len(ids) != len(reps) {
+				return fmt.Errorf("%s (replica_id %q) lists %v", r.name, st.ReplicaID, ids)
+			}
+		}
+		return nil
+	})
+
+	// Replica to replica: each presents its own certificate to another's
+	// picker port.
+	ca, err := os.ReadFile(filepath.Join(certs, "ca", "ca.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, from := range reps {
+		to := reps[(i+1)%len(reps)]
+		cert, err := tls.LoadX509KeyPair(from.cert, from.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h2Handshake(to.extproc, cert, ca); err != nil {
+			t.Errorf("%s's certificate refused by %s's picker: %v", from.name, to.name, err)
+		}
+	}
+	caKey, err := os.ReadFile(filepath.Join(certs, "ca", "ca-key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	issuer, err := certgen.LoadCA(ca, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rogue, err := issuer.Issue(certgen.LeafOptions{CommonName: "rogue", SANs: []string{"rogue.internal"}, Client: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := tls.X509KeyPair(rogue.CertPEM, rogue.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h2Handshake(reps[0].extproc, rc, ca); err == nil {
+		t.Errorf("%s's picker admitted a certificate with no allowed SAN", reps[0].name)
+	}
+}
+
+// h2Handshake connects to a gRPC server over TLS with cert, and returns
+// nil once the server has answered the HTTP/2 preface with its SETTINGS
+// frame: with TLS 1.3 a rejected client certificate surfaces only there.
+func h2Handshake(addr string, cert tls.Certificate, caPEM []byte) error {
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(caPEM) {
+		return errors.New("no CA certificate")
+	}
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, &tls.Config{
+		Certificates: []tls.Certificate{cert}, RootCAs: roots, ServerName: replicaSAN, NextProtos: []string{"h2"}})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if err := conn.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		return err
+	}
+	// Client preface and an empty SETTINGS frame.
+	if _, err := conn.Write(append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0, 0, 0, 4, 0, 0, 0, 0, 0)); err != nil {
+		return err
+	}
+	head := make([]byte, 9)
+	if _, err := io.ReadFull(conn, head); err != nil {
+		return err
+	}
+	if head[3] != 4 {
+		return fmt.Errorf("first frame has type %d, want SETTINGS", head[3])
+	}
+	return nil
+}
+
+func getJSON(url string, v any) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// startReplicaLikeCompose runs the switchyard binary with a replica
 // service's command line, moved to loopback: listen addresses get free
-// ports, -extproc-advertise follows -extproc-addr, -config names the
-// directory compose mounts and -store a temporary file. It then runs the
+// ports, each -*-advertise follows its -*-addr, -config names the
+// directory compose mounts, -store a temporary file and the TLS flags
+// the replica's directory of certs (made by devcerts). It then runs the
 // service's health check (wget on /readyz, moved to the admin port) until
 // it passes.
-func startSwitchyardLikeCompose(t *testing.T, p *types.Project, consulAddr string) {
-	sy := service(t, p, svcSwitchyard)
+func startReplicaLikeCompose(t *testing.T, p *types.Project, sy types.ServiceConfig, consulAddr, certs string) liveReplica {
 	flags := serveFlags(t, sy)
 	bin := testutil.Binary(t, "switchyard")
-	help, _ := exec.Command(bin, "serve", "-h").CombinedOutput()
-	hasStore := regexp.MustCompile(`(?m)^\s+-store\b`).Match(help)
 	wget, err := exec.LookPath("wget")
 	if err != nil {
 		t.Skip("wget not installed; cannot run the compose health check")
 	}
 
-	extproc, admin := testutil.FreeAddr(t), testutil.FreeAddr(t)
-	// The certificates `make compose-certs` would mount.
-	certs := t.TempDir()
-	devcerts(t, certs)
+	r := liveReplica{name: sy.Name, extproc: testutil.FreeAddr(t), xds: testutil.FreeAddr(t), admin: testutil.FreeAddr(t)}
+	tlsDir := filepath.Join(certs, path.Base(bindSourceFor(t, sy, switchyardTLSTarget)))
 	args := []string{"serve"}
 	for _, name := range sortedKeys(flags) {
 		v := flags[name]
@@ -221,22 +375,19 @@ func startSwitchyardLikeCompose(t *testing.T, p *types.Project, consulAddr strin
 		case "config":
 			v = bindSourceFor(t, sy, v)
 		case "store":
-			if !hasStore {
-				t.Logf("switchyard serve has no -store flag yet; starting without it")
-				continue
-			}
 			v = filepath.Join(t.TempDir(), path.Base(v))
 		case "extproc-addr", "extproc-advertise":
-			v = extproc
-		case "admin-addr":
-			v = admin
-		case "xds-addr":
-			v = testutil.FreeAddr(t)
+			v = r.extproc
+		case "admin-addr", "admin-advertise":
+			v = r.admin
+		case "xds-addr", "xds-advertise":
+			v = r.xds
 		case "tls-cert", "tls-key", "tls-client-ca":
-			v = filepath.Join(certs, "switchyard", path.Base(v))
+			v = filepath.Join(tlsDir, path.Base(v))
 		}
 		args = append(args, "-"+name+"="+v)
 	}
+	r.cert, r.key = filepath.Join(tlsDir, "cert.pem"), filepath.Join(tlsDir, "key.pem")
 	// The child inherits the environment: the compose service's, with
 	// Consul moved to the test's agent.
 	for k, v := range sy.Environment {
@@ -245,31 +396,31 @@ func startSwitchyardLikeCompose(t *testing.T, p *types.Project, consulAddr strin
 		}
 	}
 	t.Setenv("CONSUL_HTTP_ADDR", consulAddr)
-	proc := testutil.StartNoCleanup(t, svcSwitchyard, bin, args...)
+	proc := testutil.StartNoCleanup(t, sy.Name, bin, args...)
 	t.Cleanup(func() {
 		proc.Stop()
 		if t.Failed() {
-			t.Logf("switchyard %q output:\n%s", args, proc.Output())
+			t.Logf("%s %q output:\n%s", sy.Name, args, proc.Output())
 		}
 	})
 
 	test := sy.HealthCheck.Test
 	if len(test) < 2 || test[0] != "CMD" || test[1] != "wget" {
-		t.Fatalf("switchyard healthcheck %q: want [CMD wget ...]", test)
+		t.Fatalf("%s healthcheck %q: want [CMD wget ...]", sy.Name, test)
 	}
 	_, adminPort := hostPort(t, "-admin-addr", flags["admin-addr"])
-	_, freePort := hostPort(t, "admin", admin)
+	_, freePort := hostPort(t, "admin", r.admin)
 	composeURL, testURL := "127.0.0.1:"+strconv.Itoa(adminPort), "127.0.0.1:"+strconv.Itoa(freePort)
 	probe := make([]string, 0, len(test)-1)
 	for _, a := range test[1:] {
 		probe = append(probe, strings.Replace(a, composeURL, testURL, 1))
 	}
 	if !strings.Contains(strings.Join(probe, " "), testURL) {
-		t.Fatalf("switchyard healthcheck %q does not probe the admin address %s", test, composeURL)
+		t.Fatalf("%s healthcheck %q does not probe the admin address %s", sy.Name, test, composeURL)
 	}
-	testutil.Eventually(t, 20*time.Second, "switchyard health check passes", func() error {
+	testutil.Eventually(t, 20*time.Second, sy.Name+" health check passes", func() error {
 		if proc.Exited() {
-			t.Fatalf("switchyard exited:\n%s", proc.Output())
+			t.Fatalf("%s exited:\n%s", sy.Name, proc.Output())
 		}
 		out, err := exec.Command(wget, probe[1:]...).CombinedOutput()
 		if err != nil {
@@ -277,4 +428,5 @@ func startSwitchyardLikeCompose(t *testing.T, p *types.Project, consulAddr strin
 		}
 		return nil
 	})
+	return r
 }

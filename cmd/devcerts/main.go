@@ -1,5 +1,5 @@
 // Command devcerts creates a local CA and the certificates for mutual TLS
-// between Envoy and switchyard: the docker-compose stack's (make
+// between Envoy and switchyard replicas: the docker-compose stack's (make
 // compose-certs) or any small test setup's. It needs no openssl.
 //
 //	devcerts -out examples/compose/tls
@@ -7,10 +7,22 @@
 // writes
 //
 //	OUT/ca/ca.pem, ca-key.pem            the CA (kept: re-running reuses it)
-//	OUT/switchyard/cert.pem, key.pem, ca.pem  for -tls-cert, -tls-key, -tls-client-ca
+//	OUT/<replica>/cert.pem, key.pem, ca.pem  one directory per -replicas
+//	                                     entry, for that replica's -tls-cert,
+//	                                     -tls-key, -tls-client-ca
 //	OUT/envoy/cert.pem, key.pem, ca.pem, cert-sds.yaml, ca-sds.yaml
 //	                                     an Envoy certificate directory
 //	                                     (envoy.TLSLayout) for -envoy-dir
+//
+// Every replica has its own key. Its certificate carries the names all
+// replicas share (-switchyard-san, by default the DNS name "switchyard",
+// which is also the SNI Envoy sends) plus its own name and IP, and is
+// valid for both server and client authentication: Envoy accepts any
+// replica by the shared names (so adding a replica changes nothing on the
+// Envoy hosts), and a replica that connects to another's picker presents
+// its own certificate, which the other admits when its -tls-allowed-san
+// lists a shared name. With -replicas "" one directory, OUT/switchyard/,
+// gets a certificate with the shared names only.
 //
 // Re-running it issues new leaf certificates from the same CA and replaces
 // the files by rename: that is a rotation, picked up by a running
@@ -38,6 +50,7 @@ func main() {
 type options struct {
 	out           string
 	switchyardSAN string
+	replicas      string
 	envoySAN      string
 	envoyDir      string
 	days          int
@@ -50,7 +63,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var o options
 	var worldReadable bool
 	fs.StringVar(&o.out, "out", "examples/compose/tls", "output `directory`")
-	fs.StringVar(&o.switchyardSAN, "switchyard-san", "switchyard,10.231.0.11,127.0.0.1", "comma-separated `names` (DNS or IP) of switchyard's certificate; Envoy accepts switchyard by these")
+	fs.StringVar(&o.switchyardSAN, "switchyard-san", "switchyard,127.0.0.1", "comma-separated `names` (DNS or IP) every replica's certificate carries; Envoy accepts switchyard by these")
+	fs.StringVar(&o.replicas, "replicas", "switchyard-1=10.231.0.11,switchyard-2=10.231.0.13", "comma-separated `name=ip` list, one certificate directory OUT/<name> per switchyard replica, whose certificate adds the name and the IP (or other name) to -switchyard-san; empty: one directory OUT/switchyard with -switchyard-san only")
 	fs.StringVar(&o.envoySAN, "envoy-san", "envoy.switchyard.internal", "comma-separated `names` of the Envoy certificate (switchyard's -tls-allowed-san)")
 	fs.StringVar(&o.envoyDir, "envoy-dir", envoy.DefaultTLSDir, "`path` where Envoy sees its certificate directory (the SDS files name it)")
 	fs.IntVar(&o.days, "days", 365, "validity of the leaf certificates in `days`")
@@ -82,7 +96,48 @@ func split(s string) []string {
 	return out
 }
 
+// replica is one switchyard replica's certificate directory and names.
+type replica struct {
+	name string   // directory under -out, and a DNS SAN
+	sans []string // every SAN of its certificate
+}
+
+// parseReplicas reads -replicas ("name=ip,..."); the shared SANs come
+// first in every replica's list.
+func parseReplicas(spec string, shared []string) ([]replica, error) {
+	entries := split(spec)
+	if len(entries) == 0 {
+		return []replica{{name: "switchyard", sans: shared}}, nil
+	}
+	var out []replica
+	seen := map[string]bool{}
+	for _, e := range entries {
+		name, extra, _ := strings.Cut(e, "=")
+		name, extra = strings.TrimSpace(name), strings.TrimSpace(extra)
+		switch {
+		case name == "" || name == "." || name == ".." || strings.ContainsAny(name, `/\`):
+			return nil, fmt.Errorf("-replicas: %q: want name=ip with a plain directory name", e)
+		case name == "ca" || name == "envoy":
+			return nil, fmt.Errorf("-replicas: %q: the name %q is taken by the CA or Envoy directory", e, name)
+		case seen[name]:
+			return nil, fmt.Errorf("-replicas: %q listed twice", name)
+		}
+		seen[name] = true
+		sans := append(append([]string(nil), shared...), name)
+		if extra != "" {
+			sans = append(sans, extra)
+		}
+		out = append(out, replica{name: name, sans: sans})
+	}
+	return out, nil
+}
+
 func generate(o options, stdout io.Writer) error {
+	shared := split(o.switchyardSAN)
+	replicas, err := parseReplicas(o.replicas, shared)
+	if err != nil {
+		return err
+	}
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
 	}
@@ -91,37 +146,45 @@ func generate(o options, stdout io.Writer) error {
 		return err
 	}
 	validity := certgen.Validity{NotAfter: time.Now().AddDate(0, 0, o.days)}
-	sySANs := split(o.switchyardSAN)
-	sy, err := ca.Issue(certgen.LeafOptions{CommonName: "switchyard", SANs: sySANs, Server: true, Validity: validity})
-	if err != nil {
-		return err
-	}
-	syDir := filepath.Join(o.out, "switchyard")
-	if err := os.MkdirAll(syDir, 0o755); err != nil {
-		return err
-	}
-	for _, f := range []struct {
-		name string
-		data []byte
-		mode os.FileMode
-	}{{"key.pem", sy.KeyPEM, o.keyMode}, {"cert.pem", sy.CertPEM, 0o644}, {"ca.pem", ca.CertPEM, 0o644}} {
-		if err := envoy.WriteAtomic(filepath.Join(syDir, f.name), f.data, f.mode); err != nil {
+	var notAfter time.Time
+	var names []string
+	for _, r := range replicas {
+		// Server and client: a replica serves Envoys and, with the same
+		// certificate, connects to the other replicas' pickers.
+		sy, err := ca.Issue(certgen.LeafOptions{CommonName: r.name, SANs: r.sans, Server: true, Client: true, Validity: validity})
+		if err != nil {
 			return err
 		}
+		notAfter = sy.Cert.NotAfter
+		dir := filepath.Join(o.out, r.name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		for _, f := range []struct {
+			name string
+			data []byte
+			mode os.FileMode
+		}{{"key.pem", sy.KeyPEM, o.keyMode}, {"cert.pem", sy.CertPEM, 0o644}, {"ca.pem", ca.CertPEM, 0o644}} {
+			if err := envoy.WriteAtomic(filepath.Join(dir, f.name), f.data, f.mode); err != nil {
+				return err
+			}
+		}
+		names = append(names, fmt.Sprintf("%s %v", r.name, r.sans))
 	}
 	ev, err := ca.Issue(certgen.LeafOptions{CommonName: "envoy", SANs: split(o.envoySAN), Client: true, Validity: validity})
 	if err != nil {
 		return err
 	}
-	if err := envoy.TLSLayout(o.envoyDir).WriteTo(filepath.Join(o.out, "envoy"), ev.CertPEM, ev.KeyPEM, ca.CertPEM, sySANs, o.keyMode); err != nil {
+	// Envoy accepts every replica by the names they share.
+	if err := envoy.TLSLayout(o.envoyDir).WriteTo(filepath.Join(o.out, "envoy"), ev.CertPEM, ev.KeyPEM, ca.CertPEM, shared, o.keyMode); err != nil {
 		return err
 	}
 	what := "reused the CA in"
 	if created {
 		what = "created a CA in"
 	}
-	fmt.Fprintf(stdout, "devcerts: %s %s; switchyard certificate %v and Envoy certificate %v valid until %s\n",
-		what, filepath.Join(o.out, "ca"), sySANs, split(o.envoySAN), sy.Cert.NotAfter.UTC().Format(time.DateOnly))
+	fmt.Fprintf(stdout, "devcerts: %s %s; switchyard certificates %s and Envoy certificate %v (accepting %v) valid until %s\n",
+		what, filepath.Join(o.out, "ca"), strings.Join(names, ", "), split(o.envoySAN), shared, notAfter.UTC().Format(time.DateOnly))
 	return nil
 }
 

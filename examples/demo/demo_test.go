@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,10 +21,11 @@ import (
 	"github.com/switchyard/switchyard/internal/testutil"
 )
 
-// freeOffset finds a port offset at which every demo port is free.
+// freeOffset finds a port offset at which every port of a demo with
+// maxReplicas replicas is free.
 func freeOffset(t *testing.T) int {
 	t.Helper()
-	all := append(append([]int{}, basePorts.sims...), basePorts.listener, basePorts.extproc, basePorts.xds, basePorts.admin, basePorts.envoyAdmin)
+	all := demoPorts(maxReplicas)
 	for off := 20000 + testutil.FreePort(t)%20000; off < 47000; off += 97 {
 		ok := true
 		for _, p := range all {
@@ -86,6 +89,41 @@ func TestDemoSmoke(t *testing.T) {
 	}
 }
 
+// `make run REPLICAS=2`: two switchyard replicas from a static peers list,
+// one Envoy whose bootstrap lists both xDS servers. The printed requests
+// work, Envoy spreads requests over both pickers (each picks some of
+// them), each replica lists both, and the banner names both status pages.
+func TestDemoSmokeTwoReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Envoy, two switchyards and three simulators")
+	}
+	off := freeOffset(t)
+	cmd := exec.Command(demoBinary(t), append(demoArgs(t, off), "-replicas", "2", "-smoke")...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo -replicas 2 -smoke: %v\n%s", err, out)
+	}
+	lora := fmt.Sprintf("sql-lora requests answered by map[127.0.0.1:%d:6]", basePorts.sims[2]+off)
+	want := []string{"smoke request answered", `"object":"chat.completion"`, lora, "200 KiB prompt answered",
+		"spread over the 2 replicas", "every replica lists 2 replicas"}
+	for i := range 2 {
+		want = append(want, fmt.Sprintf("switchyard-%d   http://127.0.0.1:%d/", i+1, basePorts.admin+i+off))
+	}
+	if missing := testutil.ContainsAll(string(out), want...); len(missing) > 0 {
+		t.Fatalf("demo output lacks %q:\n%s", missing, out)
+	}
+	m := regexp.MustCompile(`(\d+) requests answered; picks per replica: switchyard-1=(\d+) switchyard-2=(\d+);`).FindStringSubmatch(string(out))
+	if m == nil {
+		t.Fatalf("no picks per replica in the output:\n%s", out)
+	}
+	sent, _ := strconv.Atoi(m[1])
+	p1, _ := strconv.Atoi(m[2])
+	p2, _ := strconv.Atoi(m[3])
+	if p1 == 0 || p2 == 0 || p1+p2 != sent {
+		t.Errorf("%d requests, picks switchyard-1 %d, switchyard-2 %d: want each > 0, adding up to the requests", sent, p1, p2)
+	}
+}
+
 // `make run ENGINE=vllm`: the same demo and the same printed requests on
 // three real vLLM servers; the adapter request reaches only the third.
 func TestDemoSmokeRealVLLM(t *testing.T) {
@@ -132,7 +170,7 @@ func TestDemoCtrlCStopsEverything(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("demo did not stop after SIGINT:\n%s", p.Output())
 	}
-	for _, port := range append(append([]int{}, basePorts.sims...), basePorts.listener, basePorts.extproc, basePorts.xds, basePorts.admin, basePorts.envoyAdmin) {
+	for _, port := range demoPorts(1) {
 		testutil.Eventually(t, 5*time.Second, fmt.Sprintf("port %d released", port+off), func() error {
 			c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port+off), 100*time.Millisecond)
 			if err == nil {

@@ -2,13 +2,17 @@
 // engine: three model servers (vllm-sim, or with -engine vllm real vLLM's
 // CPU build serving a tiny generated model; the third with the LoRA adapter
 // "sql-lora"), switchyard serve with the HCL files in this directory, and a
-// real Envoy bootstrapped from envoy/bootstrap.yaml. It prints requests to
-// try and stops everything it started on Ctrl-C. `make run` builds the
-// binaries, installs Envoy and runs it.
+// real Envoy bootstrapped from envoy/bootstrap.yaml. With -replicas N it
+// runs N switchyard replicas that list each other from a static peers list
+// (no Consul), and Envoy's bootstrap lists every replica's xDS server. It
+// prints requests to try and stops everything it started on Ctrl-C. `make
+// run` builds the binaries, installs Envoy and runs it (`make run
+// REPLICAS=2` for two replicas).
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -26,15 +30,48 @@ import (
 
 	"github.com/switchyard/switchyard/envoy"
 	"github.com/switchyard/switchyard/internal/realvllm"
+	"github.com/switchyard/switchyard/xds/ir"
 )
 
 // The demo's well-known ports; -port-offset shifts all of them (tests use
-// it to run on free ports).
+// it to run on free ports). extproc, xds and admin are the first replica's;
+// replica i (from 0) uses each plus i.
 var basePorts = struct {
 	sims                          []int
 	listener, extproc, xds, admin int
 	envoyAdmin                    int
 }{sims: []int{8001, 8002, 8003}, listener: 8080, extproc: 9002, xds: 18000, admin: 9090, envoyAdmin: 9901}
+
+// maxReplicas bounds -replicas: replica ports must not run into the next
+// well-known port (9002+ below 9090, 9090+ below 9901).
+const maxReplicas = 5
+
+// replicaPorts are one replica's picker, xDS and admin ports (no offset).
+type replicaPorts struct{ extproc, xds, admin int }
+
+func replicaPortsOf(i int) replicaPorts {
+	return replicaPorts{extproc: basePorts.extproc + i, xds: basePorts.xds + i, admin: basePorts.admin + i}
+}
+
+// demoPorts lists every port a demo with n replicas listens on (no offset).
+func demoPorts(n int) []int {
+	ports := append([]int{}, basePorts.sims...)
+	ports = append(ports, basePorts.listener, basePorts.envoyAdmin)
+	for i := range n {
+		r := replicaPortsOf(i)
+		ports = append(ports, r.extproc, r.xds, r.admin)
+	}
+	return ports
+}
+
+// replicaName names replica i of n: "switchyard" alone, else
+// "switchyard-1", "switchyard-2", ...
+func replicaName(i, n int) string {
+	if n == 1 {
+		return "switchyard"
+	}
+	return fmt.Sprintf("switchyard-%d", i+1)
+}
 
 const baseModel = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -48,6 +85,7 @@ type options struct {
 	engine, vllmSrc        string
 	config, dir            string
 	offset                 int
+	replicas               int
 	timeScale              float64
 	smoke                  bool
 }
@@ -61,7 +99,8 @@ func main() {
 	flag.StringVar(&o.vllmSrc, "vllm-src", "internal/realvllm", "directory of the real-vLLM scripts (with -engine vllm)")
 	flag.StringVar(&o.config, "config", "examples/demo", "directory of the demo's HCL files")
 	flag.StringVar(&o.dir, "dir", "", "directory for logs and generated files (default a new temporary directory)")
-	flag.IntVar(&o.offset, "port-offset", 0, "add this to every demo port (8001-8003, 8080, 9002, 18000, 9090, 9901)")
+	flag.IntVar(&o.offset, "port-offset", 0, "add this to every demo port (8001-8003, 8080, 9901, and per replica 9002, 18000, 9090, the next replica one higher)")
+	flag.IntVar(&o.replicas, "replicas", 1, fmt.Sprintf("switchyard replicas to run, 1-%d; more than one list each other in a static peers list", maxReplicas))
 	flag.Float64Var(&o.timeScale, "time-scale", 1, "simulator speed-up (1 = real H100 timings)")
 	flag.BoolVar(&o.smoke, "smoke", false, "send the printed request once everything is up, print the answer and exit")
 	flag.Parse()
@@ -75,6 +114,9 @@ func main() {
 }
 
 func run(ctx context.Context, o options, out io.Writer) error {
+	if o.replicas < 1 || o.replicas > maxReplicas {
+		return fmt.Errorf("-replicas %d: want 1 to %d", o.replicas, maxReplicas)
+	}
 	envoyBin, err := findEnvoy(o.envoy)
 	if err != nil {
 		return err
@@ -85,17 +127,12 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		}
 	}
 	p := func(base int) int { return base + o.offset }
-	var ports []int
-	for _, s := range basePorts.sims {
-		ports = append(ports, p(s))
-	}
-	ports = append(ports, p(basePorts.listener), p(basePorts.extproc), p(basePorts.xds), p(basePorts.admin), p(basePorts.envoyAdmin))
-	for _, port := range ports {
-		if err := portFree(port); err != nil {
+	for _, port := range demoPorts(o.replicas) {
+		if err := portFree(p(port)); err != nil {
 			return err
 		}
 	}
-	configDir, err := writeConfig(o.config, filepath.Join(o.dir, "config"), o.offset)
+	configDir, err := writeConfig(o.config, filepath.Join(o.dir, "config"), o.offset, o.replicas)
 	if err != nil {
 		return err
 	}
@@ -131,18 +168,35 @@ func run(ctx context.Context, o options, out io.Writer) error {
 			return sup.explain(err)
 		}
 	}
-	if err := sup.start("switchyard", o.switchyard, nil, "serve", "-config", configDir,
-		"-extproc-addr", fmt.Sprintf("127.0.0.1:%d", p(basePorts.extproc)),
-		"-xds-addr", fmt.Sprintf("127.0.0.1:%d", p(basePorts.xds)),
-		"-admin-addr", fmt.Sprintf("127.0.0.1:%d", p(basePorts.admin)),
-		"-store", filepath.Join(o.dir, "switchyard.db")); err != nil {
-		return err
+	// Every replica serves the same configuration; each keeps its own
+	// store (a bbolt file has one writer).
+	var admins, xdsServers []string
+	for i := range o.replicas {
+		rp, name := replicaPortsOf(i), replicaName(i, o.replicas)
+		args := []string{"serve", "-config", configDir,
+			"-extproc-addr", fmt.Sprintf("127.0.0.1:%d", p(rp.extproc)),
+			"-xds-addr", fmt.Sprintf("127.0.0.1:%d", p(rp.xds)),
+			"-admin-addr", fmt.Sprintf("127.0.0.1:%d", p(rp.admin)),
+			"-store", filepath.Join(o.dir, name+".db")}
+		if o.replicas > 1 {
+			args = append(args, "-replica-id", name)
+		}
+		if err := sup.start(name, o.switchyard, nil, args...); err != nil {
+			return err
+		}
+		admins = append(admins, fmt.Sprintf("http://127.0.0.1:%d", p(rp.admin)))
+		xdsServers = append(xdsServers, fmt.Sprintf("127.0.0.1:%d", p(rp.xds)))
 	}
-	admin := fmt.Sprintf("http://127.0.0.1:%d", p(basePorts.admin))
-	if err := waitHTTP(ctx, admin+"/readyz", 200, 20*time.Second); err != nil {
-		return sup.explain(err)
+	for _, admin := range admins {
+		if err := waitHTTP(ctx, admin+"/readyz", 200, 20*time.Second); err != nil {
+			return sup.explain(err)
+		}
 	}
-	boot, err := envoy.Bootstrap(envoy.Params{NodeID: "demo-envoy", XDSPort: p(basePorts.xds), AdminPort: p(basePorts.envoyAdmin)})
+	bp := envoy.Params{NodeID: "demo-envoy", XDSPort: p(basePorts.xds), AdminPort: p(basePorts.envoyAdmin)}
+	if o.replicas > 1 {
+		bp.XDSPort, bp.XDSServers = 0, xdsServers
+	}
+	boot, err := envoy.Bootstrap(bp)
 	if err != nil {
 		return err
 	}
@@ -160,15 +214,31 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	if err := waitHTTP(ctx, base+"/health", 200, 30*time.Second); err != nil {
 		return sup.explain(err)
 	}
+	// Envoy spreads ext_proc streams over the pickers it holds healthy.
+	envoyAdmin := fmt.Sprintf("http://127.0.0.1:%d", p(basePorts.envoyAdmin))
+	if err := waitPickers(ctx, envoyAdmin, o.replicas, 30*time.Second); err != nil {
+		return sup.explain(err)
+	}
 
 	curl := fmt.Sprintf(`curl -s %s/v1/chat/completions -H 'content-type: application/json' \
   -d '{"model":"chat","messages":[{"role":"user","content":"Why route LLM traffic by KV cache?"}],"max_tokens":32}'`, base)
+	envoyLine := "routes every request through the picker"
+	if o.replicas > 1 {
+		envoyLine = fmt.Sprintf("routes every request through a picker, spread over the %d replicas", o.replicas)
+	}
+	var replicaLines strings.Builder
+	for i, admin := range admins {
+		what := "status page: pools, endpoints, Envoys; JSON at /api/status"
+		if i > 0 {
+			what = "this replica's status page"
+		}
+		fmt.Fprintf(&replicaLines, "  %-13s  %s/   (%s)\n", replicaName(i, o.replicas), admin, what)
+	}
 	fmt.Fprintf(out, `
 switchyard demo is up (logs in %s)
 
-  Envoy          %s   (routes every request through the picker)
-  switchyard     %s/   (status page: pools, endpoints, Envoys; JSON at /api/status)
-  model servers  127.0.0.1:%d-%d   (%s; %d has the LoRA adapter sql-lora)
+  Envoy          %s   (%s)
+%s  model servers  127.0.0.1:%d-%d   (%s; %d has the LoRA adapter sql-lora)
 
 Try:
   %s
@@ -177,7 +247,7 @@ Try:
   curl -s -i %s/v1/completions -d '{"model":"unknown","prompt":"hi"}'      # 404 from the picker
 
 Press Ctrl-C to stop everything.
-`, o.dir, base, admin, p(basePorts.sims[0]), p(basePorts.sims[2]), engineName(o.engine), p(basePorts.sims[2]), curl, base, base)
+`, o.dir, base, envoyLine, replicaLines.String(), p(basePorts.sims[0]), p(basePorts.sims[2]), engineName(o.engine), p(basePorts.sims[2]), curl, base, base)
 
 	if o.smoke {
 		body, _, err := post(ctx, base+"/v1/chat/completions",
@@ -206,6 +276,11 @@ Press Ctrl-C to stop everything.
 			}
 			fmt.Fprintln(out, "200 KiB prompt answered")
 		}
+		if o.replicas > 1 {
+			if err := smokeReplicas(ctx, out, base, admins); err != nil {
+				return sup.explain(err)
+			}
+		}
 		return nil
 	}
 	select {
@@ -214,6 +289,119 @@ Press Ctrl-C to stop everything.
 		return nil
 	case name := <-sup.exited:
 		return sup.explain(fmt.Errorf("%s exited unexpectedly", name))
+	}
+}
+
+// smokeReplicas sends requests through Envoy until every replica's picker
+// has picked some of them (Envoy spreads ext_proc streams over the
+// replicas), and checks that every replica lists them all.
+func smokeReplicas(ctx context.Context, out io.Writer, base string, admins []string) error {
+	picked := func() ([]int64, error) {
+		var n []int64
+		for _, a := range admins {
+			st, err := readStatus(ctx, a)
+			if err != nil {
+				return nil, err
+			}
+			if len(st.Replicas) != len(admins) {
+				return nil, fmt.Errorf("%s lists %d replicas, want %d", a, len(st.Replicas), len(admins))
+			}
+			n = append(n, st.Picker.Picked)
+		}
+		return n, nil
+	}
+	before, err := picked()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	sent := 0
+	for {
+		for range 10 {
+			if _, _, err := post(ctx, base+"/v1/completions", fmt.Sprintf(`{"model":"chat","prompt":"replica smoke %d","max_tokens":2}`, sent)); err != nil {
+				return err
+			}
+			sent++
+		}
+		now, err := picked()
+		if err != nil {
+			return err
+		}
+		var parts []string
+		all := true
+		for i := range now {
+			d := now[i] - before[i]
+			all = all && d > 0
+			parts = append(parts, fmt.Sprintf("%s=%d", replicaName(i, len(admins)), d))
+		}
+		if all {
+			fmt.Fprintf(out, "%d requests answered; picks per replica: %s; every replica lists %d replicas\n", sent, strings.Join(parts, " "), len(admins))
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("after %d requests some replica has picked none: %s", sent, strings.Join(parts, " "))
+		}
+	}
+}
+
+// demoStatus is the part of /api/status the demo reads.
+type demoStatus struct {
+	Picker struct {
+		Picked int64 `json:"picked"`
+	} `json:"picker"`
+	Replicas []struct {
+		ID string `json:"id"`
+	} `json:"replicas"`
+}
+
+func readStatus(ctx context.Context, admin string) (*demoStatus, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, admin+"/api/status", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("status: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s/api/status: HTTP %d", admin, resp.StatusCode)
+	}
+	var st demoStatus
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return nil, fmt.Errorf("%s/api/status: %w", admin, err)
+	}
+	return &st, nil
+}
+
+// waitPickers waits until Envoy holds n healthy hosts in its picker
+// cluster (every replica's picker, learnt through EDS and health-checked).
+func waitPickers(ctx context.Context, envoyAdmin string, n int, within time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	prefix := ir.PickerCluster + "::"
+	healthy := 0
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, envoyAdmin+"/clusters", nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			healthy = 0
+			for _, l := range strings.Split(string(body), "\n") {
+				if strings.HasPrefix(l, prefix) && strings.HasSuffix(l, "::health_flags::healthy") {
+					healthy++
+				}
+			}
+			if healthy == n {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("Envoy holds %d healthy pickers, want %d", healthy, n)
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }
 
@@ -280,8 +468,9 @@ func post(ctx context.Context, url, body string) (string, string, error) {
 }
 
 // writeConfig copies the demo's HCL files into dst, shifting every demo
-// port by offset so several demos (or tests) can run side by side.
-func writeConfig(src, dst string, offset int) (string, error) {
+// port by offset so several demos (or tests) can run side by side; with
+// more than one replica it adds replicas.hcl, their static peers list.
+func writeConfig(src, dst string, offset, replicas int) (string, error) {
 	files, err := filepath.Glob(filepath.Join(src, "*.hcl"))
 	if err != nil || len(files) == 0 {
 		return "", fmt.Errorf("no *.hcl files in %s (run the demo from the repository root)", src)
@@ -300,6 +489,22 @@ func writeConfig(src, dst string, offset int) (string, error) {
 			return "", fmt.Errorf("read %s: %w", f, err)
 		}
 		if err := os.WriteFile(filepath.Join(dst, filepath.Base(f)), []byte(shift.Replace(string(b))), 0o644); err != nil {
+			return "", fmt.Errorf("write config: %w", err)
+		}
+	}
+	if replicas > 1 {
+		var peers []string
+		for i := range replicas {
+			peers = append(peers, strconv.Quote(fmt.Sprintf("127.0.0.1:%d", replicaPortsOf(i).extproc+offset)))
+		}
+		hcl := fmt.Sprintf(`# Written by the demo for -replicas %d: every replica's picker address
+# (its -extproc-addr, which is also what Envoy dials). Each replica finds
+# itself in the list and puts them all in Envoy's picker cluster.
+replicas {
+  peers = [%s]
+}
+`, replicas, strings.Join(peers, ", "))
+		if err := os.WriteFile(filepath.Join(dst, "replicas.hcl"), []byte(hcl), 0o644); err != nil {
 			return "", fmt.Errorf("write config: %w", err)
 		}
 	}

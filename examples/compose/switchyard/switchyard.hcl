@@ -14,6 +14,16 @@ listener "public" {
   address = "0.0.0.0:8080"
 }
 
+# Both replicas (switchyard-1 and switchyard-2 in docker-compose.yaml) read
+# this directory. Each registers itself in Consul as service "switchyard",
+# with its -replica-id as the service ID, its -extproc-advertise address,
+# and a check on its /readyz at -admin-advertise; the passing instances are
+# the replicas every replica lists in Envoy's picker cluster. A replica
+# added or stopped joins or leaves those lists without a restart.
+replicas {
+  consul_service = "switchyard"
+}
+
 pool "llama" {
   engine = "vllm"
 
