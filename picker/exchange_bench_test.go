@@ -1,0 +1,181 @@
+package picker
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/switchyard/switchyard/registry"
+)
+
+// BenchmarkExtProcExchange measures whole ext_proc exchanges per second
+// through the picker's Process over a loopback gRPC connection, the way
+// Envoy drives it in FULL_DUPLEX_STREAMED mode: request headers, the body,
+// an empty end-of-stream body message, then response headers and a small
+// JSON response body; the client reads every answer, the body streamed
+// back included, and waits for the stream to end. The picker has 100
+// endpoints and the default profile; metrics scraping is off.
+//
+// Chunking: "envoy" is what Envoy 1.40 sent for a 200 KiB POST over
+// loopback (one message with the whole body, then an empty one carrying
+// end_of_stream: Envoy's HTTP/1 codec hands the filter all bytes read so
+// far); "64KiB" splits the body as a slower client would arrive. "x8" runs
+// eight exchanges at once on the one connection, as Envoy multiplexes
+// concurrent requests. Run:
+//
+//	go test -run '^$' -bench ExtProcExchange -benchmem -count 5 ./picker/
+func BenchmarkExtProcExchange(b *testing.B) {
+	const size = 200 << 10
+	body := []byte(fmt.Sprintf(`{"model":"llama","messages":[{"role":"system","content":%q},{"role":"user","content":"question"}],"stream":false}`,
+		strings.Repeat("You are a helpful assistant. ", size/29)))
+	for _, tc := range []struct {
+		name     string
+		chunk    int // 0: Envoy's loopback pattern
+		parallel int
+	}{
+		{"200KiB/envoy", 0, 1},
+		{"200KiB/64KiB", 64 << 10, 1},
+		{"200KiB/envoy/x8", 0, 8},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			client := exchangeHarness(b)
+			msgs := exchangeMessages(body, tc.chunk)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			b.ResetTimer()
+			t0 := time.Now()
+			if tc.parallel <= 1 {
+				for i := 0; i < b.N; i++ {
+					if err := exchange(b, client, msgs, len(body)); err != nil {
+						b.Fatal(err)
+					}
+				}
+			} else {
+				b.SetParallelism(max(tc.parallel/runtime.GOMAXPROCS(0), 1)) // goroutines = parallelism * GOMAXPROCS
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						if err := exchange(b, client, msgs, len(body)); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			b.ReportMetric(float64(b.N)/time.Since(t0).Seconds(), "exchanges/s")
+		})
+	}
+}
+
+// exchangeMessages is one request's messages as Envoy sends them.
+func exchangeMessages(body []byte, chunk int) []*extprocv3.ProcessingRequest {
+	first := postHeaders("/v1/chat/completions", "content-length", fmt.Sprint(len(body)), "x-request-id", "bench")
+	first.ProtocolConfig = &extprocv3.ProtocolConfiguration{
+		RequestBodyMode:  extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		ResponseBodyMode: extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+	}
+	msgs := []*extprocv3.ProcessingRequest{first}
+	if chunk <= 0 {
+		chunk = len(body)
+	}
+	for off := 0; off < len(body); off += chunk {
+		msgs = append(msgs, reqBody(body[off:min(off+chunk, len(body))], false))
+	}
+	return append(msgs, reqBody(nil, true))
+}
+
+// exchange runs one ext_proc stream to its end and checks the body came
+// back whole.
+func exchange(b *testing.B, client extprocv3.ExternalProcessorClient, msgs []*extprocv3.ProcessingRequest, bodyLen int) error {
+	c, err := client.Process(b.Context())
+	if err != nil {
+		return err
+	}
+	for _, m := range msgs {
+		if err := c.Send(m); err != nil {
+			return err
+		}
+	}
+	r, err := c.Recv()
+	if err != nil {
+		return err
+	}
+	if r.GetRequestHeaders() == nil {
+		return fmt.Errorf("want the decision, got %v", r)
+	}
+	got := 0
+	for {
+		r, err := c.Recv()
+		if err != nil {
+			return err
+		}
+		sr := r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+		if sr == nil {
+			return fmt.Errorf("want a streamed body chunk, got %v", r)
+		}
+		got += len(sr.GetBody())
+		if sr.GetEndOfStream() {
+			break
+		}
+	}
+	if got != bodyLen {
+		return fmt.Errorf("body came back with %d bytes, want %d", got, bodyLen)
+	}
+	if err := c.Send(respHeaders(false, ":status", "200", "content-type", "application/json")); err != nil {
+		return err
+	}
+	if _, err := c.Recv(); err != nil {
+		return err
+	}
+	if err := c.Send(respBody([]byte(`{"id":"x","model":"llama","choices":[]}`), true)); err != nil {
+		return err
+	}
+	if _, err := c.Recv(); err != nil {
+		return err
+	}
+	if err := c.CloseSend(); err != nil {
+		return err
+	}
+	if _, err := c.Recv(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("stream end: %v", err)
+	}
+	return nil
+}
+
+// exchangeHarness serves a 100-endpoint picker (no scraping) over
+// loopback gRPC with the server options serve uses, and returns a client
+// on one connection whose flow-control windows are Envoy's HTTP/2 defaults
+// (256 MiB), so the body streamed back never waits on window updates.
+func exchangeHarness(b *testing.B) extprocv3.ExternalProcessorClient {
+	b.Helper()
+	srv := New(registry.NewPublisher(benchState(100)), Options{DisableMetrics: true}, nil)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	g := grpc.NewServer(srv.GRPCServerOptions()...)
+	srv.Register(g)
+	served := make(chan struct{})
+	go func() { defer close(served); _ = g.Serve(lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(256<<20), grpc.WithInitialConnWindowSize(256<<20),
+		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(64<<20), grpc.MaxCallRecvMsgSize(64<<20)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		conn.Close()
+		g.Stop()
+		<-served
+	})
+	return extprocv3.NewExternalProcessorClient(conn)
+}
