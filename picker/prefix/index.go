@@ -43,7 +43,8 @@ type Hit struct {
 // Index is an approximate prefix-cache model for a set of endpoints that
 // share one Hasher configuration (normally one pool). All methods are safe
 // for concurrent use. Match takes only read locks on hash shards; Add locks
-// one endpoint and the shards of the hashes it inserts or evicts.
+// one endpoint and the shards of the hashes it inserts or evicts;
+// ExportEndpoint locks one endpoint for a memmove of its slot array.
 type Index struct {
 	cfg    Config
 	shards [numShards]shard
@@ -52,6 +53,8 @@ type Index struct {
 	table   atomic.Pointer[epTable]
 	freeIDs []uint16
 	nextID  int
+	// clock numbers changes to endpoints' LRUs (endpoint.version).
+	clock atomic.Uint64
 
 	scratch sync.Pool // *matchScratch
 }
@@ -92,6 +95,9 @@ type endpoint struct {
 	slots      table[int32] // hash -> node index
 	nodes      []lruNode
 	head, tail int32
+	// version is the Index clock at the LRU's last change (entries,
+	// order or capacity); written under mu, read without it.
+	version atomic.Uint64
 }
 
 type lruNode struct {
@@ -211,6 +217,26 @@ func (x *Index) lookup(name string, create bool) *endpoint {
 	return ep
 }
 
+// locked returns the live endpoint called name, created if needed, with
+// its lock held; nil if the Index is full. An endpoint that Remove retires
+// between the lookup and the lock is skipped for the fresh one.
+func (x *Index) locked(name string) *endpoint {
+	for {
+		ep := x.lookup(name, true)
+		if ep == nil {
+			return nil
+		}
+		ep.mu.Lock()
+		if !ep.removed {
+			return ep
+		}
+		ep.mu.Unlock()
+	}
+}
+
+// changed stamps ep's LRU as changed. ep.mu must be held.
+func (x *Index) changed(ep *endpoint) { ep.version.Store(x.clock.Add(1)) }
+
 // Add records that the blocks hashes (a prompt's chain, root first) were
 // just routed to endpoint, making them its most recently used entries, the
 // root most recent of all so that prompt tails are evicted first, as a
@@ -219,22 +245,15 @@ func (x *Index) Add(endpoint string, hashes []uint64) {
 	if len(hashes) == 0 {
 		return
 	}
-	for {
-		ep := x.lookup(endpoint, true)
-		if ep == nil {
-			return // index full
-		}
-		ep.mu.Lock()
-		if ep.removed {
-			ep.mu.Unlock()
-			continue // raced with Remove; use the fresh endpoint
-		}
-		for i := len(hashes) - 1; i >= 0; i-- {
-			x.touch(ep, hashes[i])
-		}
-		ep.mu.Unlock()
-		return
+	ep := x.locked(endpoint)
+	if ep == nil {
+		return // index full
 	}
+	for i := len(hashes) - 1; i >= 0; i-- {
+		x.touch(ep, hashes[i])
+	}
+	x.changed(ep)
+	ep.mu.Unlock()
 }
 
 // touch makes h ep's most recent entry, evicting its least recent one if
@@ -324,33 +343,26 @@ func (x *Index) SetCapacity(endpoint string, blocks int) {
 		blocks = x.cfg.DefaultCapacity
 	}
 	blocks = min(blocks, x.cfg.MaxCapacity)
-	for {
-		ep := x.lookup(endpoint, true)
-		if ep == nil {
-			return
-		}
-		ep.mu.Lock()
-		if ep.removed {
-			ep.mu.Unlock()
-			continue
-		}
-		if ep.capacity != blocks {
-			shrunk := blocks < len(ep.nodes)
-			ep.capacity = blocks
-			for ep.slots.n > blocks {
-				s := ep.tail
-				h := ep.nodes[s].hash
-				ep.unlink(s)
-				ep.slots.del(h)
-				x.dropHolder(h, ep.id)
-			}
-			if shrunk {
-				ep.compact()
-			}
-		}
-		ep.mu.Unlock()
+	ep := x.locked(endpoint)
+	if ep == nil {
 		return
 	}
+	if ep.capacity != blocks {
+		shrunk := blocks < len(ep.nodes)
+		ep.capacity = blocks
+		for ep.slots.n > blocks {
+			s := ep.tail
+			h := ep.nodes[s].hash
+			ep.unlink(s)
+			ep.slots.del(h)
+			x.dropHolder(h, ep.id)
+		}
+		if shrunk {
+			ep.compact()
+		}
+		x.changed(ep)
+	}
+	ep.mu.Unlock()
 }
 
 // Remove forgets the endpoint called name and everything routed to it. It is a no-op for
