@@ -107,6 +107,7 @@ type Server struct {
 	loads   loads
 	scratch sync.Pool
 	stats   counters
+	warm    warmCache
 
 	// Metrics scraping: the manager exists while Run runs.
 	mgr *metrics.Manager
