@@ -352,6 +352,7 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 		pv     *poolView
 		mv     *modelView
 		target string
+		r      openai.Request // the body's model and prompt spans
 	)
 	inference := openai.IsInferencePath(string(st.path))
 	if len(body) == 0 {
@@ -359,18 +360,19 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 			return 400, "request body is empty: a JSON object with a \"model\" field is required", nil, nil
 		}
 		pv = snap.headerOnlyPool
-	} else if r, tok, err := openai.ModelSpan(body); err != nil {
+	} else if req, tok, err := openai.ModelSpan(body); err != nil {
 		if inference {
 			return 400, err.Error(), nil, nil
 		}
-		pv = snap.headerOnlyPool
+		pv, r = snap.headerOnlyPool, req
 	} else {
+		r = req
 		// Look the model up without materialising the name when possible.
 		if !openai.NeedsDecode(tok) {
 			mv = snap.models[string(tok[1:len(tok)-1])]
-		} else if name, _ := openai.ParseRequest(body); name.Model != "" {
-			mv = snap.models[name.Model]
-			r.Model = name.Model
+		} else if name := openai.DecodeString(tok); name != "" {
+			mv = snap.models[name]
+			r.Model = name
 		}
 		if mv == nil {
 			if r.Model == "" {
@@ -425,8 +427,11 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 		sreq.Session = st.header(pv.sessionHeader)
 	}
 	if pv.usesPrefix && len(body) > 0 {
+		// The prompt's bytes are the same in the original and a rewritten
+		// body (only the model token differs), so the spans found in the
+		// original serve both.
 		ph := pv.state.hasher.Load()
-		sc.Hashes = ph.h.Hash(sc.Hashes[:0], target, promptText(body))
+		sc.Hashes = ph.h.Hash(sc.Hashes[:0], target, r.Prompt(st.body))
 		sreq.Hashes = sc.Hashes
 	}
 	picked := prof.Rank(sreq, cands, s.opts.MaxEndpoints, sc)

@@ -51,6 +51,38 @@ func TestParseRequest(t *testing.T) {
 	}
 }
 
+func TestPrompt(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ desc, body, want string }{
+		{"chat, model first", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`, `[{"role":"user","content":"hi"}]`},
+		{"chat, messages first", `{"messages":[{"role":"system","content":"s"}] , "model":"m"}`, `[{"role":"system","content":"s"}]`},
+		{"completions prompt string", `{"max_tokens":3,"model":"m","prompt":"once upon"}`, `"once upon"`},
+		{"escapes and brackets inside strings", `{"x":"a\"}]{[","y":{"z":[1,{"w":"}"}]},"prompt":["p\\",1],"model":"m"}`, `["p\\",1]`},
+		{"numbers and literals skipped", `{"n":-1.5e3,"b":true,"nul":null,"messages":[],"model":"m"}`, `[]`},
+		{"first prompt key wins", `{"prompt":"a","messages":"b","prompt":"c","model":"m"}`, `"a"`},
+		{"nested keys ignored", `{"tools":[{"prompt":"inner"}],"model":"m","messages":"outer"}`, `"outer"`},
+		{"escaped key", `{"m\u0065ssages":"x","model":"m"}`, `"x"`},
+		{"no model: prompt still found", `{"prompt":"p"}`, `"p"`},
+		{"no prompt key: whole body", `{"model":"m","input":"x"}`, `{"model":"m","input":"x"}`},
+		{"invalid JSON: whole body", `{"model":"m","prompt":"x"`, `{"model":"m","prompt":"x"`},
+		{"not an object: whole body", `[1,2]`, `[1,2]`},
+		{"empty", ``, ``},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			body := []byte(tc.body)
+			r, _ := ParseRequest(body)
+			if got := r.Prompt(body); got != tc.want {
+				t.Errorf("ParseRequest: got %q, want %q", got, tc.want)
+			}
+			r, _, _ = ModelSpan(body)
+			if got := r.Prompt(body); got != tc.want {
+				t.Errorf("ModelSpan: got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestRewriteModelPreservesEverythingElse(t *testing.T) {
 	t.Parallel()
 	body := []byte("{\n  \"messages\": [{\"role\":\"user\",\"content\":\"hi \\\"there\\\"\"}],\n  \"model\" : \"alias\",\n  \"temperature\": 0.70\n}")
