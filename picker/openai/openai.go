@@ -381,8 +381,8 @@ const (
 // dominate request bodies. The quote and backslash are found with
 // bytes.IndexByte (vectorised); *quote caches the next quote's position
 // across calls for one string, so every byte is searched once however
-// many escapes the string has. Control characters are found 8 bytes at a
-// time (a SWAR "byte below 0x20" test).
+// many escapes the string has. Control characters are found 32 bytes at a
+// time (four SWAR "byte below 0x20" tests per step).
 func skipPlain(b []byte, i int, quote *int) int {
 	if *quote < i {
 		if k := bytes.IndexByte(b[i:], '"'); k >= 0 {
@@ -395,14 +395,28 @@ func skipPlain(b []byte, i int, quote *int) int {
 	if k := bytes.IndexByte(b[i:end], '\\'); k >= 0 {
 		end = i + k
 	}
-	for i+8 <= end && (binary.LittleEndian.Uint64(b[i:])-0x20*lsb)&^binary.LittleEndian.Uint64(b[i:])&msb == 0 {
-		i += 8
+	for ; i+32 <= end; i += 32 {
+		w := b[i : i+32 : i+32]
+		x0, x1 := binary.LittleEndian.Uint64(w[0:8]), binary.LittleEndian.Uint64(w[8:16])
+		x2, x3 := binary.LittleEndian.Uint64(w[16:24]), binary.LittleEndian.Uint64(w[24:32])
+		if (below20(x0)|below20(x1)|below20(x2)|below20(x3))&msb != 0 {
+			break
+		}
+	}
+	for ; i+8 <= end; i += 8 {
+		if below20(binary.LittleEndian.Uint64(b[i:i+8]))&msb != 0 {
+			break
+		}
 	}
 	for i < end && b[i] >= 0x20 {
 		i++
 	}
 	return i
 }
+
+// below20 has the high bit of some byte set if and only if x has a byte
+// below 0x20 (exact for the whole word, not per byte).
+func below20(x uint64) uint64 { return (x - 0x20*lsb) &^ x }
 
 func isHex(c byte) bool {
 	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'

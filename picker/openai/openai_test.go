@@ -205,10 +205,10 @@ func TestJSONRewrite(t *testing.T) {
 }
 
 // Long strings go through the vectorised skip: every position of a quote,
-// escape or control character relative to the 8-byte words must be seen,
+// escape or control character relative to the 8- and 32-byte words must be seen,
 // and validity must agree with encoding/json.
 func TestLongStringsAgreeWithEncodingJSON(t *testing.T) {
-	for _, n := range []int{0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 1000} {
+	for _, n := range []int{0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 39, 40, 41, 63, 64, 65, 95, 96, 97, 1000} {
 		pad := strings.Repeat("x", n)
 		for _, mid := range []string{``, `\"`, `\\`, `\n`, `\u00e9`, `é`, "\x01", "\x1f", `\q`, `\u12`, "\"\"", "\\\\\\\""} {
 			body := []byte(`{"prompt":"` + pad + mid + pad + `","model":"m"}`)
@@ -217,6 +217,23 @@ func TestLongStringsAgreeWithEncodingJSON(t *testing.T) {
 			if (err == nil) != valid {
 				t.Errorf("pad %d, middle %q: parser error %v, encoding/json valid %v", n, mid, err, valid)
 			}
+		}
+	}
+}
+
+// BenchmarkParseRequest validates and scans a 200 KiB chat body (one long
+// system prompt, as agents send). Run:
+//
+//	go test -run '^$' -bench ParseRequest -benchmem ./picker/openai/
+func BenchmarkParseRequest(b *testing.B) {
+	body := []byte(`{"model":"llama","messages":[{"role":"system","content":"` +
+		strings.Repeat("You are a helpful assistant. Answer in \u00e9l\u00e9gant prose. ", 200<<10/52) +
+		`"},{"role":"user","content":"question"}],"stream":false,"max_tokens":128}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParseRequest(body); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
