@@ -51,6 +51,7 @@ type stream struct {
 	subset        []string
 	hasSubset     bool
 	body          []byte
+	bodyOwned     bool  // body is our buffer, not a received message's bytes
 	chunkLens     []int // STREAMED mode: original chunk sizes
 
 	// Decision.
@@ -216,21 +217,28 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody, send sendFunc) (bool, err
 		// Not expected (body after a header-only decision); pass it on.
 		return false, st.passRequestBody(b, send)
 	}
-	if len(st.body)+len(b.GetBody()) > st.s.opts.MaxBodyBytes {
+	data := b.GetBody()
+	if len(st.body)+len(data) > st.s.opts.MaxBodyBytes {
 		return st.reject(413, fmt.Sprintf("request body exceeds the %d byte limit", st.s.opts.MaxBodyBytes), send)
 	}
-	if st.body == nil && b.GetEndOfStream() {
-		// The whole body in one message: use Envoy's buffer as is (each
-		// received message is ours; nothing mutates it).
-		st.body = b.GetBody()
-	} else {
-		if st.body == nil && st.contentLength > 0 {
-			st.body = make([]byte, 0, st.contentLength)
+	switch {
+	case len(data) == 0:
+	case st.body == nil:
+		// Use the message's bytes as they are (each received message is
+		// ours; nothing mutates it): Envoy often sends the whole body in
+		// one message, followed by an empty one ending the stream.
+		st.body = data
+	default:
+		if !st.bodyOwned {
+			// A second piece: gather them into our own buffer.
+			buf := make([]byte, len(st.body), max(st.contentLength, len(st.body)+len(data)))
+			copy(buf, st.body)
+			st.body, st.bodyOwned = buf, true
 		}
-		st.body = append(st.body, b.GetBody()...)
+		st.body = append(st.body, data...)
 	}
 	if st.reqMode == modeStreamed {
-		st.chunkLens = append(st.chunkLens, len(b.GetBody()))
+		st.chunkLens = append(st.chunkLens, len(data))
 	}
 	if b.GetEndOfStream() || st.reqMode == modeBuffered || st.reqMode == modePartial {
 		return st.decide(send)
