@@ -63,8 +63,8 @@ func (x *Index) Version(endpoint string) (uint64, bool) {
 // EndpointDump with the endpoint's capacity and version (see Version);
 // false for an unknown endpoint. The endpoint's lock is held only while
 // its slot array is copied into sc (one memmove), never for the walk in
-// LRU order, which follows the copy's links: requests recording picks on
-// the endpoint wait for the copy at most, however large its LRU.
+// LRU order, which follows the copy's links; picks recorded meanwhile do
+// not wait for it (see Add) and are not in this copy.
 func (x *Index) ExportEndpoint(endpoint string, limit int, hashes []uint64, sc *ExportScratch) (EndpointDump, uint64, bool) {
 	ep := x.lookup(endpoint, false)
 	if ep == nil {
@@ -77,17 +77,17 @@ func (x *Index) ExportEndpoint(endpoint string, limit int, hashes []uint64, sc *
 	for {
 		ep.mu.Lock()
 		if ep.removed {
-			ep.mu.Unlock()
+			x.unlock(ep)
 			return EndpointDump{}, 0, false
 		}
 		if size := len(ep.nodes); cap(sc.nodes) < size {
-			ep.mu.Unlock() // allocate outside the lock, then copy
+			x.unlock(ep) // allocate outside the lock, then copy
 			sc.nodes = make([]lruNode, 0, size+size/8)
 			continue
 		}
 		sc.nodes = append(sc.nodes[:0], ep.nodes...)
 		head, capacity, n, version = int(ep.head), ep.capacity, ep.slots.n, ep.version.Load()
-		ep.mu.Unlock()
+		x.unlock(ep)
 		break
 	}
 

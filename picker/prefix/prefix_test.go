@@ -294,6 +294,9 @@ func checkInvariants(t *testing.T, x *Index) {
 		if n != ep.slots.n {
 			t.Errorf("%s: list has %d nodes, map %d", name, n, ep.slots.n)
 		}
+		if p := ep.npend.Load(); p != 0 || len(ep.pendLens) != 0 {
+			t.Errorf("%s: %d deferred picks left unrecorded", name, p)
+		}
 		ep.mu.Unlock()
 		if tbl.byID[ep.id] != ep {
 			t.Errorf("%s: id table mismatch", name)
@@ -477,6 +480,71 @@ func TestExportEndpoint(t *testing.T) {
 	if v, _ := x.Version("a"); !seen[v] {
 		t.Error("setting the same capacity changed the version")
 	}
+}
+
+// TestAddNeverWaits: a pick recorded while another goroutine holds the
+// endpoint's lock returns at once and is recorded when the holder
+// releases it; under heavy contention every pick ends up recorded.
+func TestAddNeverWaits(t *testing.T) {
+	t.Parallel()
+	x := NewIndex(Config{DefaultCapacity: 1 << 16})
+	x.Add("e", []uint64{1})
+	ep := x.lookup("e", false)
+	ep.mu.Lock() // as an export's copy would
+	done := make(chan struct{})
+	go func() { x.Add("e", []uint64{2, 3}); close(done) }()
+	<-done // Add returned while the lock is held
+	if m := hits(x, []uint64{2, 3}); m["e"] != 0 {
+		t.Fatalf("deferred pick visible before the holder released the lock: %v", m)
+	}
+	x.unlock(ep)
+	if m := hits(x, []uint64{2, 3}); m["e"] != 2 {
+		t.Fatalf("deferred pick not recorded on release: %v", m)
+	}
+	if e, _, _ := x.ExportEndpoint("e", 0, nil, &ExportScratch{}); !slices.Equal(e.Hashes, []uint64{2, 3, 1}) {
+		t.Errorf("LRU order %v, want the deferred chain most recent", e.Hashes)
+	}
+
+	// Many writers on one endpoint while an exporter and a stats reader
+	// keep taking its lock: no chain is lost.
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var sc ExportScratch
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			x.ExportEndpoint("e", 0, nil, &sc)
+			_ = x.Stats()
+		}
+	}()
+	var writers sync.WaitGroup
+	for w := range 4 {
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			for i := range 2000 {
+				x.Add("e", []uint64{uint64(1000 + w*10000 + i*2), uint64(1001 + w*10000 + i*2)})
+			}
+		}()
+	}
+	writers.Wait()
+	close(stop)
+	wg.Wait()
+	for w := range 4 {
+		for i := range 2000 {
+			c := []uint64{uint64(1000 + w*10000 + i*2), uint64(1001 + w*10000 + i*2)}
+			if m := hits(x, c); m["e"] != 2 {
+				t.Fatalf("writer %d pick %d lost: %v", w, i, m)
+			}
+		}
+	}
+	checkInvariants(t, x)
 }
 
 // TestExportDuringAdds exports endpoints while other goroutines keep
