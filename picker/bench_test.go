@@ -1,10 +1,11 @@
 package picker
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -206,9 +207,12 @@ const (
 // out by sleeps ran twice as long here, cold, whatever the background).
 // The background:
 //
-//   - metrics scrapes: the picker's own scraper reads 100 loopback model
-//     servers every 50 ms (the default interval), each serving the recorded
-//     vLLM 0.32 page (27,904 KV blocks of 16 tokens) with its own load;
+//   - metrics scrapes: the picker's own scraper reads 100 model servers
+//     every 50 ms (the default interval), each answering with the recorded
+//     vLLM 0.32 page (27,904 KV blocks of 16 tokens) and its own load. The
+//     pages come from memory through the scraper's http.Client: the
+//     servers run elsewhere in production, so only the picker's side of a
+//     scrape (request, parse, publish) is charged here;
 //   - the warm export (ExportWarm with the store's limits) every 200 ms,
 //     ten times as often as serve does, so every run overlaps many;
 //   - Stats and Observe every second, as a Prometheus scrape of /metrics;
@@ -224,35 +228,12 @@ func BenchmarkScheduleDecisionBusy(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	st := registry.Empty()
-	st.Version = 1
-	pool := &registry.Pool{Name: "big", Engine: registry.EngineVLLM}
-	var servers []*http.Server
-	for i := range busyEndpoints {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		body := busyPage(page, i)
-		hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.Path == "/v1/models" {
-				_, _ = w.Write([]byte(`{"object":"list","data":[{"id":"llama","object":"model"}]}`))
-				return
-			}
-			_, _ = w.Write(body)
-		})}
-		go func() { _ = hs.Serve(lis) }()
-		servers = append(servers, hs)
-		pool.Endpoints = append(pool.Endpoints, registry.Endpoint{Address: lis.Addr().String()})
+	st := benchState(busyEndpoints)
+	pages := pageTransport{}
+	for i, e := range st.Pools["big"].Endpoints {
+		pages[e.Address] = busyPage(page, i)
 	}
-	defer func() {
-		for _, hs := range servers {
-			_ = hs.Close()
-		}
-	}()
-	st.Pools["big"] = pool
-	st.Models["llama"] = &registry.Model{Name: "llama", Pool: "big"}
-	srv := New(registry.NewPublisher(st), Options{}, nil)
+	srv := New(registry.NewPublisher(st), Options{Metrics: metrics.Options{Client: &http.Client{Transport: pages}}}, nil)
 	ctx, cancel := context.WithCancel(b.Context())
 	var bg sync.WaitGroup
 	defer bg.Wait()
@@ -338,6 +319,23 @@ func BenchmarkScheduleDecisionBusy(b *testing.B) {
 	b.ReportMetric(float64(durs[len(durs)*99/100].Nanoseconds()), "p99-ns")
 	b.ReportMetric(float64(durs[len(durs)*999/1000].Nanoseconds()), "p99.9-ns")
 	b.ReportMetric(float64(exports.Load()), "exports")
+}
+
+// pageTransport answers GET /metrics with the page of the request's host
+// and GET /v1/models with the model "llama", from memory.
+type pageTransport map[string][]byte
+
+func (p pageTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	body, ok := p[r.URL.Host]
+	if !ok {
+		return nil, fmt.Errorf("no page for %s", r.URL.Host)
+	}
+	if r.URL.Path == "/v1/models" {
+		body = []byte(`{"object":"list","data":[{"id":"llama","object":"model"}]}`)
+	}
+	return &http.Response{StatusCode: http.StatusOK, Status: "200 OK", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{"Content-Type": {"text/plain; version=0.0.4"}}, ContentLength: int64(len(body)),
+		Body: io.NopCloser(bytes.NewReader(body)), Request: r}, nil
 }
 
 // busyPage is the recorded vLLM page with endpoint i's own queue, running
