@@ -1,12 +1,21 @@
 package picker
 
 import (
+	"bytes"
+	"context"
 	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
@@ -143,15 +152,7 @@ func BenchmarkScheduleDecision(b *testing.B) {
 			BlockSize: 16, NumBlocks: 26000}, LastSuccess: far, MaxAge: 2 * time.Hour}}
 	}})
 	srv.snap.Store(snap)
-	// Distinct 8k-token prompts: 32 system prompts of ~7.9k tokens plus a
-	// short question.
-	var bodies [][]byte
-	for g := range 32 {
-		system := strings.Repeat(fmt.Sprintf("group %02d shares this system prompt; ", g), 32<<10/36)
-		for u := range 4 {
-			bodies = append(bodies, []byte(fmt.Sprintf(`{"model":"llama","messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, system, u)))
-		}
-	}
+	bodies := benchBodies()
 	decide := func(body []byte) {
 		st := srv.newStream()
 		st.path, st.method, st.body = []byte("/v1/chat/completions"), []byte("POST"), body
@@ -175,4 +176,238 @@ func BenchmarkScheduleDecision(b *testing.B) {
 	slices.Sort(durs)
 	b.ReportMetric(float64(durs[len(durs)/2].Nanoseconds()), "p50-ns")
 	b.ReportMetric(float64(durs[len(durs)*99/100].Nanoseconds()), "p99-ns")
+}
+
+// benchBodies are 128 distinct 8k-token chat prompts: 32 system prompts of
+// ~7.9k tokens, each with 4 short questions.
+func benchBodies() [][]byte {
+	var bodies [][]byte
+	for g := range 32 {
+		system := strings.Repeat(fmt.Sprintf("group %02d shares this system prompt; ", g), 32<<10/36)
+		for u := range 4 {
+			bodies = append(bodies, []byte(fmt.Sprintf(`{"model":"llama","messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, system, u)))
+		}
+	}
+	return bodies
+}
+
+// Background load of BenchmarkScheduleDecisionBusy.
+const (
+	busyEndpoints     = 100
+	busyExportEvery   = 200 * time.Millisecond // serve exports every 2 s: 10x as often
+	busyObserveEvery  = time.Second            // switchyard's own /metrics
+	busySessions      = 50000                  // remembered sessions
+	busySessionHeader = "x-session-id"
+)
+
+// BenchmarkScheduleDecisionBusy is BenchmarkScheduleDecision on a picker
+// under the background work of a loaded switchyard serve, all in this
+// process on the same cores. Decisions run back to back, as on a picker
+// busy enough for its tail to matter (caches stay warm; decisions spaced
+// out by sleeps ran twice as long here, cold, whatever the background).
+// The background:
+//
+//   - metrics scrapes: the picker's own scraper reads 100 model servers
+//     every 50 ms (the default interval), each answering with the recorded
+//     vLLM 0.32 page (27,904 KV blocks of 16 tokens) and its own load. The
+//     pages come from memory through the scraper's http.Client: the
+//     servers run elsewhere in production, so only the picker's side of a
+//     scrape (request, parse, publish) is charged here;
+//   - the warm export (ExportWarm with the store's limits) every 200 ms,
+//     ten times as often as serve does, so every run overlaps many;
+//   - Stats and Observe every second, as a Prometheus scrape of /metrics;
+//
+// with every endpoint's prefix LRU full (27,904 blocks each, 2.8 M in
+// all) and 50,000 remembered sessions; each request carries a session id.
+// It reports p50, p99 and p99.9 of the decisions' durations; B/op and
+// allocs/op include the background work. Run:
+//
+//	go test -run '^$' -bench ScheduleDecisionBusy -benchtime 5s -count 3 ./picker/
+func BenchmarkScheduleDecisionBusy(b *testing.B) {
+	page, err := os.ReadFile("metrics/testdata/vllm.txt")
+	if err != nil {
+		b.Fatal(err)
+	}
+	st := benchState(busyEndpoints)
+	pages := pageTransport{}
+	for i, e := range st.Pools["big"].Endpoints {
+		pages[e.Address] = busyPage(page, i)
+	}
+	srv := New(registry.NewPublisher(st), Options{Metrics: metrics.Options{Client: &http.Client{Transport: pages}}}, nil)
+	ctx, cancel := context.WithCancel(b.Context())
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	defer cancel()
+	bg.Add(1)
+	go func() { defer bg.Done(); _ = srv.Run(ctx) }()
+
+	// Every endpoint scraped, with its KV block count.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		ready := 0
+		for _, e := range srv.Stats().Endpoints {
+			if e.Metrics != nil && e.Metrics.NumBlocks > 0 {
+				ready++
+			}
+		}
+		if ready == busyEndpoints {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d of %d endpoints scraped", ready, busyEndpoints)
+		}
+	}
+	fillMemory(srv.snap.Load().pools["big"], time.Now())
+
+	bodies := benchBodies()
+	headers := make([][]*corev3.HeaderValue, len(bodies))
+	for i := range headers {
+		headers[i] = []*corev3.HeaderValue{{Key: busySessionHeader, RawValue: []byte(fmt.Sprintf("session-%d", i*7919%busySessions))}}
+	}
+	decide := func(i int) {
+		st := srv.newStream()
+		st.path, st.method, st.body, st.headers = []byte("/v1/chat/completions"), []byte("POST"), bodies[i], headers[i]
+		if code, msg, _, _ := st.pick(); code != 0 {
+			b.Fatalf("%d %s", code, msg)
+		}
+		st.release()
+	}
+	for i := range bodies { // the 32 system prompts spread over the pool
+		decide(i)
+	}
+
+	var exports, observes atomic.Int64
+	every := func(d time.Duration, f func(time.Time)) {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			t := time.NewTicker(d)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case now := <-t.C:
+					f(now)
+				}
+			}
+		}()
+	}
+	every(busyExportEvery, func(now time.Time) {
+		w := srv.ExportWarm(now, WarmLimits{MaxPrefixBlob: 256 << 10, MaxPrefixTotal: 64 << 20}) // store's defaults
+		if len(w.Prefix) != busyEndpoints || len(w.Sessions) < busySessions {
+			b.Errorf("export: %d prefix blobs, %d sessions", len(w.Prefix), len(w.Sessions))
+		}
+		exports.Add(1)
+	})
+	every(busyObserveEvery, func(now time.Time) {
+		_ = srv.Stats()
+		_ = srv.Observe(now)
+		observes.Add(1)
+	})
+
+	durs := make([]time.Duration, 0, 1<<20)
+	i := 0
+	for b.Loop() {
+		t0 := time.Now()
+		decide(i % len(bodies))
+		durs = append(durs, time.Since(t0))
+		i++
+	}
+	cancel()
+	slices.Sort(durs)
+	b.ReportMetric(float64(durs[len(durs)/2].Nanoseconds()), "p50-ns")
+	b.ReportMetric(float64(durs[len(durs)*99/100].Nanoseconds()), "p99-ns")
+	b.ReportMetric(float64(durs[len(durs)*999/1000].Nanoseconds()), "p99.9-ns")
+	b.ReportMetric(float64(exports.Load()), "exports")
+}
+
+// pageTransport answers GET /metrics with the page of the request's host
+// and GET /v1/models with the model "llama", from memory.
+type pageTransport map[string][]byte
+
+func (p pageTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	body, ok := p[r.URL.Host]
+	if !ok {
+		return nil, fmt.Errorf("no page for %s", r.URL.Host)
+	}
+	if r.URL.Path == "/v1/models" {
+		body = []byte(`{"object":"list","data":[{"id":"llama","object":"model"}]}`)
+	}
+	return &http.Response{StatusCode: http.StatusOK, Status: "200 OK", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{"Content-Type": {"text/plain; version=0.0.4"}}, ContentLength: int64(len(body)),
+		Body: io.NopCloser(bytes.NewReader(body)), Request: r}, nil
+}
+
+// busyPage is the recorded vLLM page with endpoint i's own queue, running
+// count and KV use.
+func busyPage(page []byte, i int) []byte {
+	s := string(page)
+	for _, r := range []struct{ metric, from, to string }{
+		{"vllm:num_requests_waiting", "} 3.0", fmt.Sprintf("} %d.0", i%4)},
+		{"vllm:num_requests_running", "} 7.0", fmt.Sprintf("} %d.0", 10+i%7)},
+		{"vllm:kv_cache_usage_perc", "} 0.4213", fmt.Sprintf("} %.2f", float64(i%10)/10)},
+	} {
+		at := strings.Index(s, r.metric+"{")
+		end := at + strings.IndexByte(s[at:], '\n')
+		s = s[:at] + strings.Replace(s[at:end], r.from, r.to, 1) + s[end:]
+	}
+	return []byte(s)
+}
+
+// BenchmarkExportWarm measures one warm export (ExportWarm with the
+// store's limits) of 100 endpoints whose prefix LRUs are full (27,904
+// blocks each) and 50,000 sessions: "changed" after a pick on every
+// endpoint (all LRUs copied and encoded), "unchanged" with nothing routed
+// since the previous export. Run:
+//
+//	go test -run '^$' -bench ExportWarm -benchmem ./picker/
+func BenchmarkExportWarm(b *testing.B) {
+	srv := New(registry.NewPublisher(benchState(busyEndpoints)), Options{DisableMetrics: true}, nil)
+	pv := srv.snap.Load().pools["big"]
+	now := time.Now()
+	fillMemory(pv, now)
+	export := func(b *testing.B) {
+		w := srv.ExportWarm(now, WarmLimits{MaxPrefixBlob: 256 << 10, MaxPrefixTotal: 64 << 20})
+		if len(w.Prefix) != len(pv.eps) || len(w.Sessions) != busySessions {
+			b.Fatalf("%d blobs, %d sessions", len(w.Prefix), len(w.Sessions))
+		}
+	}
+	chain := []uint64{1, 2, 3, 4}
+	b.Run("changed", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			b.StopTimer()
+			for _, e := range pv.eps {
+				pv.state.index.Add(e.Address, chain)
+			}
+			b.StartTimer()
+			export(b)
+		}
+	})
+	b.Run("unchanged", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			export(b)
+		}
+	})
+}
+
+// fillMemory fills every endpoint's prefix LRU to 27,904 blocks (the
+// recorded vLLM page's KV capacity) with chains of 256 random blocks, and
+// remembers busySessions sessions spread over the endpoints.
+func fillMemory(pv *poolView, now time.Time) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	chain := make([]uint64, 256)
+	for _, e := range pv.eps {
+		pv.state.index.SetCapacity(e.Address, 27904)
+		for n := 0; n < 27904; n += len(chain) {
+			for k := range chain {
+				chain[k] = rng.Uint64()
+			}
+			pv.state.index.Add(e.Address, chain)
+		}
+	}
+	for i := range busySessions {
+		pv.state.sessions.Put(fmt.Sprintf("session-%d", i), pv.eps[i%len(pv.eps)].Address, now)
+	}
 }

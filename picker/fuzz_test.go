@@ -9,8 +9,8 @@ import (
 )
 
 // FuzzParseRequest checks that request parsing never panics, agrees with
-// encoding/json on the top-level "model", and that a rewrite keeps the body
-// valid and changes only the model. Run: go test -run '^$' -fuzz FuzzParseRequest ./picker/
+// encoding/json on the top-level "model" and on the presence of a prompt,
+// and that a rewrite keeps the body valid and changes only the model. Run: go test -run '^$' -fuzz FuzzParseRequest ./picker/
 func FuzzParseRequest(f *testing.F) {
 	for _, seed := range []string{
 		`{"model":"llama","prompt":"hi"}`,
@@ -39,6 +39,18 @@ func FuzzParseRequest(f *testing.F) {
 		// Validity must agree with encoding/json for object documents.
 		if isObject := json.Unmarshal(body, &obj) == nil && obj != nil; isObject == (err == openai.ErrInvalidJSON) {
 			t.Fatalf("validity of %q: parser says %v, encoding/json object=%v", body, err, isObject)
+		}
+		// The prompt span is the value of a top-level "messages" or
+		// "prompt" key whenever the document has one.
+		if err != openai.ErrInvalidJSON {
+			_, hasMessages := obj["messages"]
+			_, hasPrompt := obj["prompt"]
+			if found := r.PromptEnd > 0; found != (hasMessages || hasPrompt) {
+				t.Fatalf("prompt of %q found %v, encoding/json keys messages %v prompt %v", body, found, hasMessages, hasPrompt)
+			}
+			if p := r.Prompt(body); r.PromptEnd > 0 && !json.Valid([]byte(p)) {
+				t.Fatalf("prompt span of %q is %q, not a JSON value", body, p)
+			}
 		}
 		if err != nil {
 			if refOK {

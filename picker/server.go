@@ -112,6 +112,7 @@ type Server struct {
 	loads   loads
 	scratch sync.Pool
 	stats   counters
+	warm    warmCache
 
 	// Metrics scraping: the manager exists while Run runs.
 	mgr *metrics.Manager
@@ -163,11 +164,14 @@ func (s *Server) Register(g *grpc.Server) {
 // 64 KiB defaults (with BDP estimation ramping up slowly) made 200 KiB
 // prompts on 200 concurrent streams queue behind window updates, so a
 // stream gets 1 MiB and the connection Envoy multiplexes them on 32 MiB.
+// The codec is protobuf with buffers that are not zeroed on reuse (see
+// codec); the server it configures should serve the picker alone.
 func (s *Server) GRPCServerOptions() []grpc.ServerOption {
 	limit := s.opts.MaxBodyBytes + 1<<20
 	return []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit),
 		grpc.InitialWindowSize(1 << 20), grpc.InitialConnWindowSize(32 << 20),
+		grpc.ForceServerCodecV2(newCodec()),
 	}
 }
 

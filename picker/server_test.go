@@ -120,6 +120,43 @@ func TestDuplexLargePromptRewrite(t *testing.T) {
 	h.waitInFlight(0)
 }
 
+// TestDuplexBodyPieces sends one body in the shapes Envoy uses (the whole
+// body then an empty end-of-stream message, as Envoy 1.40 does for a body
+// read at once; pieces with empty messages between) and checks that the
+// picker decides on the whole body and streams it back unchanged.
+func TestDuplexBodyPieces(t *testing.T) {
+	body := chatBody("llama", 100<<10)
+	for _, tc := range []struct {
+		desc   string
+		cuts   []int // piece boundaries; each piece is one message
+		length bool  // send content-length
+	}{
+		{"whole body, then empty end", []int{0, len(body), len(body)}, true},
+		{"whole body, then empty end, no length", []int{0, len(body), len(body)}, false},
+		{"pieces and empty messages", []int{0, 0, 1000, 1000, 70000, len(body), len(body)}, true},
+		{"pieces, no length", []int{0, 3, 50000, len(body)}, false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			h := newHarness(t, testState(), Options{})
+			s := h.duplex()
+			if tc.length {
+				s.send(postHeaders("/v1/chat/completions", "content-length", strconv.Itoa(len(body))))
+			} else {
+				s.send(postHeaders("/v1/chat/completions"))
+			}
+			for i := 1; i < len(tc.cuts); i++ {
+				s.send(reqBody(body[tc.cuts[i-1]:tc.cuts[i]], i == len(tc.cuts)-1))
+			}
+			if d := decisionOf(t, s.recv()); d.contentLength != strconv.Itoa(len(body)) {
+				t.Errorf("content-length %q, want %d", d.contentLength, len(body))
+			}
+			if got, _ := s.readStreamedRequestBody(); !bytes.Equal(got, body) {
+				t.Errorf("body streamed back differs (%d bytes, want %d)", len(got), len(body))
+			}
+		})
+	}
+}
+
 func TestDuplexSSERewriteSplitEvent(t *testing.T) {
 	h := newHarness(t, testState(), Options{})
 	s := h.duplex()

@@ -51,6 +51,7 @@ type stream struct {
 	subset        []string
 	hasSubset     bool
 	body          []byte
+	bodyOwned     bool  // body is our buffer, not a received message's bytes
 	chunkLens     []int // STREAMED mode: original chunk sizes
 
 	// Decision.
@@ -216,21 +217,28 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody, send sendFunc) (bool, err
 		// Not expected (body after a header-only decision); pass it on.
 		return false, st.passRequestBody(b, send)
 	}
-	if len(st.body)+len(b.GetBody()) > st.s.opts.MaxBodyBytes {
+	data := b.GetBody()
+	if len(st.body)+len(data) > st.s.opts.MaxBodyBytes {
 		return st.reject(413, fmt.Sprintf("request body exceeds the %d byte limit", st.s.opts.MaxBodyBytes), send)
 	}
-	if st.body == nil && b.GetEndOfStream() {
-		// The whole body in one message: use Envoy's buffer as is (each
-		// received message is ours; nothing mutates it).
-		st.body = b.GetBody()
-	} else {
-		if st.body == nil && st.contentLength > 0 {
-			st.body = make([]byte, 0, st.contentLength)
+	switch {
+	case len(data) == 0:
+	case st.body == nil:
+		// Use the message's bytes as they are (each received message is
+		// ours; nothing mutates it): Envoy often sends the whole body in
+		// one message, followed by an empty one ending the stream.
+		st.body = data
+	default:
+		if !st.bodyOwned {
+			// A second piece: gather them into our own buffer.
+			buf := make([]byte, len(st.body), max(st.contentLength, len(st.body)+len(data)))
+			copy(buf, st.body)
+			st.body, st.bodyOwned = buf, true
 		}
-		st.body = append(st.body, b.GetBody()...)
+		st.body = append(st.body, data...)
 	}
 	if st.reqMode == modeStreamed {
-		st.chunkLens = append(st.chunkLens, len(b.GetBody()))
+		st.chunkLens = append(st.chunkLens, len(data))
 	}
 	if b.GetEndOfStream() || st.reqMode == modeBuffered || st.reqMode == modePartial {
 		return st.decide(send)
@@ -355,6 +363,7 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 		pv     *poolView
 		mv     *modelView
 		target string
+		r      openai.Request // the body's model and prompt spans
 	)
 	inference := openai.IsInferencePath(string(st.path))
 	if len(body) == 0 {
@@ -362,18 +371,19 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 			return 400, "request body is empty: a JSON object with a \"model\" field is required", nil, nil
 		}
 		pv = snap.headerOnlyPool
-	} else if r, tok, err := openai.ModelSpan(body); err != nil {
+	} else if req, tok, err := openai.ModelSpan(body); err != nil {
 		if inference {
 			return 400, err.Error(), nil, nil
 		}
-		pv = snap.headerOnlyPool
+		pv, r = snap.headerOnlyPool, req
 	} else {
+		r = req
 		// Look the model up without materialising the name when possible.
 		if !openai.NeedsDecode(tok) {
 			mv = snap.models[string(tok[1:len(tok)-1])]
-		} else if name, _ := openai.ParseRequest(body); name.Model != "" {
-			mv = snap.models[name.Model]
-			r.Model = name.Model
+		} else if name := openai.DecodeString(tok); name != "" {
+			mv = snap.models[name]
+			r.Model = name
 		}
 		if mv == nil {
 			if r.Model == "" {
@@ -433,8 +443,11 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 		sreq.Session = st.header(pv.sessionHeader)
 	}
 	if pv.usesPrefix && len(body) > 0 {
+		// The prompt's bytes are the same in the original and a rewritten
+		// body (only the model token differs), so the spans found in the
+		// original serve both.
 		ph := pv.state.hasher.Load()
-		sc.Hashes = ph.h.Hash(sc.Hashes[:0], target, promptText(body))
+		sc.Hashes = ph.h.Hash(sc.Hashes[:0], target, r.Prompt(st.body))
 		sreq.Hashes = sc.Hashes
 	}
 	picked := prof.Rank(sreq, cands, s.opts.MaxEndpoints, sc)

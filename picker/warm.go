@@ -4,7 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
+	"runtime"
+	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/switchyard/switchyard/picker/metrics"
@@ -20,13 +24,15 @@ import (
 type Warm struct {
 	// Prefix holds one opaque blob per endpoint (EncodePrefix format).
 	Prefix []PrefixBlob
-	// Sessions are the unexpired session-affinity entries.
+	// Sessions are the unexpired session-affinity entries, by pool, each
+	// pool's most recently used first.
 	Sessions []WarmSession
 	// Endpoints are the health and last metrics of every scraped endpoint.
 	Endpoints []WarmEndpoint
 }
 
-// PrefixBlob is one endpoint's prefix-cache entries, encoded.
+// PrefixBlob is one endpoint's prefix-cache entries, encoded. Data may be
+// shared with earlier and later exports: do not modify it.
 type PrefixBlob struct {
 	Pool, Endpoint string
 	Data           []byte
@@ -61,28 +67,30 @@ type WarmLimits struct {
 
 // ExportWarm copies the picker's scheduling memory. It is safe to call
 // while requests are served; each endpoint is copied consistently, the
-// whole is not.
+// whole is not. Requests never wait for the export beyond the memmove of
+// one endpoint's prefix LRU (see prefix.Index.ExportEndpoint), and the
+// export yields the processor between endpoints, so on a small machine it
+// does not hold a CPU that requests need. An endpoint whose prefix LRU has
+// not changed since the previous export is not copied or encoded again:
+// its blob is the previous one (shared; read only). Exports are
+// serialised.
 func (s *Server) ExportWarm(now time.Time, lim WarmLimits) Warm {
 	var w Warm
 	s.loads.mu.Lock()
-	pools := make(map[string]*poolState, len(s.loads.pools))
-	for name, ps := range s.loads.pools {
-		pools[name] = ps
-	}
+	pools := maps.Clone(s.loads.pools)
 	s.loads.mu.Unlock()
-	// One hasher per pool for both the dump and its blobs' block size, so
-	// a block-size change meanwhile cannot pair one with the other.
-	type poolDump struct {
-		d           prefix.Dump
-		blockTokens int
+
+	wc := &s.warm
+	wc.mu.Lock()
+	defer wc.mu.Unlock()
+	if wc.blobs == nil {
+		wc.blobs = map[loadKey]warmBlob{}
 	}
-	dumps := make(map[string]poolDump, len(pools))
+	names := make(map[string][]string, len(pools))
 	endpoints := 0
 	for pool, ps := range pools {
-		h := ps.hasher.Load()
-		d := ps.index.Export(h.h.Fingerprint())
-		dumps[pool] = poolDump{d: d, blockTokens: h.blockTokens}
-		endpoints += len(d.Endpoints)
+		names[pool] = ps.index.Endpoints()
+		endpoints += len(names[pool])
 	}
 	maxPrefixBytes := lim.MaxPrefixBlob
 	if lim.MaxPrefixTotal > 0 && endpoints > 0 {
@@ -91,33 +99,57 @@ func (s *Server) ExportWarm(now time.Time, lim WarmLimits) Warm {
 			maxPrefixBytes = share
 		}
 	}
-	for pool, ps := range pools {
-		pd := dumps[pool]
-		for _, e := range pd.d.Endpoints {
-			if len(e.Hashes) == 0 {
-				continue
-			}
+	seen := make(map[loadKey]bool, endpoints)
+	for _, pool := range slices.Sorted(maps.Keys(pools)) {
+		ps := pools[pool]
+		// One hasher per pool for both the hashes' fingerprint and the
+		// blobs' block size, so a block-size change meanwhile cannot pair
+		// one with the other.
+		h := ps.hasher.Load()
+		fp := h.h.Fingerprint()
+		for _, name := range names[pool] {
+			limit := 0 // every hash
 			if maxPrefixBytes > 0 {
-				room := (maxPrefixBytes - prefixBlobOverhead - len(e.Endpoint)) / 8
-				if room <= 0 {
+				if limit = (maxPrefixBytes - prefixBlobOverhead - len(name)) / 8; limit <= 0 {
 					continue
 				}
-				if len(e.Hashes) > room {
-					e.Hashes = e.Hashes[:room]
-				}
 			}
-			w.Prefix = append(w.Prefix, PrefixBlob{Pool: pool, Endpoint: e.Endpoint,
-				Data: encodePrefix(pd.blockTokens, prefix.Dump{Fingerprint: pd.d.Fingerprint, Endpoints: []prefix.EndpointDump{e}})})
+			k := loadKey{pool, name}
+			version, known := ps.index.Version(name)
+			if !known {
+				continue
+			}
+			want := warmBlob{index: ps.index, version: version, fingerprint: fp, blockTokens: h.blockTokens, limit: limit}
+			b, ok := wc.blobs[k]
+			if !ok || !b.sameSource(want) {
+				e, v, known := ps.index.ExportEndpoint(name, limit, wc.hashes[:0], &wc.scratch)
+				if !known {
+					continue
+				}
+				wc.hashes = e.Hashes[:0]
+				b, b.version = want, v
+				if len(e.Hashes) > 0 {
+					b.data = encodePrefix(h.blockTokens, prefix.Dump{Fingerprint: fp, Endpoints: []prefix.EndpointDump{e}})
+				}
+				wc.blobs[k] = b
+				runtime.Gosched()
+			}
+			seen[k] = true
+			if b.data != nil {
+				w.Prefix = append(w.Prefix, PrefixBlob{Pool: pool, Endpoint: name, Data: b.data})
+			}
 		}
-		for _, se := range ps.sessions.Export(now) {
+		sessions := ps.sessions.Export(now)
+		w.Sessions = slices.Grow(w.Sessions, len(sessions))
+		for _, se := range sessions {
 			w.Sessions = append(w.Sessions, WarmSession{Pool: pool, ID: se.Key, Endpoint: se.Addr, Expires: se.Expires})
 		}
 	}
+	maps.DeleteFunc(wc.blobs, func(k loadKey, _ warmBlob) bool { return !seen[k] })
 	sort.Slice(w.Prefix, func(i, j int) bool {
 		a, b := w.Prefix[i], w.Prefix[j]
 		return a.Pool < b.Pool || a.Pool == b.Pool && a.Endpoint < b.Endpoint
 	})
-	sort.Slice(w.Sessions, func(i, j int) bool { return w.Sessions[i].ID < w.Sessions[j].ID })
 
 	known := s.eh.states()
 	for _, pv := range s.snap.Load().pools {
@@ -207,6 +239,30 @@ func (s *Server) ImportWarm(w Warm, now time.Time) (WarmStats, error) {
 	return st, errors.Join(errs...)
 }
 
+// warmCache is ExportWarm's memory between exports: the blob it made for
+// each endpoint, with what it was made from, and scratch buffers.
+type warmCache struct {
+	mu      sync.Mutex // serialises exports
+	blobs   map[loadKey]warmBlob
+	scratch prefix.ExportScratch
+	hashes  []uint64
+}
+
+// warmBlob is one endpoint's exported prefix blob (nil data: nothing to
+// export) and the index, LRU version, hashing scheme and length limit it
+// was made with.
+type warmBlob struct {
+	index                *prefix.Index
+	version, fingerprint uint64
+	blockTokens, limit   int
+	data                 []byte
+}
+
+func (b warmBlob) sameSource(o warmBlob) bool {
+	return b.index == o.index && b.version == o.version && b.fingerprint == o.fingerprint &&
+		b.blockTokens == o.blockTokens && b.limit == o.limit
+}
+
 // WarmStats counts what ImportWarm restored.
 type WarmStats struct {
 	PrefixEndpoints, PrefixBlocks, Sessions, Failing int
@@ -220,11 +276,11 @@ const (
 )
 
 func encodePrefix(blockTokens int, d prefix.Dump) []byte {
-	dump, _ := d.MarshalBinary() // never fails
-	b := make([]byte, 0, 1+binary.MaxVarintLen64+len(dump))
+	b := make([]byte, 0, 1+binary.MaxVarintLen64+d.BinarySize())
 	b = append(b, prefixBlobVersion)
 	b = binary.AppendUvarint(b, uint64(blockTokens))
-	return append(b, dump...)
+	b, _ = d.AppendBinary(b) // never fails
+	return b
 }
 
 func decodePrefix(b []byte) (int, prefix.Dump, error) {

@@ -99,3 +99,34 @@ func TestWarmExportRespectsLimits(t *testing.T) {
 		}
 	}
 }
+
+// TestWarmExportReusesUnchangedBlobs: an endpoint whose prefix LRU did not
+// change since the last export keeps its blob (the same bytes, not copied
+// again); a changed one gets a new blob.
+func TestWarmExportReusesUnchangedBlobs(t *testing.T) {
+	now := time.Now()
+	s := New(registry.NewPublisher(testState()), Options{DisableMetrics: true}, nil)
+	teach(t, s, now)
+	first := s.ExportWarm(now, WarmLimits{})
+	second := s.ExportWarm(now, WarmLimits{})
+	if !reflect.DeepEqual(first, second) {
+		t.Fatal("two exports of unchanged memory differ")
+	}
+	for i := range first.Prefix {
+		if &first.Prefix[i].Data[0] != &second.Prefix[i].Data[0] {
+			t.Errorf("blob of %s encoded again though unchanged", first.Prefix[i].Endpoint)
+		}
+	}
+	ps := s.snap.Load().pools["alpha"].state
+	ps.index.Add("10.0.0.3:8000", ps.hasher.Load().h.Hash(nil, "llama", strings.Repeat("another prompt ", 40)))
+	third := s.ExportWarm(now, WarmLimits{})
+	for i, b := range third.Prefix {
+		same := &b.Data[0] == &first.Prefix[i].Data[0]
+		if changed := b.Endpoint == "10.0.0.3:8000"; same == changed {
+			t.Errorf("%s: blob reused %v, endpoint changed %v", b.Endpoint, same, changed)
+		}
+	}
+	if len(third.Prefix[1].Data) <= len(first.Prefix[1].Data) {
+		t.Error("the changed endpoint's blob did not grow")
+	}
+}

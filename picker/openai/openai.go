@@ -1,8 +1,8 @@
 // Package openai owns the picker's view of OpenAI-style HTTP bodies: finding
-// the top-level "model" of a request without decoding the whole document,
-// rewriting it in place (every other byte preserved), and rewriting the
-// "model" of JSON and server-sent-event responses back to the name the
-// client asked for.
+// the top-level "model" and the prompt of a request in one validating pass
+// without decoding the document, rewriting the model in place (every
+// other byte preserved), and rewriting the "model" of JSON and
+// server-sent-event responses back to the name the client asked for.
 package openai
 
 import (
@@ -12,6 +12,7 @@ import (
 	"errors"
 	"strings"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // Errors returned by ParseRequest.
@@ -27,6 +28,28 @@ type Request struct {
 	// ValueStart and ValueEnd delimit the raw JSON string token of the
 	// model value in the body, quotes included: body[ValueStart:ValueEnd].
 	ValueStart, ValueEnd int
+	// PromptStart and PromptEnd delimit the raw JSON value of the first
+	// top-level "messages" (chat) or "prompt" (completions) key; both are
+	// zero when there is none.
+	PromptStart, PromptEnd int
+}
+
+// Prompt returns the part of body that carries the prompt, for prefix
+// hashing: the raw value of its first top-level "messages" or "prompt"
+// key, so requests that share a system prompt share a prefix of these
+// bytes whatever order the client wrote the other fields in. Without
+// either key (or for a body that did not parse) it is the whole body.
+// The result aliases body (no copy): body must not change while it is
+// used.
+func (r Request) Prompt(body []byte) string {
+	lo, hi := r.PromptStart, r.PromptEnd
+	if hi <= lo || hi > len(body) {
+		lo, hi = 0, len(body)
+	}
+	if hi == lo {
+		return ""
+	}
+	return unsafe.String(&body[lo], hi-lo)
 }
 
 // inferencePaths are the OpenAI endpoints that must carry a model.
@@ -51,33 +74,43 @@ func IsInferencePath(path string) bool {
 const maxDepth = 512
 
 // ParseRequest validates body as one JSON object and finds its top-level
-// "model" string in a single pass, without decoding anything else. When the
-// key appears more than once the last one wins, as with encoding/json and
-// Python's json module.
+// "model" string and its prompt (see Request.Prompt) in a single pass,
+// without decoding anything else. When the model key appears more than
+// once the last one wins, as with encoding/json and Python's json module.
+// With ErrNoModel the Request still locates the prompt of the valid
+// object.
 func ParseRequest(body []byte) (Request, error) {
 	r, raw, err := scanRequest(body)
 	if err != nil {
-		return Request{}, err
+		return r, err
 	}
-	r.Model = decodeString(raw)
-	if r.Model == "" {
-		return Request{}, ErrNoModel
+	if r.Model = DecodeString(raw); r.Model == "" {
+		return noModel(r)
 	}
 	return r, nil
 }
 
 // ModelSpan is ParseRequest without materialising the model name: it
-// returns the span and the raw JSON string token (quotes included), which
-// callers can look up with string(tok[1:len(tok)-1]) when !NeedsDecode(tok).
+// returns the Request (Model unset) and the raw JSON string token of the
+// model (quotes included), which callers can look up with
+// string(tok[1:len(tok)-1]) when !NeedsDecode(tok), else with
+// DecodeString(tok).
 func ModelSpan(body []byte) (Request, []byte, error) {
 	r, raw, err := scanRequest(body)
 	if err != nil {
-		return Request{}, nil, err
+		return r, nil, err
 	}
 	if len(raw) <= 2 {
-		return Request{}, nil, ErrNoModel
+		r, err = noModel(r)
+		return r, nil, err
 	}
 	return r, raw, nil
+}
+
+// noModel is the result for a valid object without a usable model: only
+// the prompt span is kept.
+func noModel(r Request) (Request, error) {
+	return Request{PromptStart: r.PromptStart, PromptEnd: r.PromptEnd}, ErrNoModel
 }
 
 // NeedsDecode reports whether a raw string token must go through the JSON
@@ -87,8 +120,9 @@ func NeedsDecode(tok []byte) bool {
 	return bytes.IndexByte(inner, '\\') >= 0 || !utf8.Valid(inner)
 }
 
-// decodeString turns a raw JSON string token into its Go value.
-func decodeString(tok []byte) string {
+// DecodeString turns a raw JSON string token (quotes included) into its
+// Go value; "" if it is not a valid string token.
+func DecodeString(tok []byte) string {
 	if len(tok) < 2 {
 		return ""
 	}
@@ -122,7 +156,7 @@ func scanRequest(body []byte) (Request, []byte, error) {
 			if !sc.str() {
 				return Request{}, nil, ErrInvalidJSON
 			}
-			isModel := keyIs(body[ks:sc.i], "model")
+			key := body[ks:sc.i]
 			sc.ws()
 			if sc.peek() != ':' {
 				return Request{}, nil, ErrInvalidJSON
@@ -133,10 +167,13 @@ func scanRequest(body []byte) (Request, []byte, error) {
 			if !sc.value(1) {
 				return Request{}, nil, ErrInvalidJSON
 			}
-			if isModel {
+			switch {
+			case keyIs(key, "model"):
 				modelIsString = body[vs] == '"'
-				r = Request{ValueStart: vs, ValueEnd: sc.i}
+				r.ValueStart, r.ValueEnd = vs, sc.i
 				raw = body[vs:sc.i]
+			case r.PromptEnd == 0 && (keyIs(key, "messages") || keyIs(key, "prompt")):
+				r.PromptStart, r.PromptEnd = vs, sc.i
 			}
 			sc.ws()
 			c := sc.peek()
@@ -154,7 +191,8 @@ func scanRequest(body []byte) (Request, []byte, error) {
 		return Request{}, nil, ErrInvalidJSON
 	}
 	if !modelIsString {
-		return Request{}, nil, ErrNoModel
+		r, err := noModel(r)
+		return r, nil, err
 	}
 	return r, raw, nil
 }
@@ -166,7 +204,7 @@ func keyIs(tok []byte, want string) bool {
 	if bytes.IndexByte(tok, '\\') < 0 {
 		return false
 	}
-	return decodeString(tok) == want
+	return DecodeString(tok) == want
 }
 
 // scanner is a strict, allocation-free JSON validator.
@@ -343,8 +381,8 @@ const (
 // dominate request bodies. The quote and backslash are found with
 // bytes.IndexByte (vectorised); *quote caches the next quote's position
 // across calls for one string, so every byte is searched once however
-// many escapes the string has. Control characters are found 8 bytes at a
-// time (a SWAR "byte below 0x20" test).
+// many escapes the string has. Control characters are found 32 bytes at a
+// time (four SWAR "byte below 0x20" tests per step).
 func skipPlain(b []byte, i int, quote *int) int {
 	if *quote < i {
 		if k := bytes.IndexByte(b[i:], '"'); k >= 0 {
@@ -357,14 +395,28 @@ func skipPlain(b []byte, i int, quote *int) int {
 	if k := bytes.IndexByte(b[i:end], '\\'); k >= 0 {
 		end = i + k
 	}
-	for i+8 <= end && (binary.LittleEndian.Uint64(b[i:])-0x20*lsb)&^binary.LittleEndian.Uint64(b[i:])&msb == 0 {
-		i += 8
+	for ; i+32 <= end; i += 32 {
+		w := b[i : i+32 : i+32]
+		x0, x1 := binary.LittleEndian.Uint64(w[0:8]), binary.LittleEndian.Uint64(w[8:16])
+		x2, x3 := binary.LittleEndian.Uint64(w[16:24]), binary.LittleEndian.Uint64(w[24:32])
+		if (below20(x0)|below20(x1)|below20(x2)|below20(x3))&msb != 0 {
+			break
+		}
+	}
+	for ; i+8 <= end; i += 8 {
+		if below20(binary.LittleEndian.Uint64(b[i:i+8]))&msb != 0 {
+			break
+		}
 	}
 	for i < end && b[i] >= 0x20 {
 		i++
 	}
 	return i
 }
+
+// below20 has the high bit of some byte set if and only if x has a byte
+// below 0x20 (exact for the whole word, not per byte).
+func below20(x uint64) uint64 { return (x - 0x20*lsb) &^ x }
 
 func isHex(c byte) bool {
 	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'

@@ -51,6 +51,38 @@ func TestParseRequest(t *testing.T) {
 	}
 }
 
+func TestPrompt(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ desc, body, want string }{
+		{"chat, model first", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`, `[{"role":"user","content":"hi"}]`},
+		{"chat, messages first", `{"messages":[{"role":"system","content":"s"}] , "model":"m"}`, `[{"role":"system","content":"s"}]`},
+		{"completions prompt string", `{"max_tokens":3,"model":"m","prompt":"once upon"}`, `"once upon"`},
+		{"escapes and brackets inside strings", `{"x":"a\"}]{[","y":{"z":[1,{"w":"}"}]},"prompt":["p\\",1],"model":"m"}`, `["p\\",1]`},
+		{"numbers and literals skipped", `{"n":-1.5e3,"b":true,"nul":null,"messages":[],"model":"m"}`, `[]`},
+		{"first prompt key wins", `{"prompt":"a","messages":"b","prompt":"c","model":"m"}`, `"a"`},
+		{"nested keys ignored", `{"tools":[{"prompt":"inner"}],"model":"m","messages":"outer"}`, `"outer"`},
+		{"escaped key", `{"m\u0065ssages":"x","model":"m"}`, `"x"`},
+		{"no model: prompt still found", `{"prompt":"p"}`, `"p"`},
+		{"no prompt key: whole body", `{"model":"m","input":"x"}`, `{"model":"m","input":"x"}`},
+		{"invalid JSON: whole body", `{"model":"m","prompt":"x"`, `{"model":"m","prompt":"x"`},
+		{"not an object: whole body", `[1,2]`, `[1,2]`},
+		{"empty", ``, ``},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			body := []byte(tc.body)
+			r, _ := ParseRequest(body)
+			if got := r.Prompt(body); got != tc.want {
+				t.Errorf("ParseRequest: got %q, want %q", got, tc.want)
+			}
+			r, _, _ = ModelSpan(body)
+			if got := r.Prompt(body); got != tc.want {
+				t.Errorf("ModelSpan: got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestRewriteModelPreservesEverythingElse(t *testing.T) {
 	t.Parallel()
 	body := []byte("{\n  \"messages\": [{\"role\":\"user\",\"content\":\"hi \\\"there\\\"\"}],\n  \"model\" : \"alias\",\n  \"temperature\": 0.70\n}")
@@ -173,10 +205,10 @@ func TestJSONRewrite(t *testing.T) {
 }
 
 // Long strings go through the vectorised skip: every position of a quote,
-// escape or control character relative to the 8-byte words must be seen,
+// escape or control character relative to the 8- and 32-byte words must be seen,
 // and validity must agree with encoding/json.
 func TestLongStringsAgreeWithEncodingJSON(t *testing.T) {
-	for _, n := range []int{0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 1000} {
+	for _, n := range []int{0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 39, 40, 41, 63, 64, 65, 95, 96, 97, 1000} {
 		pad := strings.Repeat("x", n)
 		for _, mid := range []string{``, `\"`, `\\`, `\n`, `\u00e9`, `é`, "\x01", "\x1f", `\q`, `\u12`, "\"\"", "\\\\\\\""} {
 			body := []byte(`{"prompt":"` + pad + mid + pad + `","model":"m"}`)
@@ -185,6 +217,23 @@ func TestLongStringsAgreeWithEncodingJSON(t *testing.T) {
 			if (err == nil) != valid {
 				t.Errorf("pad %d, middle %q: parser error %v, encoding/json valid %v", n, mid, err, valid)
 			}
+		}
+	}
+}
+
+// BenchmarkParseRequest validates and scans a 200 KiB chat body (one long
+// system prompt, as agents send). Run:
+//
+//	go test -run '^$' -bench ParseRequest -benchmem ./picker/openai/
+func BenchmarkParseRequest(b *testing.B) {
+	body := []byte(`{"model":"llama","messages":[{"role":"system","content":"` +
+		strings.Repeat("You are a helpful assistant. Answer in \u00e9l\u00e9gant prose. ", 200<<10/52) +
+		`"},{"role":"user","content":"question"}],"stream":false,"max_tokens":128}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParseRequest(body); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

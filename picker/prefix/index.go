@@ -43,7 +43,9 @@ type Hit struct {
 // Index is an approximate prefix-cache model for a set of endpoints that
 // share one Hasher configuration (normally one pool). All methods are safe
 // for concurrent use. Match takes only read locks on hash shards; Add locks
-// one endpoint and the shards of the hashes it inserts or evicts.
+// one endpoint (or, when that lock is busy, leaves its chain to the
+// holder) and the shards of the hashes it inserts or evicts;
+// ExportEndpoint locks one endpoint for a memmove of its slot array.
 type Index struct {
 	cfg    Config
 	shards [numShards]shard
@@ -52,6 +54,8 @@ type Index struct {
 	table   atomic.Pointer[epTable]
 	freeIDs []uint16
 	nextID  int
+	// clock numbers changes to endpoints' LRUs (endpoint.version).
+	clock atomic.Uint64
 
 	scratch sync.Pool // *matchScratch
 }
@@ -92,6 +96,21 @@ type endpoint struct {
 	slots      table[int32] // hash -> node index
 	nodes      []lruNode
 	head, tail int32
+	// version is the Index clock at the LRU's last change (entries,
+	// order or capacity); written under mu, read without it.
+	version atomic.Uint64
+
+	// Picks deferred because mu was busy: Add never waits for mu (held
+	// by an export's copy, a metrics read, another pick); it leaves its
+	// chain here and the holder applies it before releasing mu (unlock).
+	pendMu   sync.Mutex
+	pending  []uint64 // the chains, concatenated
+	pendLens []int
+	npend    atomic.Int32 // len(pendLens), readable without pendMu
+	// The previous pending buffers, reused by the next deferral; only
+	// the holder of mu touches them.
+	sparePending []uint64
+	spareLens    []int
 }
 
 type lruNode struct {
@@ -211,30 +230,96 @@ func (x *Index) lookup(name string, create bool) *endpoint {
 	return ep
 }
 
+// locked returns the live endpoint called name, created if needed (nil if
+// the Index is full), and whether its lock is now held: always when wait
+// is set, otherwise only if it was free. An endpoint that Remove retires
+// between the lookup and the lock is skipped for the fresh one. Release
+// the lock with unlock.
+func (x *Index) locked(name string, wait bool) (*endpoint, bool) {
+	for {
+		ep := x.lookup(name, true)
+		if ep == nil {
+			return nil, false
+		}
+		if wait {
+			ep.mu.Lock()
+		} else if !ep.mu.TryLock() {
+			return ep, false
+		}
+		if !ep.removed {
+			return ep, true
+		}
+		x.unlock(ep)
+	}
+}
+
+// changed stamps ep's LRU as changed. ep.mu must be held.
+func (x *Index) changed(ep *endpoint) { ep.version.Store(x.clock.Add(1)) }
+
+// unlock applies the chains Add deferred while ep.mu was held, then
+// releases it. A chain deferred after the last look is not stranded: its
+// Add retries the lock after publishing it (npend), and unlock retakes the
+// lock when it sees one after releasing.
+func (x *Index) unlock(ep *endpoint) {
+	for {
+		if ep.npend.Load() > 0 {
+			ep.pendMu.Lock()
+			pending, lens := ep.pending, ep.pendLens
+			ep.pending, ep.pendLens = ep.sparePending[:0], ep.spareLens[:0]
+			ep.npend.Store(0)
+			ep.pendMu.Unlock()
+			if !ep.removed { // a removed endpoint's picks are dropped with it
+				rest := pending
+				for _, n := range lens {
+					x.record(ep, rest[:n])
+					rest = rest[n:]
+				}
+			}
+			ep.sparePending, ep.spareLens = pending[:0], lens[:0]
+		}
+		ep.mu.Unlock()
+		if ep.npend.Load() == 0 || !ep.mu.TryLock() {
+			return
+		}
+	}
+}
+
 // Add records that the blocks hashes (a prompt's chain, root first) were
 // just routed to endpoint, making them its most recently used entries, the
 // root most recent of all so that prompt tails are evicted first, as a
-// server's cache does. New endpoints get the default capacity.
+// server's cache does. New endpoints get the default capacity. Add never
+// waits for the endpoint's lock: when another goroutine holds it (an
+// export's copy, a metrics read, another pick), the chain is copied aside
+// and the holder records it before releasing the lock.
 func (x *Index) Add(endpoint string, hashes []uint64) {
 	if len(hashes) == 0 {
 		return
 	}
-	for {
-		ep := x.lookup(endpoint, true)
-		if ep == nil {
-			return // index full
+	ep, held := x.locked(endpoint, false)
+	switch {
+	case ep == nil:
+		return // index full
+	case held:
+		x.record(ep, hashes)
+		x.unlock(ep)
+	default:
+		ep.pendMu.Lock()
+		ep.pending = append(ep.pending, hashes...)
+		ep.pendLens = append(ep.pendLens, len(hashes))
+		ep.npend.Add(1)
+		ep.pendMu.Unlock()
+		if ep.mu.TryLock() { // released meanwhile: record it ourselves
+			x.unlock(ep)
 		}
-		ep.mu.Lock()
-		if ep.removed {
-			ep.mu.Unlock()
-			continue // raced with Remove; use the fresh endpoint
-		}
-		for i := len(hashes) - 1; i >= 0; i-- {
-			x.touch(ep, hashes[i])
-		}
-		ep.mu.Unlock()
-		return
 	}
+}
+
+// record touches a chain's hashes, tail first. ep.mu must be held.
+func (x *Index) record(ep *endpoint, hashes []uint64) {
+	for i := len(hashes) - 1; i >= 0; i-- {
+		x.touch(ep, hashes[i])
+	}
+	x.changed(ep)
 }
 
 // touch makes h ep's most recent entry, evicting its least recent one if
@@ -324,33 +409,26 @@ func (x *Index) SetCapacity(endpoint string, blocks int) {
 		blocks = x.cfg.DefaultCapacity
 	}
 	blocks = min(blocks, x.cfg.MaxCapacity)
-	for {
-		ep := x.lookup(endpoint, true)
-		if ep == nil {
-			return
-		}
-		ep.mu.Lock()
-		if ep.removed {
-			ep.mu.Unlock()
-			continue
-		}
-		if ep.capacity != blocks {
-			shrunk := blocks < len(ep.nodes)
-			ep.capacity = blocks
-			for ep.slots.n > blocks {
-				s := ep.tail
-				h := ep.nodes[s].hash
-				ep.unlink(s)
-				ep.slots.del(h)
-				x.dropHolder(h, ep.id)
-			}
-			if shrunk {
-				ep.compact()
-			}
-		}
-		ep.mu.Unlock()
+	ep, _ := x.locked(endpoint, true)
+	if ep == nil {
 		return
 	}
+	if ep.capacity != blocks {
+		shrunk := blocks < len(ep.nodes)
+		ep.capacity = blocks
+		for ep.slots.n > blocks {
+			s := ep.tail
+			h := ep.nodes[s].hash
+			ep.unlink(s)
+			ep.slots.del(h)
+			x.dropHolder(h, ep.id)
+		}
+		if shrunk {
+			ep.compact()
+		}
+		x.changed(ep)
+	}
+	x.unlock(ep)
 }
 
 // Remove forgets the endpoint called name and everything routed to it. It is a no-op for
@@ -370,7 +448,7 @@ func (x *Index) Remove(name string) {
 	ep.removed = true
 	ep.slots, ep.nodes = table[int32]{}, nil
 	ep.head, ep.tail = -1, -1
-	ep.mu.Unlock()
+	x.unlock(ep) // drops picks deferred meanwhile
 
 	next := &epTable{byName: make(map[string]*endpoint, len(old.byName)), byID: append([]*endpoint(nil), old.byID...)}
 	for k, v := range old.byName {
@@ -553,7 +631,7 @@ func (x *Index) Stats() Stats {
 		ep.mu.Lock()
 		es := EndpointStats{Entries: ep.slots.n, Capacity: ep.capacity}
 		st.Bytes += ep.slots.bytes(lruSlot) + int64(cap(ep.nodes))*lruNode
-		ep.mu.Unlock()
+		x.unlock(ep)
 		st.PerEndpoint[name] = es
 		st.Entries += es.Entries
 	}

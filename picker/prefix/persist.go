@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
+	"slices"
 )
 
 // EndpointDump is one endpoint's LRU, most recently used hash first.
@@ -24,25 +24,83 @@ type Dump struct {
 	Endpoints   []EndpointDump // sorted by Endpoint
 }
 
-// Export copies every endpoint's LRU in order (most recent first). Each
-// endpoint is copied under its own lock; the dump is consistent per
-// endpoint, not across endpoints.
+// Export copies every endpoint's LRU in order (most recent first), each
+// one as ExportEndpoint does: the dump is consistent per endpoint, not
+// across endpoints.
 func (x *Index) Export(fingerprint uint64) Dump {
-	t := x.table.Load()
-	d := Dump{Fingerprint: fingerprint, Endpoints: make([]EndpointDump, 0, len(t.byName))}
-	for name, ep := range t.byName {
-		ep.mu.Lock()
-		if !ep.removed {
-			e := EndpointDump{Endpoint: name, Capacity: ep.capacity, Hashes: make([]uint64, 0, ep.slots.n)}
-			for s := ep.head; s >= 0; s = ep.nodes[s].next {
-				e.Hashes = append(e.Hashes, ep.nodes[s].hash)
-			}
+	names := x.Endpoints()
+	d := Dump{Fingerprint: fingerprint, Endpoints: make([]EndpointDump, 0, len(names))}
+	var sc ExportScratch
+	for _, name := range names {
+		if e, _, ok := x.ExportEndpoint(name, 0, nil, &sc); ok {
 			d.Endpoints = append(d.Endpoints, e)
 		}
-		ep.mu.Unlock()
 	}
-	sort.Slice(d.Endpoints, func(i, j int) bool { return d.Endpoints[i].Endpoint < d.Endpoints[j].Endpoint })
 	return d
+}
+
+// ExportScratch is memory ExportEndpoint reuses between calls; the zero
+// value is ready. One scratch serves one goroutine at a time.
+type ExportScratch struct {
+	nodes []lruNode
+}
+
+// Version returns a number that changes whenever endpoint's LRU changes
+// (its entries, their order or its capacity), and false for an endpoint
+// the Index does not track. Versions are unique within the Index across
+// endpoints and time, so an exporter can skip endpoints whose version it
+// already exported.
+func (x *Index) Version(endpoint string) (uint64, bool) {
+	ep := x.lookup(endpoint, false)
+	if ep == nil {
+		return 0, false
+	}
+	return ep.version.Load(), true
+}
+
+// ExportEndpoint appends endpoint's most recently used limit hashes (all
+// when limit <= 0), most recent first, to hashes and returns them in an
+// EndpointDump with the endpoint's capacity and version (see Version);
+// false for an unknown endpoint. The endpoint's lock is held only while
+// its slot array is copied into sc (one memmove), never for the walk in
+// LRU order, which follows the copy's links; picks recorded meanwhile do
+// not wait for it (see Add) and are not in this copy.
+func (x *Index) ExportEndpoint(endpoint string, limit int, hashes []uint64, sc *ExportScratch) (EndpointDump, uint64, bool) {
+	ep := x.lookup(endpoint, false)
+	if ep == nil {
+		return EndpointDump{}, 0, false
+	}
+	var (
+		head, capacity, n int
+		version           uint64
+	)
+	for {
+		ep.mu.Lock()
+		if ep.removed {
+			x.unlock(ep)
+			return EndpointDump{}, 0, false
+		}
+		if size := len(ep.nodes); cap(sc.nodes) < size {
+			x.unlock(ep) // allocate outside the lock, then copy
+			sc.nodes = make([]lruNode, 0, size+size/8)
+			continue
+		}
+		sc.nodes = append(sc.nodes[:0], ep.nodes...)
+		head, capacity, n, version = int(ep.head), ep.capacity, ep.slots.n, ep.version.Load()
+		x.unlock(ep)
+		break
+	}
+
+	if limit > 0 {
+		n = min(n, limit)
+	}
+	hashes = slices.Grow(hashes, n)
+	nodes := sc.nodes
+	for s := int32(head); s >= 0 && n > 0; s = nodes[s].next {
+		hashes = append(hashes, nodes[s].hash)
+		n--
+	}
+	return EndpointDump{Endpoint: endpoint, Capacity: capacity, Hashes: hashes}, version, true
 }
 
 // Import loads a Dump into the Index: each dumped endpoint gets the dumped
@@ -51,23 +109,8 @@ func (x *Index) Export(fingerprint uint64) Dump {
 func (x *Index) Import(d Dump) {
 	for _, e := range d.Endpoints {
 		x.SetCapacity(e.Endpoint, e.Capacity)
-		for {
-			ep := x.lookup(e.Endpoint, true)
-			if ep == nil {
-				return
-			}
-			ep.mu.Lock()
-			if ep.removed {
-				ep.mu.Unlock()
-				continue
-			}
-			// Least recent first, so the first dumped hash ends up most recent.
-			for i := len(e.Hashes) - 1; i >= 0; i-- {
-				x.touch(ep, e.Hashes[i])
-			}
-			ep.mu.Unlock()
-			break
-		}
+		// Least recent first, so the first dumped hash ends up most recent.
+		x.Add(e.Endpoint, e.Hashes)
 	}
 }
 
@@ -82,11 +125,21 @@ var ErrBadDump = errors.New("invalid prefix index dump")
 // (8 bytes LE), endpoint count, then per endpoint its name, capacity, hash
 // count (uvarints) and hashes (8 bytes LE each).
 func (d Dump) MarshalBinary() ([]byte, error) {
+	return d.AppendBinary(make([]byte, 0, d.BinarySize()))
+}
+
+// BinarySize is an upper bound of the encoding's length.
+func (d Dump) BinarySize() int {
 	n := 4 + 1 + 8 + binary.MaxVarintLen64
 	for _, e := range d.Endpoints {
 		n += 3*binary.MaxVarintLen64 + len(e.Endpoint) + 8*len(e.Hashes)
 	}
-	b := make([]byte, 0, n)
+	return n
+}
+
+// AppendBinary appends MarshalBinary's encoding of d to b.
+func (d Dump) AppendBinary(b []byte) ([]byte, error) {
+	b = slices.Grow(b, d.BinarySize())
 	b = append(b, dumpMagic[:]...)
 	b = append(b, dumpVersion)
 	b = binary.LittleEndian.AppendUint64(b, d.Fingerprint)

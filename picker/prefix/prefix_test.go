@@ -294,6 +294,9 @@ func checkInvariants(t *testing.T, x *Index) {
 		if n != ep.slots.n {
 			t.Errorf("%s: list has %d nodes, map %d", name, n, ep.slots.n)
 		}
+		if p := ep.npend.Load(); p != 0 || len(ep.pendLens) != 0 {
+			t.Errorf("%s: %d deferred picks left unrecorded", name, p)
+		}
 		ep.mu.Unlock()
 		if tbl.byID[ep.id] != ep {
 			t.Errorf("%s: id table mismatch", name)
@@ -428,6 +431,167 @@ func TestExportImportRoundTrip(t *testing.T) {
 			t.Errorf("corrupt dump %q...: err = %v", bad[:min(len(bad), 6)], err)
 		}
 	}
+}
+
+func TestExportEndpoint(t *testing.T) {
+	t.Parallel()
+	x := NewIndex(Config{DefaultCapacity: 8})
+	if _, _, ok := x.ExportEndpoint("a", 0, nil, &ExportScratch{}); ok {
+		t.Fatal("exported an unknown endpoint")
+	}
+	if _, ok := x.Version("a"); ok {
+		t.Fatal("version of an unknown endpoint")
+	}
+	x.Add("a", []uint64{1, 2, 3})
+	x.Add("a", []uint64{4, 5})
+	x.Add("a", []uint64{2})
+	var sc ExportScratch
+	e, v1, ok := x.ExportEndpoint("a", 0, []uint64{99}, &sc)
+	if !ok || e.Endpoint != "a" || e.Capacity != 8 || !slices.Equal(e.Hashes, []uint64{99, 2, 4, 5, 1, 3}) {
+		t.Fatalf("export %+v %v: want most recent first after the 99 already in dst", e, ok)
+	}
+	if cur, _ := x.Version("a"); cur != v1 {
+		t.Errorf("version %d, export reported %d", cur, v1)
+	}
+	if e, _, _ := x.ExportEndpoint("a", 2, nil, &sc); !slices.Equal(e.Hashes, []uint64{2, 4}) {
+		t.Errorf("limit 2: %v", e.Hashes)
+	}
+	if _, v, _ := x.ExportEndpoint("a", 0, nil, &sc); v != v1 {
+		t.Error("exporting changed the version")
+	}
+
+	// Every change moves the version on, and a removed and re-created
+	// endpoint never repeats an old one.
+	seen := map[uint64]bool{v1: true}
+	for i, change := range []func(){
+		func() { x.Add("a", []uint64{2}) }, // reorders nothing visible, still a change
+		func() { x.SetCapacity("a", 4) },
+		func() { x.Import(Dump{Endpoints: []EndpointDump{{Endpoint: "a", Capacity: 4, Hashes: []uint64{7}}}}) },
+		func() { x.Remove("a"); x.Add("a", []uint64{1, 2, 3}) },
+	} {
+		change()
+		v, ok := x.Version("a")
+		if !ok || seen[v] {
+			t.Fatalf("change %d: version %d (known %v) repeats", i, v, ok)
+		}
+		seen[v] = true
+	}
+	x.SetCapacity("a", 8) // the re-created endpoint's capacity: no change
+	if v, _ := x.Version("a"); !seen[v] {
+		t.Error("setting the same capacity changed the version")
+	}
+}
+
+// TestAddNeverWaits: a pick recorded while another goroutine holds the
+// endpoint's lock returns at once and is recorded when the holder
+// releases it; under heavy contention every pick ends up recorded.
+func TestAddNeverWaits(t *testing.T) {
+	t.Parallel()
+	x := NewIndex(Config{DefaultCapacity: 1 << 16})
+	x.Add("e", []uint64{1})
+	ep := x.lookup("e", false)
+	ep.mu.Lock() // as an export's copy would
+	done := make(chan struct{})
+	go func() { x.Add("e", []uint64{2, 3}); close(done) }()
+	<-done // Add returned while the lock is held
+	if m := hits(x, []uint64{2, 3}); m["e"] != 0 {
+		t.Fatalf("deferred pick visible before the holder released the lock: %v", m)
+	}
+	x.unlock(ep)
+	if m := hits(x, []uint64{2, 3}); m["e"] != 2 {
+		t.Fatalf("deferred pick not recorded on release: %v", m)
+	}
+	if e, _, _ := x.ExportEndpoint("e", 0, nil, &ExportScratch{}); !slices.Equal(e.Hashes, []uint64{2, 3, 1}) {
+		t.Errorf("LRU order %v, want the deferred chain most recent", e.Hashes)
+	}
+
+	// Many writers on one endpoint while an exporter and a stats reader
+	// keep taking its lock: no chain is lost.
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var sc ExportScratch
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			x.ExportEndpoint("e", 0, nil, &sc)
+			_ = x.Stats()
+		}
+	}()
+	var writers sync.WaitGroup
+	for w := range 4 {
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			for i := range 2000 {
+				x.Add("e", []uint64{uint64(1000 + w*10000 + i*2), uint64(1001 + w*10000 + i*2)})
+			}
+		}()
+	}
+	writers.Wait()
+	close(stop)
+	wg.Wait()
+	for w := range 4 {
+		for i := range 2000 {
+			c := []uint64{uint64(1000 + w*10000 + i*2), uint64(1001 + w*10000 + i*2)}
+			if m := hits(x, c); m["e"] != 2 {
+				t.Fatalf("writer %d pick %d lost: %v", w, i, m)
+			}
+		}
+	}
+	checkInvariants(t, x)
+}
+
+// TestExportDuringAdds exports endpoints while other goroutines keep
+// adding to them (run with -race): every export is one consistent LRU, a
+// duplicate-free list no longer than the capacity.
+func TestExportDuringAdds(t *testing.T) {
+	t.Parallel()
+	x := NewIndex(Config{DefaultCapacity: 300})
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 1))
+			chain := make([]uint64, 40)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				for k := range chain {
+					chain[k] = r.Uint64N(1000)
+				}
+				x.Add(fmt.Sprintf("e%d", i%3), chain)
+				if i%500 == 0 {
+					x.Remove("e2")
+				}
+			}
+		}()
+	}
+	var sc ExportScratch
+	for range 300 {
+		for _, name := range []string{"e0", "e1", "e2"} {
+			e, _, ok := x.ExportEndpoint(name, 0, nil, &sc)
+			if !ok {
+				continue
+			}
+			if len(e.Hashes) > 300 || len(e.Hashes) != len(slices.Compact(slices.Sorted(slices.Values(e.Hashes)))) {
+				t.Fatalf("%s: %d hashes, duplicates or over capacity", name, len(e.Hashes))
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	checkInvariants(t, x)
 }
 
 // --- benchmarks ---
