@@ -125,6 +125,9 @@ type counters struct {
 	picked         atomic.Int64
 	rewritten      atomic.Int64
 	fallbackServed atomic.Int64
+	// responseBodies counts response body messages received: zero for
+	// requests whose response body the picker turned off.
+	responseBodies atomic.Int64
 	rejected       [len(rejectCodes)]atomic.Int64 // by rejectIndex
 	decision       histogram                      // time to pick (or reject)
 }
@@ -308,6 +311,9 @@ type Stats struct {
 	Picked         int64
 	Rewritten      int64
 	FallbackServed int64
+	// ResponseBodies counts response body messages Envoy sent: only
+	// requests whose response the picker rewrites send any.
+	ResponseBodies int64
 	// Rejected counts local replies by HTTP status.
 	Rejected  map[int]int64
 	Endpoints []EndpointStats // sorted by pool, address
@@ -322,6 +328,7 @@ func (s *Server) Stats() Stats {
 		Picked:         s.stats.picked.Load(),
 		Rewritten:      s.stats.rewritten.Load(),
 		FallbackServed: s.stats.fallbackServed.Load(),
+		ResponseBodies: s.stats.responseBodies.Load(),
 		Rejected:       map[int]int64{},
 	}
 	for i, code := range rejectCodes {

@@ -111,6 +111,7 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest, send sendFunc) (bool,
 		st.recordServed(req)
 		return false, st.onResponseHeaders(v.ResponseHeaders, send)
 	case *extprocv3.ProcessingRequest_ResponseBody:
+		st.s.stats.responseBodies.Add(1)
 		st.recordServed(req)
 		return false, st.onResponseBody(v.ResponseBody, send)
 	case *extprocv3.ProcessingRequest_ResponseTrailers:

@@ -186,6 +186,7 @@ type pickerStatus struct {
 	Picked         int64         `json:"picked"`
 	Rewritten      int64         `json:"rewritten"`
 	FallbackServed int64         `json:"fallback_served"`
+	ResponseBodies int64         `json:"response_body_messages"`
 	Rejected       map[int]int64 `json:"rejected"`
 }
 
@@ -197,7 +198,7 @@ func (a *app) status() statusDoc {
 		Version:         versionString(),
 		RegistryVersion: st.Version,
 		Picker: pickerStatus{Requests: ps.Requests, Picked: ps.Picked, Rewritten: ps.Rewritten,
-			FallbackServed: ps.FallbackServed, Rejected: ps.Rejected},
+			FallbackServed: ps.FallbackServed, ResponseBodies: ps.ResponseBodies, Rejected: ps.Rejected},
 	}
 	doc.TLS = a.tlsStatus()
 	xs := a.xds.Stats()

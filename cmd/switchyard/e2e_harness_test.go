@@ -308,6 +308,7 @@ type status struct {
 		Picked         int64            `json:"picked"`
 		Rewritten      int64            `json:"rewritten"`
 		FallbackServed int64            `json:"fallback_served"`
+		ResponseBodies int64            `json:"response_body_messages"`
 		Rejected       map[string]int64 `json:"rejected"`
 	} `json:"picker"`
 	XDS struct {

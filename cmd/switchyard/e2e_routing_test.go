@@ -116,6 +116,9 @@ model "m-b" {
 		if d := after.Picker.Rewritten - before.Picker.Rewritten; d != int64(len(reqs)) {
 			t.Fatalf("picker rewrote %d requests, want %d", d, len(reqs))
 		}
+		if after.Picker.ResponseBodies == before.Picker.ResponseBodies {
+			t.Fatal("the picker saw no response body of the rewritten requests")
+		}
 	})
 
 	t.Run("client headers cannot choose the upstream", func(t *testing.T) {
