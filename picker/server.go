@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/switchyard/switchyard/picker/metrics"
+	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/picker/sched"
 	"github.com/switchyard/switchyard/registry"
 )
@@ -114,6 +115,12 @@ type Server struct {
 	stats   counters
 	warm    warmCache
 
+	active   atomic.Int64 // open ext_proc streams
+	draining atomic.Bool
+
+	// mesh shares picks with the other replicas (nil: one switchyard).
+	mesh *peers.Mesh
+
 	// Metrics scraping: the manager exists while Run runs.
 	mgr *metrics.Manager
 	eh  *EndpointHealth
@@ -128,8 +135,10 @@ type counters struct {
 	// responseBodies counts response body messages received: zero for
 	// requests whose response body the picker turned off.
 	responseBodies atomic.Int64
-	rejected       [len(rejectCodes)]atomic.Int64 // by rejectIndex
-	decision       histogram                      // time to pick (or reject)
+	// peerPicks counts picks other replicas shared.
+	peerPicks atomic.Int64
+	rejected  [len(rejectCodes)]atomic.Int64 // by rejectIndex
+	decision  histogram                      // time to pick (or reject)
 }
 
 // New returns a picker reading pool state from view. The current state is
@@ -249,13 +258,28 @@ func (s *Server) apply(st *registry.State) {
 	}
 	// Readiness never goes back once served: a later empty state keeps the
 	// picker answering (with 503s) rather than failing Envoy's health checks.
-	if ready == healthpb.HealthCheckResponse_SERVING || !s.ready() {
+	// A draining picker stays NOT_SERVING.
+	if !s.draining.Load() && (ready == healthpb.HealthCheckResponse_SERVING || !s.ready()) {
 		for _, svc := range []string{HealthReadiness, HealthExtProc, ""} {
 			s.health.SetServingStatus(svc, ready)
 		}
 	}
 	s.log.Debug("picker state applied", "version", st.Version, "pools", len(snap.pools), "models", len(snap.models))
 }
+
+// Drain reports the picker NOT_SERVING on every health service, so Envoy
+// stops opening streams to it (its health checks see it at once), while
+// the streams already open go on. A replica drains before it stops.
+func (s *Server) Drain() {
+	s.draining.Store(true)
+	for _, svc := range []string{HealthReadiness, HealthExtProc, ""} {
+		s.health.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
+	}
+}
+
+// ActiveStreams returns the ext_proc streams open now (one per request in
+// flight through this picker).
+func (s *Server) ActiveStreams() int64 { return s.active.Load() }
 
 func (s *Server) ready() bool {
 	r, err := s.health.Check(context.Background(), &healthpb.HealthCheckRequest{Service: HealthReadiness})
@@ -265,6 +289,8 @@ func (s *Server) ready() bool {
 // Process implements the ext_proc service: one stream per HTTP request,
 // Recv -> handle -> Send until Envoy closes the stream.
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	s.active.Add(1)
+	defer s.active.Add(-1)
 	st := s.newStream()
 	defer st.release()
 	ctx := srv.Context()
@@ -314,6 +340,8 @@ type Stats struct {
 	// ResponseBodies counts response body messages Envoy sent: only
 	// requests whose response the picker rewrites send any.
 	ResponseBodies int64
+	// PeerPicks counts picks the other replicas shared with this one.
+	PeerPicks int64
 	// Rejected counts local replies by HTTP status.
 	Rejected  map[int]int64
 	Endpoints []EndpointStats // sorted by pool, address
@@ -329,6 +357,7 @@ func (s *Server) Stats() Stats {
 		Rewritten:      s.stats.rewritten.Load(),
 		FallbackServed: s.stats.fallbackServed.Load(),
 		ResponseBodies: s.stats.responseBodies.Load(),
+		PeerPicks:      s.stats.peerPicks.Load(),
 		Rejected:       map[int]int64{},
 	}
 	for i, code := range rejectCodes {

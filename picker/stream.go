@@ -64,6 +64,9 @@ type stream struct {
 	obj         *objectiveCounters // the declared model/target, nil otherwise
 	running     *atomic.Int64      // the model's in-flight gauge once picked
 
+	// peerID names the pick shared with the other replicas (0: none).
+	peerID uint64
+
 	// Response side.
 	servedSeen bool
 	rw         *openai.ResponseRewriter
@@ -79,6 +82,7 @@ func (st *stream) release() {
 		return
 	}
 	st.released = true
+	st.unpublish()
 	st.primary.Load.InFlightRequests.Add(-1)
 	st.primary.Load.InFlightTokens.Add(-st.tokens)
 	if st.running != nil {
@@ -480,6 +484,7 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	st.pool, st.primary, st.tokens = pv, picked[0], sreq.Tokens
 	st.primary.Load.InFlightRequests.Add(1)
 	st.primary.Load.InFlightTokens.Add(st.tokens)
+	st.publish(pv.name, st.primary.Address, st.tokens, sreq.Hashes, sreq.Session)
 	st.primary.Load.Picked.Add(1)
 	if mv != nil {
 		st.running = mv.running
@@ -559,6 +564,9 @@ func (st *stream) recordServed(req *extprocv3.ProcessingRequest) {
 			ep.Load.InFlightRequests.Add(1)
 			ep.Load.InFlightTokens.Add(st.tokens)
 			st.primary = ep
+			// The other replicas move it too.
+			st.unpublish()
+			st.publish(st.pool.name, ep.Address, st.tokens, nil, "")
 		}
 	}
 }

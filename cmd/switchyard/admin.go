@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"time"
+
+	"github.com/switchyard/switchyard/picker/peers"
 )
 
 //go:embed status.html
@@ -25,6 +27,10 @@ func (a *app) adminHandler() http.Handler {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if st, _ := a.view.Current(); st.Version == 0 {
 			writeText(w, http.StatusServiceUnavailable, "not ready: no configuration published yet\n")
+			return
+		}
+		if a.draining.Load() {
+			writeText(w, http.StatusServiceUnavailable, "not ready: draining before shutdown\n")
 			return
 		}
 		writeText(w, http.StatusOK, "ready\n")
@@ -98,6 +104,15 @@ type replicaStatus struct {
 	XDS     string `json:"xds,omitempty"`
 	Source  string `json:"source"`
 	Self    bool   `json:"self"`
+	// Sharing is true while this replica's picks stream to it; Sent and
+	// Dropped count those events.
+	Sharing bool   `json:"sharing"`
+	Sent    uint64 `json:"events_sent"`
+	Dropped uint64 `json:"events_dropped"`
+	// From is the replica ID its stream to this one announced, and LagMS
+	// the age of its latest batch on arrival (clocks of both hosts).
+	From  string  `json:"from,omitempty"`
+	LagMS float64 `json:"lag_ms,omitempty"`
 }
 
 type xdsStatus struct {
@@ -187,6 +202,7 @@ type pickerStatus struct {
 	Rewritten      int64         `json:"rewritten"`
 	FallbackServed int64         `json:"fallback_served"`
 	ResponseBodies int64         `json:"response_body_messages"`
+	PeerPicks      int64         `json:"peer_picks"`
 	Rejected       map[int]int64 `json:"rejected"`
 }
 
@@ -198,7 +214,7 @@ func (a *app) status() statusDoc {
 		Version:         versionString(),
 		RegistryVersion: st.Version,
 		Picker: pickerStatus{Requests: ps.Requests, Picked: ps.Picked, Rewritten: ps.Rewritten,
-			FallbackServed: ps.FallbackServed, ResponseBodies: ps.ResponseBodies, Rejected: ps.Rejected},
+			FallbackServed: ps.FallbackServed, ResponseBodies: ps.ResponseBodies, PeerPicks: ps.PeerPicks, Rejected: ps.Rejected},
 	}
 	doc.TLS = a.tlsStatus()
 	xs := a.xds.Stats()
@@ -206,9 +222,24 @@ func (a *app) status() statusDoc {
 		Failures: xs.Failures, LastError: xs.LastError, ACKs: xs.ACKs, NACKs: xs.NACKs, Warnings: xs.Warnings}
 	doc.ReplicaID = a.replicaID
 	doc.Replicas = []replicaStatus{}
+	var ms peers.Stats
+	if a.mesh != nil {
+		ms = a.mesh.Stats()
+	}
 	for _, r := range st.Replicas {
-		doc.Replicas = append(doc.Replicas, replicaStatus{ID: r.ID, Address: r.Address, Admin: r.Admin, XDS: r.XDS,
-			Source: r.Source, Self: r.Address == a.pickerAddr})
+		rs := replicaStatus{ID: r.ID, Address: r.Address, Admin: r.Admin, XDS: r.XDS,
+			Source: r.Source, Self: r.Address == a.pickerAddr}
+		for _, p := range ms.Peers {
+			if p.Address == r.Address {
+				rs.Sharing, rs.Sent, rs.Dropped = p.Connected, p.Sent, p.Dropped
+			}
+		}
+		for _, in := range ms.Inbound {
+			if in.From == r.ID {
+				rs.From, rs.LagMS = in.From, float64(in.Lag)/float64(time.Millisecond)
+			}
+		}
+		doc.Replicas = append(doc.Replicas, rs)
 	}
 	doc.Envoys = []envoyStatus{}
 	for _, n := range a.xds.Nodes() {

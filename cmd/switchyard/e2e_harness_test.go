@@ -309,6 +309,7 @@ type status struct {
 		Rewritten      int64            `json:"rewritten"`
 		FallbackServed int64            `json:"fallback_served"`
 		ResponseBodies int64            `json:"response_body_messages"`
+		PeerPicks      int64            `json:"peer_picks"`
 		Rejected       map[string]int64 `json:"rejected"`
 	} `json:"picker"`
 	XDS struct {

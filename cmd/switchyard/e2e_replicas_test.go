@@ -404,3 +404,71 @@ func TestE2EReplicasConsul(t *testing.T) {
 	testutil.Eventually(t, 20*time.Second, "the stopped replica gone everywhere", func() error { return listed(2) })
 	t.Logf("a stopped replica left every list and Envoy's picker cluster %v after SIGTERM", time.Since(left).Round(time.Millisecond))
 }
+
+// TestE2EReplicasRollingUpgrade stops and restarts each of three replicas
+// in turn (SIGTERM: each drains, then stops) under steady streaming load
+// on a fail-closed pool: no request fails. Before that, the replicas share
+// their picks (each counts the others' picks).
+func TestE2EReplicasRollingUpgrade(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Envoy, three switchyards and simulators")
+	}
+	t.Parallel()
+	s1, s2 := startSim(t, simOptions{timeScale: 10}), startSim(t, simOptions{timeScale: 10})
+	f := newReplicaFleet(t, 3, fmt.Sprintf(`pool "main" {
+  failure_mode = "fail_closed"
+  endpoints = [%q, %q]
+}
+model "m-a" {
+  pool = "main"
+}
+`, s1.Addr, s2.Addr), replicaOptions{peers: true})
+	fl := &fleet{listen: f.listen}
+	l := startLoader(t, fl, 6, 10*time.Millisecond, func(w, i int) infReq {
+		return infReq{model: "m-a", prompt: fmt.Sprintf("worker %d request %d", w, i), maxTokens: 16, stream: i%2 == 0}
+	})
+	l.waitFor(t, 100, time.Time{}, 30*time.Second, "load before the upgrade")
+	testutil.Eventually(t, 10*time.Second, "every replica learns the others' picks", func() error {
+		for _, r := range f.replicas {
+			st, err := r.status()
+			if err != nil {
+				return err
+			}
+			if st.Picker.PeerPicks == 0 {
+				return fmt.Errorf("%s has no pick from the other replicas", r.id)
+			}
+		}
+		return nil
+	})
+	start := time.Now()
+	for _, r := range f.replicas {
+		stopped := time.Now()
+		old := r.process()
+		old.Stop() // SIGTERM: drain, then stop
+		t.Logf("%s stopped after %v: %s", r.id, time.Since(stopped).Round(time.Millisecond), grepLines(old.Output(), "drain"))
+		f.start(r)
+		before, err := r.status()
+		if err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, 10*time.Second, r.id+" picks again", func() error {
+			st, err := r.status()
+			if err != nil {
+				return err
+			}
+			if st.Picker.Picked <= before.Picker.Picked {
+				return errors.New("no pick yet")
+			}
+			return nil
+		})
+		t.Logf("%s upgraded: stopped, restarted and picking %v after SIGTERM", r.id, time.Since(stopped).Round(time.Millisecond))
+	}
+	l.waitFor(t, 100, time.Now(), 30*time.Second, "load after the upgrade")
+	l.stopLoad()
+	outs := between(l.outcomes(), start, time.Time{})
+	n, ex := failures(outs)
+	t.Logf("rolling upgrade of 3 replicas: %d requests, %d failed %q", len(outs), n, ex)
+	if n > 0 {
+		t.Errorf("%d of %d requests failed during the rolling upgrade: %q", n, len(outs), ex)
+	}
+}

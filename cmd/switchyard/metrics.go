@@ -69,6 +69,11 @@ var (
 	mPrefixMatched  = desc("switchyard_prefix_matched_blocks_total", "Of those, blocks the chosen endpoint was believed to hold; matched/prompt is the prefix hit ratio.", "name")
 	mGuardHeld      = desc("switchyard_discovery_guard_held_endpoints", "Endpoints the pool's discovery guard keeps routable although their source reports them failing (too many failed at once).", "pool")
 	mGuardStarts    = desc("switchyard_discovery_guard_activations_total", "Times the pool's discovery guard started holding endpoints.", "pool")
+	mReplicas       = desc("switchyard_replicas", "Replicas of the configuration (this one included).")
+	mPeerSharing    = desc("switchyard_replica_sharing", "1 while this replica's picks stream to the peer replica.", "peer")
+	mPeerDropped    = desc("switchyard_replica_events_dropped_total", "Pick events the peer replica's full queue dropped (its stream is then reset).", "peer")
+	mPeerLag        = desc("switchyard_replica_lag_seconds", "Age of the latest batch of picks from the peer replica on arrival (replication lag; clocks of both hosts).", "peer")
+	mPeerPicks      = desc("switchyard_replica_peer_picks_total", "Picks the other replicas shared with this one.")
 	mPoolSaturated  = desc("switchyard_pool_saturated", "1 while every eligible endpoint of the pool is over queue_threshold or kv_threshold (sheddable requests get 429).", "name")
 )
 
@@ -77,7 +82,8 @@ func (c *appCollector) Describe(ch chan<- *prometheus.Desc) {
 		mEpRunning, mEpKV, mEpHealthy, mEpScrapeAge, mEpInFlight, mEpInFlightTok, mEpPicked, mEpServed,
 		mRequests, mRewrites, mFallback, mLocalReplies, mXDSSnapshots, mXDSFailures, mXDSAcks, mXDSNacks, mXDSStreams,
 		mConsulUp, mConsulInst, mConsulLastSync, mObjRequests, mObjErrors, mObjRunning, mDecision,
-		mPrefixSize, mPrefixBytes, mPrefixPrompt, mPrefixMatched, mPoolSaturated, mGuardHeld, mGuardStarts} {
+		mPrefixSize, mPrefixBytes, mPrefixPrompt, mPrefixMatched, mPoolSaturated, mGuardHeld, mGuardStarts,
+		mReplicas, mPeerSharing, mPeerDropped, mPeerLag, mPeerPicks} {
 		ch <- d
 	}
 }
@@ -170,6 +176,18 @@ func (c *appCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(mPoolSaturated, boolf(p.Saturated), p.Name)
 	}
 
+	gauge(mReplicas, float64(max(len(st.Replicas), 1)))
+	counter(mPeerPicks, float64(ps.PeerPicks))
+	if a.mesh != nil {
+		ms := a.mesh.Stats()
+		for _, p := range ms.Peers {
+			gauge(mPeerSharing, boolf(p.Connected), p.Address)
+			counter(mPeerDropped, float64(p.Dropped), p.Address)
+		}
+		for _, in := range ms.Inbound {
+			gauge(mPeerLag, in.Lag.Seconds(), in.From)
+		}
+	}
 	rs := a.manager.Status()
 	held := map[string]int{}
 	for _, g := range rs.Guards {

@@ -6,6 +6,9 @@ import (
 	"net"
 	"os"
 
+	"google.golang.org/grpc/credentials"
+
+	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/registry/consul"
 	"github.com/switchyard/switchyard/registry/hclfile"
 )
@@ -24,7 +27,20 @@ func (a *app) replicaSetup(cfg *hclfile.Config, picker string) error {
 	}
 	a.replicaID, a.pickerAddr = id, picker
 	rd := cfg.State.ReplicaDiscovery
-	if rd == nil || rd.ConsulService == "" {
+	if rd == nil {
+		return nil
+	}
+	// Replicas share their picks over their picker ports, with the same
+	// mutual TLS Envoy uses (each presents its own certificate).
+	opts := peers.Options{Self: id, Logger: a.log.With("component", "peers")}
+	if a.tls != nil {
+		opts.Credentials = func(addr string) credentials.TransportCredentials {
+			host, _, _ := net.SplitHostPort(addr)
+			return credentials.NewTLS(a.tls.ClientConfig(host))
+		}
+	}
+	a.peerOpts = &opts
+	if rd.ConsulService == "" {
 		return nil
 	}
 	xdsAddr, err := advertised("xds", a.flags.xdsAddr, a.flags.xdsAdvertise)
@@ -55,8 +71,39 @@ func (a *app) replicaSetup(cfg *hclfile.Config, picker string) error {
 	return nil
 }
 
-// registerReplica keeps this replica registered in Consul until ctx ends,
-// then deregisters it (see consul.Register).
+// registerReplica keeps this replica registered in Consul until ctx ends
+// or drain begins, then deregisters it (see consul.Register).
 func (a *app) registerReplica(ctx context.Context) error {
-	return consul.Register(ctx, a.consulClient, *a.registration, 0, a.log.With("component", "replica"))
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	a.regStop.Store(&stop)
+	if err := consul.Register(rctx, a.consulClient, *a.registration, 0, a.log.With("component", "replica")); err != nil {
+		return err
+	}
+	<-ctx.Done() // deregistered while draining: the component lives on
+	return nil
+}
+
+// sharePicks runs the pick sharing with the other replicas until ctx ends:
+// the peers are the replicas of every published state, less this one.
+func (a *app) sharePicks(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() { done <- a.mesh.Run(ctx) }()
+	for {
+		st, changed := a.view.Current()
+		var others []string
+		for _, r := range st.Replicas {
+			if r.Address != a.pickerAddr {
+				others = append(others, r.Address)
+			}
+		}
+		a.mesh.SetPeers(others)
+		select {
+		case <-ctx.Done():
+			return <-done
+		case err := <-done:
+			return err
+		case <-changed:
+		}
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/switchyard/switchyard/internal/adminauth"
 	"github.com/switchyard/switchyard/internal/mtls"
 	"github.com/switchyard/switchyard/picker"
+	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/registry"
 	"github.com/switchyard/switchyard/registry/consul"
 	"github.com/switchyard/switchyard/registry/hclfile"
@@ -47,6 +49,8 @@ type serveFlags struct {
 	xdsAdvertise     string
 	adminAdvertise   string
 	replicaID        string
+	drainDelay       time.Duration
+	drainTimeout     time.Duration
 	storePath        string
 	adminAddr        string
 	logLevel         string
@@ -62,6 +66,8 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.xdsAddr, "xds-addr", "127.0.0.1:18000", "`address` of the xDS (ADS) gRPC server Envoy fetches its configuration from")
 	fs.StringVar(&f.xdsAdvertise, "xds-advertise", "", "`address` (ip:port) Envoys and operators reach the xDS server at, published with this replica's Consul registration; default -xds-addr, with 127.0.0.1 for an unspecified host")
 	fs.StringVar(&f.adminAdvertise, "admin-advertise", "", "`address` (ip:port) the admin server is reached at from other hosts, published with this replica's Consul registration (the status page lists every replica); default -admin-addr, with 127.0.0.1 for an unspecified host")
+	fs.DurationVar(&f.drainDelay, "drain-delay", time.Second, "on SIGTERM, how long switchyard keeps serving while it reports itself not ready (gRPC health, /readyz, Consul), so Envoys and the other replicas stop sending to it before its streams are waited for")
+	fs.DurationVar(&f.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, after -drain-delay, the longest switchyard waits for the requests in flight through its picker to finish before it stops")
 	fs.StringVar(&f.replicaID, "replica-id", "", "`name` of this replica among the switchyard replicas of the configuration's replicas block (its Consul service ID); default <hostname>-<picker port>")
 	fs.StringVar(&f.storePath, "store", "", "bbolt `file` that persists pool state and the picker's memory so a restart is warm (even with Consul down); empty disables persistence")
 	fs.StringVar(&f.adminAddr, "admin-addr", "127.0.0.1:9090", "`address` of the admin HTTP server (status page, /metrics, health)")
@@ -151,9 +157,17 @@ type app struct {
 	connect mtls.ConnectAgent // Consul agent with -tls-consul-service
 	// replicaID names this process among the replicas; registration, when
 	// set, is its Consul registration (replicas { consul_service }).
+	// draining is set once shutdown began (drain).
+	draining atomic.Bool
+	// regStop ends the Consul registration early (drain).
+	regStop      atomic.Pointer[context.CancelFunc]
 	replicaID    string
 	pickerAddr   string // the picker address Envoys and replicas dial
 	registration *consul.Registration
+	// peerOpts configure, and mesh is, the pick sharing with the other
+	// replicas (nil without a replicas block).
+	peerOpts     *peers.Options
+	mesh         *peers.Mesh
 	consulClient *api.Client
 	adminAuth    adminauth.Options
 }
@@ -213,6 +227,10 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	// The picker's scrape results are the registry's health input: xDS
 	// and the discovery guard read endpoint health from published states.
 	_ = a.manager.AddSource(healthSourceName, a.picker.EndpointHealth())
+	if a.peerOpts != nil {
+		a.mesh = peers.New(a.picker, *a.peerOpts)
+		a.picker.UsePeers(a.mesh)
+	}
 	if a.store != nil {
 		// The picker starts on the persisted state, so the prefix index,
 		// sessions and health of its endpoints can be restored now.
@@ -276,6 +294,9 @@ type component struct {
 func (a *app) components() []component {
 	extproc := grpc.NewServer(append(a.picker.GRPCServerOptions(), a.grpcCreds("extproc")...)...)
 	a.picker.Register(extproc)
+	if a.mesh != nil {
+		a.mesh.Register(extproc)
+	}
 	ads := grpc.NewServer(append(xds.GRPCServerOptions(), a.grpcCreds("xds")...)...)
 	a.xds.Register(ads)
 	comps := []component{
@@ -283,8 +304,11 @@ func (a *app) components() []component {
 		{"sighup", a.reloadOnSIGHUP},
 		{"picker", a.picker.Run},
 		{"xds", a.xds.Run},
-		{"extproc-server", grpcComponent(a.flags.extprocAddr, extproc)},
-		{"xds-server", grpcComponent(a.flags.xdsAddr, ads)},
+		// The picker's requests were waited for while draining; what is
+		// left are the other replicas' pick streams, which never end on
+		// their own: a short grace.
+		{"extproc-server", grpcComponent(a.flags.extprocAddr, extproc, time.Second)},
+		{"xds-server", grpcComponent(a.flags.xdsAddr, ads, stopGrace)},
 		{"admin-server", httpsComponent(a.flags.adminAddr, adminauth.Wrap(a.adminHandler(), a.adminAuth), a.adminTLSConfig(), a.log)},
 	}
 	if a.tls != nil {
@@ -293,16 +317,72 @@ func (a *app) components() []component {
 	if a.registration != nil {
 		comps = append(comps, component{"replica-registration", a.registerReplica})
 	}
+	if a.mesh != nil {
+		comps = append(comps, component{"peers", a.sharePicks})
+	}
 	if a.store != nil {
 		comps = append(comps, component{"persist", a.persist}, component{"persist-warm", a.persistWarm})
 	}
 	return comps
 }
 
-// run runs every component until ctx is cancelled or one of them stops.
+// run runs every component until ctx is cancelled (then drains first) or
+// one of them stops.
 func (a *app) run(ctx context.Context) error {
 	defer a.close()
-	return runComponents(ctx, a.log, a.components())
+	runCtx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- runComponents(runCtx, a.log, a.components()) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	if err, failed := a.drain(errc); failed {
+		return err
+	}
+	cancel()
+	return <-errc
+}
+
+// drain takes this switchyard out of service before it stops, so that a
+// replica stopped for an upgrade fails no request: it reports itself not
+// ready (picker and ADS gRPC health, /readyz) and deregisters from Consul,
+// keeps serving for -drain-delay while Envoys' health checks and the other
+// replicas notice, then waits up to -drain-timeout for the requests in
+// flight through its picker. If a component fails meanwhile it returns
+// that component's error and failed.
+func (a *app) drain(errc <-chan error) (err error, failed bool) {
+	start := time.Now()
+	a.draining.Store(true)
+	a.picker.Drain()
+	a.xds.SetServing(false)
+	if stop := a.regStop.Load(); stop != nil {
+		(*stop)()
+	}
+	a.log.Info("draining: reported not ready; still serving", "delay", a.flags.drainDelay, "in_flight", a.picker.ActiveStreams())
+	wait := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return true
+		case err = <-errc:
+			return false
+		}
+	}
+	if !wait(a.flags.drainDelay) {
+		return err, true
+	}
+	deadline := time.Now().Add(a.flags.drainTimeout)
+	for a.picker.ActiveStreams() > 0 && time.Now().Before(deadline) {
+		if !wait(50 * time.Millisecond) {
+			return err, true
+		}
+	}
+	a.log.Info("drained", "in_flight_left", a.picker.ActiveStreams(), "took", time.Since(start).Round(time.Millisecond))
+	return nil, false
 }
 
 func runComponents(ctx context.Context, logger *slog.Logger, comps []component) error {

@@ -19,9 +19,9 @@ import (
 const stopGrace = 10 * time.Second
 
 // grpcComponent serves srv on addr until ctx ends, then stops gracefully
-// (forcefully after stopGrace). The listener is opened when the component
+// (forcefully after grace). The listener is opened when the component
 // starts, so a busy port stops serve at once with a clear error.
-func grpcComponent(addr string, srv *grpc.Server) func(context.Context) error {
+func grpcComponent(addr string, srv *grpc.Server, grace time.Duration) func(context.Context) error {
 	return func(ctx context.Context) error {
 		lis, err := net.Listen("tcp", addr)
 		if err != nil {
@@ -38,7 +38,7 @@ func grpcComponent(addr string, srv *grpc.Server) func(context.Context) error {
 		go func() { srv.GracefulStop(); close(stopped) }()
 		select {
 		case <-stopped:
-		case <-time.After(stopGrace):
+		case <-time.After(grace):
 			srv.Stop()
 		}
 		return nil

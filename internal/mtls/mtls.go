@@ -341,3 +341,50 @@ func SANs(c *x509.Certificate) []string {
 	}
 	return append(out, c.EmailAddresses...)
 }
+
+// ClientConfig returns the tls.Config for dialling another switchyard
+// replica at host (an IP or name its certificate carries): this server's
+// current certificate is presented as the client certificate, and the peer
+// must present one that chains to the current CA and is valid for host.
+// Both are read at each handshake, so rotation applies to replica traffic
+// too. The peer's own SAN allowlist decides whether it accepts this one.
+func (s *Server) ClientConfig(host string) *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"h2"},
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			m := s.mat.Load()
+			if m == nil {
+				return nil, errors.New("no TLS certificate loaded yet")
+			}
+			return &m.Certificate, nil
+		},
+		// Verified here against the current CA (crypto/tls would freeze
+		// the pool at construction).
+		InsecureSkipVerify: true,
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			m := s.mat.Load()
+			if m == nil {
+				return errors.New("no CA loaded yet")
+			}
+			if len(raw) == 0 {
+				return errors.New("the replica presented no certificate")
+			}
+			certs := make([]*x509.Certificate, len(raw))
+			for i, der := range raw {
+				c, err := x509.ParseCertificate(der)
+				if err != nil {
+					return fmt.Errorf("replica certificate: %w", err)
+				}
+				certs[i] = c
+			}
+			inter := x509.NewCertPool()
+			for _, c := range certs[1:] {
+				inter.AddCert(c)
+			}
+			_, err := certs[0].Verify(x509.VerifyOptions{Roots: m.ClientCAs, Intermediates: inter, DNSName: host,
+				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+			return err
+		},
+	}
+}

@@ -339,3 +339,34 @@ func TestCheckPlaintext(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicaClientConfig: a replica dials another with its own
+// certificate as client certificate (server and client usage), and
+// accepts the peer only if its certificate chains to the CA and names the
+// address dialled.
+func TestReplicaClientConfig(t *testing.T) {
+	p := newPKI(t, t.TempDir())
+	both, err := p.ca.Issue(certgen.LeafOptions{CommonName: "switchyard", SANs: []string{"switchyard", "127.0.0.1"}, Server: true, Client: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeAtomic(t, p.files.Cert, both.CertPEM)
+	writeAtomic(t, p.files.Key, both.KeyPEM)
+	var logs syncBuf
+	a := newTestServer(t, p, &logs, "switchyard")
+	b := newTestServer(t, p, &logs, "switchyard")
+	addr := serve(t, a)
+	if err := checkWith(addr, credentials.NewTLS(b.ClientConfig("127.0.0.1"))); err != nil {
+		t.Fatalf("replica to replica: %v", err)
+	}
+	// The peer must be valid for the host dialled.
+	if err := checkWith(addr, credentials.NewTLS(b.ClientConfig("10.9.9.9"))); err == nil {
+		t.Fatal("a peer certificate without the dialled address was accepted")
+	}
+	// A replica whose CA differs does not trust the peer.
+	other := newPKI(t, t.TempDir())
+	c := newTestServer(t, other, &logs, "switchyard")
+	if err := checkWith(addr, credentials.NewTLS(c.ClientConfig("127.0.0.1"))); err == nil {
+		t.Fatal("a peer from another CA was accepted")
+	}
+}

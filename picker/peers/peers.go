@@ -31,6 +31,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -48,9 +50,10 @@ type Applier interface {
 type Options struct {
 	// Self names this replica in its hello (its replica ID).
 	Self string
-	// DialOptions are used to reach the other replicas (transport
-	// credentials: mutual TLS when the picker port uses it).
-	DialOptions []grpc.DialOption
+	// Credentials returns the transport credentials for dialling the
+	// replica at addr (mutual TLS when the picker port uses it); nil
+	// dials in plaintext.
+	Credentials func(addr string) credentials.TransportCredentials
 	// QueueLen bounds the events waiting for one peer (default 16384).
 	QueueLen int
 	// BatchMax bounds the events of one message (default 512).
@@ -246,7 +249,11 @@ func (o *outPeer) run(ctx context.Context) {
 // stream runs one stream to the peer until it fails, ctx ends or the
 // queue overflows.
 func (o *outPeer) stream(ctx context.Context) error {
-	conn, err := grpc.NewClient(o.addr, o.m.opts.DialOptions...)
+	creds := insecure.NewCredentials()
+	if c := o.m.opts.Credentials; c != nil {
+		creds = c(o.addr)
+	}
+	conn, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return fmt.Errorf("dial: %w", err)
 	}

@@ -11,7 +11,6 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/switchyard/switchyard/internal/testutil"
 )
@@ -125,7 +124,6 @@ func startNode(t *testing.T, name string, o Options) *node {
 	}
 	n := &node{name: name, addr: lis.Addr().String(), rec: newRecorder(), srv: grpc.NewServer(), done: make(chan struct{})}
 	o.Self = name
-	o.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	o.MinBackoff, o.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
 	n.mesh = New(n.rec, o)
 	n.mesh.Register(n.srv)
