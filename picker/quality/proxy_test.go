@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,25 +25,32 @@ import (
 // dataPlane is the harness's stand-in for Envoy: an HTTP server that asks
 // the picker (over ext_proc) where each request goes and forwards it there.
 type dataPlane struct {
-	ext      extprocv3.ExternalProcessorClient
+	// ext are the pickers (replicas), used in turn per request like
+	// Envoy's round-robin picker cluster.
+	ext      []extprocv3.ExternalProcessorClient
+	next     atomic.Uint64
 	upstream *http.Client
 }
 
 // startDataPlane serves the data plane on 127.0.0.1:0 and returns its base
-// URL; it talks to the picker's gRPC server at pickerAddr.
-func startDataPlane(t testing.TB, pickerAddr string) string {
+// URL; it talks to the pickers' gRPC servers at pickerAddrs, in turn.
+func startDataPlane(t testing.TB, pickerAddrs ...string) string {
 	t.Helper()
-	conn, err := grpc.NewClient(pickerAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
-	if err != nil {
-		t.Fatal(err)
-	}
 	dp := &dataPlane{
-		ext: extprocv3.NewExternalProcessorClient(conn),
 		upstream: &http.Client{Transport: &http.Transport{
 			Proxy: nil, MaxIdleConns: 4096, MaxIdleConnsPerHost: 1024, IdleConnTimeout: 30 * time.Second,
 			DisableCompression: true,
 		}},
+	}
+	var conns []*grpc.ClientConn
+	for _, addr := range pickerAddrs {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, conn)
+		dp.ext = append(dp.ext, extprocv3.NewExternalProcessorClient(conn))
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -54,7 +62,9 @@ func startDataPlane(t testing.TB, pickerAddr string) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = hs.Shutdown(ctx)
-		conn.Close()
+		for _, c := range conns {
+			c.Close()
+		}
 	})
 	return "http://" + lis.Addr().String()
 }
@@ -69,7 +79,8 @@ func (dp *dataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	ps, err := dp.ext.Process(ctx)
+	ext := dp.ext[(dp.next.Add(1)-1)%uint64(len(dp.ext))]
+	ps, err := ext.Process(ctx)
 	if err != nil {
 		http.Error(w, "ext_proc: "+err.Error(), http.StatusInternalServerError)
 		return

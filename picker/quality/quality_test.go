@@ -17,6 +17,7 @@ import (
 	"github.com/switchyard/switchyard/internal/testutil"
 	"github.com/switchyard/switchyard/picker"
 	"github.com/switchyard/switchyard/picker/metrics"
+	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/registry"
 )
 
@@ -33,17 +34,26 @@ type fleetConfig struct {
 	scrape    time.Duration
 }
 
-// fleet is N vllm-sim processes behind one picker and the data plane.
+// fleet is N vllm-sim processes behind one picker (or several replicas)
+// and the data plane.
 type fleet struct {
 	t       testing.TB
 	url     string
 	addrs   []string
 	pub     *registry.Publisher
-	srv     *picker.Server
+	srvs    []*picker.Server
 	version uint64
 }
 
 func startFleet(t testing.TB, cfg fleetConfig) *fleet {
+	t.Helper()
+	return startReplicaFleet(t, cfg, 1, false)
+}
+
+// startReplicaFleet is startFleet with replicas pickers reading the same
+// registry state, the data plane using them in turn (as Envoy's picker
+// cluster does); with share, they share their picks (picker/peers).
+func startReplicaFleet(t testing.TB, cfg fleetConfig, replicas int, share bool) *fleet {
 	t.Helper()
 	bin := testutil.Binary(t, "vllm-sim")
 	var addrs []string
@@ -60,23 +70,58 @@ func startFleet(t testing.TB, cfg fleetConfig) *fleet {
 	sort.Strings(addrs)
 	f := &fleet{t: t, addrs: addrs}
 	f.pub = registry.NewPublisher(f.state(nil))
-	f.srv = picker.New(f.pub, picker.Options{Metrics: metrics.Options{Interval: cfg.scrape}}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	runDone := make(chan struct{})
-	go func() { defer close(runDone); _ = f.srv.Run(ctx) }()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	var pickerAddrs []string
+	var meshes []*peers.Mesh
+	for i := range replicas {
+		srv := picker.New(f.pub, picker.Options{Metrics: metrics.Options{Interval: cfg.scrape}}, nil)
+		f.srvs = append(f.srvs, srv)
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pickerAddrs = append(pickerAddrs, lis.Addr().String())
+		g := grpc.NewServer(srv.GRPCServerOptions()...)
+		srv.Register(g)
+		if share {
+			m := peers.New(srv, peers.Options{Self: fmt.Sprintf("replica-%d", i)})
+			srv.UsePeers(m)
+			m.Register(g)
+			meshes = append(meshes, m)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		runDone := make(chan struct{})
+		go func() { defer close(runDone); _ = srv.Run(ctx) }()
+		go func() { _ = g.Serve(lis) }()
+		t.Cleanup(func() {
+			g.Stop()
+			cancel()
+			<-runDone
+		})
 	}
-	g := grpc.NewServer(f.srv.GRPCServerOptions()...)
-	f.srv.Register(g)
-	go func() { _ = g.Serve(lis) }()
-	t.Cleanup(func() {
-		g.Stop()
-		cancel()
-		<-runDone
-	})
-	f.url = startDataPlane(t, lis.Addr().String())
+	for i, m := range meshes {
+		var others []string
+		for j, a := range pickerAddrs {
+			if j != i {
+				others = append(others, a)
+			}
+		}
+		m.SetPeers(others)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = m.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+	}
+	for _, m := range meshes {
+		testutil.Eventually(t, 10*time.Second, "replicas sharing picks", func() error {
+			for _, p := range m.Stats().Peers {
+				if !p.Connected {
+					return fmt.Errorf("%s not connected", p.Address)
+				}
+			}
+			return nil
+		})
+	}
+	f.url = startDataPlane(t, pickerAddrs...)
 	return f
 }
 
@@ -113,8 +158,10 @@ func (f *fleet) use(profile string) {
 	st := f.state(sc)
 	f.pub.Publish(st)
 	testutil.Eventually(f.t, 5*time.Second, "profile "+profile+" applied", func() error {
-		if v := f.srv.Stats().Version; v != st.Version {
-			return fmt.Errorf("version %d, want %d", v, st.Version)
+		for _, srv := range f.srvs {
+			if v := srv.Stats().Version; v != st.Version {
+				return fmt.Errorf("version %d, want %d", v, st.Version)
+			}
 		}
 		return nil
 	})
