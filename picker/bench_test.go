@@ -75,7 +75,7 @@ func BenchmarkHandleRequest(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				st := srv.newStream()
+				st := srv.newStream(context.Background())
 				for _, m := range msgs {
 					if _, err := st.handle(m, send); err != nil {
 						b.Fatal(err)
@@ -152,9 +152,15 @@ func BenchmarkScheduleDecision(b *testing.B) {
 			BlockSize: 16, NumBlocks: 26000}, LastSuccess: far, MaxAge: 2 * time.Hour}}
 	}})
 	srv.snap.Store(snap)
+	// An admission queue, idle as in an unsaturated pool: its check is
+	// part of every decision.
+	ctx, cancel := context.WithCancel(context.Background())
+	srv.runCtx = ctx
+	srv.syncQueues(benchState(100), snap, nil)
+	b.Cleanup(func() { cancel(); srv.queues.Wait() })
 	bodies := benchBodies()
 	decide := func(body []byte) {
-		st := srv.newStream()
+		st := srv.newStream(context.Background())
 		st.path, st.method, st.body = []byte("/v1/chat/completions"), []byte("POST"), body
 		if code, msg, _, _ := st.pick(); code != 0 {
 			b.Fatalf("%d %s", code, msg)
@@ -264,7 +270,7 @@ func BenchmarkScheduleDecisionBusy(b *testing.B) {
 		headers[i] = []*corev3.HeaderValue{{Key: busySessionHeader, RawValue: []byte(fmt.Sprintf("session-%d", i*7919%busySessions))}}
 	}
 	decide := func(i int) {
-		st := srv.newStream()
+		st := srv.newStream(context.Background())
 		st.path, st.method, st.body, st.headers = []byte("/v1/chat/completions"), []byte("POST"), bodies[i], headers[i]
 		if code, msg, _, _ := st.pick(); code != 0 {
 			b.Fatalf("%d %s", code, msg)

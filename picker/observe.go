@@ -4,8 +4,6 @@ import (
 	"sort"
 	"sync/atomic"
 	"time"
-
-	"github.com/switchyard/switchyard/picker/sched"
 )
 
 // objectiveCounters count one model/target pair's requests. They live in
@@ -147,13 +145,5 @@ func (s *Server) Saturated(now time.Time) map[string]bool {
 // saturated applies the pool's saturation rule (and Options.Saturation)
 // to its endpoints that are not draining.
 func (s *Server) saturated(pv *poolView, now time.Time) bool {
-	eligible := make([]*sched.Endpoint, 0, len(pv.eps))
-	for _, e := range pv.eps {
-		if !e.Draining {
-			eligible = append(eligible, e)
-		}
-	}
-	req := sched.Request{Now: now}
-	return pv.profile.Saturated(&req, eligible) ||
-		(s.opts.Saturation != nil && s.opts.Saturation.Saturated(now, eligible))
+	return s.saturatedAmong(pv, pv.ready, now)
 }

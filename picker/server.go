@@ -121,6 +121,11 @@ type Server struct {
 	// mesh shares picks with the other replicas (nil: one switchyard).
 	mesh *peers.Mesh
 
+	// runCtx is Run's context (nil before Run): admission queues'
+	// dispatchers run under it, counted by queues.
+	runCtx context.Context
+	queues sync.WaitGroup
+
 	// Metrics scraping: the manager exists while Run runs.
 	mgr *metrics.Manager
 	eh  *EndpointHealth
@@ -137,8 +142,10 @@ type counters struct {
 	responseBodies atomic.Int64
 	// peerPicks counts picks other replicas shared.
 	peerPicks atomic.Int64
-	rejected  [len(rejectCodes)]atomic.Int64 // by rejectIndex
-	decision  histogram                      // time to pick (or reject)
+	// queued counts requests that waited in an admission queue.
+	queued   atomic.Int64
+	rejected [len(rejectCodes)]atomic.Int64 // by rejectIndex
+	decision histogram                      // time to pick (or reject)
 }
 
 // New returns a picker reading pool state from view. The current state is
@@ -209,6 +216,9 @@ func (s *Server) Run(ctx context.Context) error {
 			s.mgr = nil
 		}()
 	}
+	s.runCtx = ctx
+	// The queues' dispatchers end with ctx, rejecting what still waits.
+	defer s.queues.Wait()
 	var last *registry.State
 	for {
 		st, changed := s.view.Current()
@@ -251,7 +261,9 @@ func (s *Server) apply(st *registry.State) {
 		}
 	}
 	snap := buildSnapshot(st, &s.loads, d)
+	old := s.snap.Load()
 	s.snap.Store(snap)
+	s.syncQueues(st, snap, old)
 	ready := healthpb.HealthCheckResponse_NOT_SERVING
 	if len(snap.pools) > 0 {
 		ready = healthpb.HealthCheckResponse_SERVING
@@ -291,9 +303,9 @@ func (s *Server) ready() bool {
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	s.active.Add(1)
 	defer s.active.Add(-1)
-	st := s.newStream()
-	defer st.release()
 	ctx := srv.Context()
+	st := s.newStream(ctx)
+	defer st.release()
 	for {
 		req, err := srv.Recv()
 		if err != nil {

@@ -1,9 +1,11 @@
 package picker
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 
+	"github.com/switchyard/switchyard/picker/admission"
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/prefix"
 	"github.com/switchyard/switchyard/picker/sched"
@@ -29,6 +31,7 @@ type poolView struct {
 	name      string
 	nameBytes []byte // header value, shared read-only
 	eps       []*sched.Endpoint
+	ready     []*sched.Endpoint // eps not draining
 	byAddr    map[string]*sched.Endpoint
 	profile   *sched.Profile
 	state     *poolState
@@ -36,6 +39,8 @@ type poolView struct {
 	usesPrefix    bool
 	usesSession   bool
 	sessionHeader string
+	// admission is the pool's admission block (zero: the defaults).
+	admission registry.Admission
 }
 
 // poolState is a pool's scheduling memory that survives rebuilds: the
@@ -49,6 +54,10 @@ type poolState struct {
 	// Blocks of routed prompts, and how many of them the chosen endpoint
 	// was believed to hold (the prefix index's hit ratio).
 	promptBlocks, matchedBlocks atomic.Int64
+	// queue is the pool's admission queue (nil before the picker runs);
+	// stopQueue ends its dispatcher when the pool goes away.
+	queue     atomic.Pointer[admission.Queue]
+	stopQueue context.CancelFunc
 }
 
 // poolHasher is a Hasher with the KV block size it was built for.
@@ -156,6 +165,9 @@ func buildSnapshot(st *registry.State, ls *loads, d buildDeps) *snapshot {
 		if p.Scheduling != nil && p.Scheduling.SessionHeader != "" {
 			pv.sessionHeader = p.Scheduling.SessionHeader
 		}
+		if p.Admission != nil {
+			pv.admission = *p.Admission
+		}
 		live := make(map[string]bool, len(p.Endpoints))
 		for _, e := range p.Endpoints {
 			k := loadKey{name, e.Address}
@@ -171,6 +183,9 @@ func buildSnapshot(st *registry.State, ls *loads, d buildDeps) *snapshot {
 				ep.Metrics = d.handle(metrics.Key{Pool: name, Address: e.Address})
 			}
 			pv.eps = append(pv.eps, ep)
+			if !ep.Draining {
+				pv.ready = append(pv.ready, ep)
+			}
 			pv.byAddr[e.Address] = ep
 		}
 		// Forget prefix history of endpoints that left the pool.

@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/switchyard/switchyard/picker/admission"
 	"github.com/switchyard/switchyard/picker/openai"
 	"github.com/switchyard/switchyard/picker/sched"
 )
@@ -33,6 +35,8 @@ type sendFunc func(*extprocv3.ProcessingResponse) error
 // owned by a single Process goroutine.
 type stream struct {
 	s *Server
+	// ctx ends when Envoy (or the client) gives up on the request.
+	ctx context.Context
 
 	modesKnown        bool
 	reqMode, respMode bodyMode
@@ -67,13 +71,19 @@ type stream struct {
 	// peerID names the pick shared with the other replicas (0: none).
 	peerID uint64
 
+	// Admission: waiting is the request as the pool's queue sees it (set
+	// by pick when it must wait); admitted once the queue let it go, so
+	// the next pick does not judge saturation again.
+	waiting  admission.Request
+	admitted bool
+
 	// Response side.
 	servedSeen bool
 	rw         *openai.ResponseRewriter
 }
 
-func (s *Server) newStream() *stream {
-	return &stream{s: s, reqMode: s.opts.RequestBodyMode, respMode: s.opts.ResponseBodyMode}
+func (s *Server) newStream(ctx context.Context) *stream {
+	return &stream{s: s, ctx: ctx, reqMode: s.opts.RequestBodyMode, respMode: s.opts.ResponseBodyMode}
 }
 
 // release returns the in-flight request and tokens exactly once.
@@ -87,6 +97,10 @@ func (st *stream) release() {
 	st.primary.Load.InFlightTokens.Add(-st.tokens)
 	if st.running != nil {
 		st.running.Add(-1)
+	}
+	if q := st.pool.state.queue.Load(); q != nil {
+		// Capacity freed: the next waiting request may go.
+		q.Kick()
 	}
 }
 
@@ -270,6 +284,12 @@ func (st *stream) onRequestTrailers(send sendFunc) (bool, error) {
 
 // reject sends a local reply and ends the stream.
 func (st *stream) reject(code int, msg string, send sendFunc) (bool, error) {
+	return st.rejectWith(code, msg, send, "", 0)
+}
+
+// rejectWith is reject with the admission queue's reason header and a
+// retry-after hint (when reason is set).
+func (st *stream) rejectWith(code int, msg string, send sendFunc, reason string, after time.Duration) (bool, error) {
 	st.decided = true
 	i := rejectIndex(code)
 	st.s.stats.rejected[i].Add(1)
@@ -279,7 +299,12 @@ func (st *stream) reject(code int, msg string, send sendFunc) (bool, error) {
 	if st.s.debug {
 		st.s.log.Debug("request rejected", "status", code, "reason", msg, "path", string(st.path))
 	}
-	return true, st.wrapSend(send, immediate(code, msg))
+	r := immediate(code, msg)
+	if reason != "" {
+		hm := r.GetImmediateResponse().GetHeaders()
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(HeaderAdmission, reason), setHeader("retry-after", retryAfter(after)))
+	}
+	return true, st.wrapSend(send, r)
 }
 
 // decide picks the endpoint(s) once the request is complete and releases
@@ -293,7 +318,23 @@ func (st *stream) decide(send sendFunc) (bool, error) {
 	t0 := time.Now()
 	code, msg, body, dest := st.pick()
 	st.s.stats.decision.observe(time.Since(t0))
+	if code == codeQueue {
+		// Saturated: wait in the pool's admission queue, then pick again
+		// with what the dispatcher saw free (the pool view may be newer).
+		pv := st.pool
+		st.pool = nil
+		tk, err := st.queueWait(pv, send)
+		if err != nil {
+			return st.rejectAdmission(err, send)
+		}
+		st.admitted = true
+		code, msg, body, dest = st.pick()
+		tk.Done()
+	}
 	if code != 0 {
+		if code == 429 && msg == "" {
+			return st.rejectWith(code, shedMessage(poolName(st.pool), st.clientModel), send, admission.ReasonShed, time.Second)
+		}
 		return st.reject(code, msg, send)
 	}
 	var remove []string
@@ -428,8 +469,17 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	if mv != nil {
 		sreq.Priority = mv.model.Priority
 	}
+	if pv.admission.PriorityHeader != "" {
+		sreq.Priority = st.priority(pv, sreq.Priority)
+	}
 	prof := pv.profile
 	cands := prof.Filter(sreq, pv.eps, sc)
+	if len(cands) == 0 && len(pv.ready) == 0 {
+		if st.admit(pv, sreq, cands, true) == admitWait {
+			return st.queue(pv, sreq)
+		}
+		return 503, fmt.Sprintf("no ready endpoint in pool %q", pv.name), nil, nil
+	}
 	if len(cands) == 0 {
 		switch {
 		case sc.EmptiedBy == sched.FilterModel:
@@ -441,8 +491,12 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 		}
 		return 503, fmt.Sprintf("no ready endpoint in pool %q", pv.name), nil, nil
 	}
-	if sreq.Priority < 0 && (prof.Saturated(sreq, cands) || (s.opts.Saturation != nil && s.opts.Saturation.Saturated(sreq.Now, cands))) {
-		return 429, fmt.Sprintf("pool %q is saturated and model %q is sheddable", pv.name, st.clientModel), nil, nil
+	switch st.admit(pv, sreq, cands, false) {
+	case admitShed:
+		st.pool = pv
+		return 429, "", nil, nil
+	case admitWait:
+		return st.queue(pv, sreq)
 	}
 	if pv.usesSession {
 		sreq.Session = st.header(pv.sessionHeader)
@@ -496,6 +550,17 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 			"destination", string(dest), "candidates", len(cands), "scores", sc.Explanation)
 	}
 	return 0, "", body, dest
+}
+
+// codeQueue is pick's answer for a request that must wait in the pool's
+// admission queue (st.pool and st.waiting say where and as what).
+const codeQueue = -1
+
+// queue records what the admission queue needs to hold the request.
+func (st *stream) queue(pv *poolView, req *sched.Request) (int, string, []byte, []byte) {
+	st.pool = pv
+	st.waiting = admission.Request{Priority: req.Priority, Flow: st.flow(pv), Bytes: int64(len(st.body)), Tokens: req.Tokens}
+	return codeQueue, "", nil, nil
 }
 
 // header returns the value of request header name (lower case), or "".

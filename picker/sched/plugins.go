@@ -282,10 +282,15 @@ const (
 )
 
 // Thresholds is the scraped-metrics saturation rule: the pool is saturated
-// when every candidate has Waiting >= Queue or KV usage >= KV, counting an
-// endpoint with stale metrics (scrapes failing or too old) as saturated.
-// An endpoint never scraped (or not scraped at all) is not judged, so a
-// pool without metrics is never saturated by this rule.
+// when every candidate's queue, counting the requests this picker sent it
+// since its last scrape (see queueLoad), is at least Queue, or its KV
+// cache use at least KV. An endpoint with stale metrics (scrapes failing
+// or too old) counts as saturated, unless every candidate is stale: then
+// the metrics path is broken, not the servers, and the rule does not
+// judge (as HealthFilter keeps them all), so broken scraping degrades
+// scheduling instead of shedding or queueing every request. An endpoint
+// never scraped is not judged either, so a pool without metrics is never
+// saturated by this rule.
 type Thresholds struct {
 	Queue int
 	KV    float64
@@ -296,18 +301,21 @@ func (t Thresholds) Saturated(now time.Time, eps []*Endpoint) bool {
 	if len(eps) == 0 {
 		return false
 	}
+	stale := 0
 	for _, e := range eps {
 		f, s := e.Freshness(now)
 		switch f {
 		case Unscraped:
 			return false
 		case Fresh:
-			if s.Waiting < t.Queue && s.KVUsage < t.KV {
+			if queueLoad(e, now) < float64(t.Queue) && s.KVUsage < t.KV {
 				return false
 			}
+		default:
+			stale++
 		}
 	}
-	return true
+	return stale < len(eps)
 }
 
 // InFlightLimit reports saturation when every candidate already has at

@@ -259,6 +259,9 @@ func TestSaturation(t *testing.T) {
 		{"mixed queue and KV", []m{{waiting: 6}, {kv: 0.9}}, true},
 		{"stale counts as saturated", []m{{stale: true}, {waiting: 7}}, true},
 		{"stale with a free endpoint", []m{{stale: true}, {waiting: 1}}, false},
+		{"every endpoint stale is not judged", []m{{stale: true}, {stale: true}}, false},
+		{"requests sent since the scrape count", []m{{waiting: 3, running: 2, inflight: 7}, {waiting: 9}}, true},
+		{"requests the scrape already counts do not", []m{{waiting: 3, running: 2, inflight: 5}, {waiting: 9}}, false},
 		{"unscraped endpoint is not judged", []m{{none: true}, {waiting: 7}}, false},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {

@@ -101,6 +101,7 @@ var (
 		{name: "endpoints", decode: (*decoder).poolEndpoints},
 	},
 		hcl.BlockHeaderSchema{Type: "scheduling"},
+		hcl.BlockHeaderSchema{Type: "admission"},
 		hcl.BlockHeaderSchema{Type: "endpoint", LabelNames: []string{"address"}},
 		hcl.BlockHeaderSchema{Type: "consul"},
 	)
@@ -149,6 +150,22 @@ var (
 		strAttr("session_header", func(s *registry.Scheduling, v string) { s.SessionHeader = strings.ToLower(v) }, headerName),
 		{name: "scorers", decode: (*decoder).scorers},
 		{name: "metrics", decode: (*decoder).metricNames},
+	})
+
+	// admissionBody is a pool's admission block: its admission queue.
+	admissionBody = newBody([]attr[*registry.Admission]{
+		boolAttr("enabled", func(a *registry.Admission, v bool) { a.Disabled = !v }),
+		intAttr("max_queued", func(a *registry.Admission, v int) { a.MaxQueued = v }),
+		intAttr("max_queued_bytes", func(a *registry.Admission, v int) { a.MaxQueuedBytes = int64(v) }),
+		intAttr("band_max_queued", func(a *registry.Admission, v int) { a.BandMaxQueued = v }),
+		durationAttr("ttl", func(a *registry.Admission, ms int) { a.TTL = time.Duration(ms) * time.Millisecond }),
+		durationAttr("no_endpoint_wait", func(a *registry.Admission, ms int) { a.NoEndpointWait = time.Duration(ms) * time.Millisecond }),
+		strAttr("fairness", func(a *registry.Admission, v string) { a.Fairness = v }),
+		boolAttr("shed_sheddable", func(a *registry.Admission, v bool) { a.ShedSheddable = v }),
+		strAttr("flow_header", func(a *registry.Admission, v string) { a.FlowHeader = strings.ToLower(v) }, headerName),
+		strAttr("priority_header", func(a *registry.Admission, v string) { a.PriorityHeader = strings.ToLower(v) }, headerName),
+		intAttr("priority_min", func(a *registry.Admission, v int) { a.PriorityMin = v }),
+		intAttr("priority_max", func(a *registry.Admission, v int) { a.PriorityMax = v }),
 	})
 
 	endpointBody = newBody([]attr[*registry.Endpoint]{
@@ -449,9 +466,18 @@ func (d *decoder) pool(b *hcl.Block) {
 	d.pools[name] = p
 	d.endpointAt[name] = map[string]hcl.Range{}
 	content := decodeBody(d, b.Body, poolBody, obj.at(""), p)
-	var schedAt, consulAt *hcl.Range
+	var schedAt, consulAt, admissionAt *hcl.Range
 	for _, sb := range content.Blocks {
 		switch sb.Type {
+		case "admission":
+			if admissionAt != nil {
+				d.errorAt(obj.with("admission"), sb.DefRange, "Duplicate admission block",
+					fmt.Sprintf("Pool %q already has an admission block at %s.", name, pos(*admissionAt)))
+				continue
+			}
+			admissionAt = sb.DefRange.Ptr()
+			p.Admission = &registry.Admission{}
+			decodeBody(d, sb.Body, admissionBody, obj.at("admission."), p.Admission)
 		case "scheduling":
 			if schedAt != nil {
 				d.errorAt(obj.with("scheduling"), sb.DefRange, "Duplicate scheduling block",

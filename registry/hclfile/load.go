@@ -255,6 +255,8 @@ func summaryFor(ve *registry.ValidationError) string {
 		return "Invalid metrics_path"
 	case errors.Is(ve, registry.ErrBadScheduling):
 		return "Invalid scheduling"
+	case errors.Is(ve, registry.ErrBadAdmission):
+		return "Invalid admission"
 	case errors.Is(ve, registry.ErrBadWeights):
 		return "Invalid target weights"
 	case errors.Is(ve, registry.ErrSelfTarget):

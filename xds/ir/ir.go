@@ -243,8 +243,12 @@ type Picker struct {
 	HealthService  string
 	EjectionTime   time.Duration
 	MessageTimeout time.Duration
-	MaxStreams     uint32     // circuit-breaker thresholds (Options.PickerMaxStreams)
-	TLS            *PickerTLS // nil: plaintext
+	// MaxMessageTimeout bounds how long the picker may ask Envoy to wait
+	// for its answer (override_message_timeout): a request waiting in an
+	// admission queue asks for its TTL.
+	MaxMessageTimeout time.Duration
+	MaxStreams        uint32     // circuit-breaker thresholds (Options.PickerMaxStreams)
+	TLS               *PickerTLS // nil: plaintext
 }
 
 // PickerTLS says where each Envoy finds, on its own host, what it needs for
@@ -413,7 +417,9 @@ func Build(s *registry.State, o Options) (*Config, error) {
 		HealthService:  PickerHealthService,
 		EjectionTime:   o.PickerEjectionTime,
 		MessageTimeout: o.MessageTimeout,
-		MaxStreams:     o.PickerMaxStreams,
+		// The longest admission wait a pool may configure, and a margin.
+		MaxMessageTimeout: registry.MaxAdmissionTTL + time.Minute,
+		MaxStreams:        o.PickerMaxStreams,
 	}
 	if t := o.PickerTLS; t != nil {
 		if t.CertificateSDS == "" || t.CertificateSecret == "" || t.ValidationSDS == "" || t.ValidationSecret == "" {

@@ -443,6 +443,7 @@ func (t *translation) extProc(p ir.Picker, l ir.Listener) *extprocv3.ExternalPro
 		FailureModeAllow:  true,
 		ProcessingMode:    ProcessingMode(),
 		MessageTimeout:    dur(p.MessageTimeout),
+		MaxMessageTimeout: dur(p.MaxMessageTimeout),
 		AllowModeOverride: false,
 		StatusOnError:     &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable},
 		MetadataOptions: &extprocv3.MetadataOptions{
