@@ -77,6 +77,9 @@ type PoolStats struct {
 	// Saturated: every eligible endpoint is over the queue or KV threshold
 	// (sheddable requests get 429).
 	Saturated bool
+	// SaturatedShare is the share (0..1) of the pool's ready endpoints
+	// that are saturated on their own (no ready endpoint: 1).
+	SaturatedShare float64
 	// Prefix index size and the blocks of routed prompts the chosen
 	// endpoint was believed to hold (MatchedBlocks / PromptBlocks is the
 	// index's hit ratio).
@@ -125,10 +128,26 @@ func (s *Server) Observe(now time.Time) Observability {
 		st := pv.state.index.Stats()
 		ps.PrefixEntries, ps.PrefixBlocks, ps.PrefixBytes = st.Entries, st.Blocks, st.Bytes
 		ps.Saturated = s.saturated(pv, now)
+		ps.SaturatedShare = s.saturatedShare(pv, now)
 		out.Pools = append(out.Pools, ps)
 	}
 	sort.Slice(out.Pools, func(i, j int) bool { return out.Pools[i].Name < out.Pools[j].Name })
 	return out
+}
+
+// saturatedShare is the share of pv's ready endpoints that the pool's
+// saturation rule judges saturated one by one.
+func (s *Server) saturatedShare(pv *poolView, now time.Time) float64 {
+	if len(pv.ready) == 0 {
+		return 1
+	}
+	n := 0
+	for i := range pv.ready {
+		if s.saturatedAmong(pv, pv.ready[i:i+1], now) {
+			n++
+		}
+	}
+	return float64(n) / float64(len(pv.ready))
 }
 
 // Saturated reports, per pool, whether the pool is saturated at now (see

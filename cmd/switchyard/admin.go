@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/switchyard/switchyard/picker/admission"
 	"github.com/switchyard/switchyard/picker/peers"
 )
 
@@ -150,6 +151,35 @@ type poolStatus struct {
 	// their source reports failing (too many failed at once).
 	Guard     *guardStatus     `json:"guard,omitempty"`
 	Endpoints []endpointStatus `json:"endpoints"`
+	// Admission is the pool's admission queue (nil: admission off or the
+	// picker not running).
+	Admission *admissionStatus `json:"admission,omitempty"`
+}
+
+// admissionStatus is one pool's admission queue: its bounds, what waits
+// now (by band and flow) and its counters.
+type admissionStatus struct {
+	MaxQueued      int               `json:"max_queued"`
+	MaxQueuedBytes int64             `json:"max_queued_bytes"`
+	TTLMS          int64             `json:"ttl_ms"`
+	Fairness       string            `json:"fairness"`
+	Queued         int               `json:"queued"`
+	QueuedBytes    int64             `json:"queued_bytes"`
+	Waiting        []admissionFlow   `json:"waiting"`
+	Enqueued       uint64            `json:"enqueued"`
+	Dispatched     uint64            `json:"dispatched"`
+	Cancelled      uint64            `json:"cancelled"`
+	Rejected       map[string]uint64 `json:"rejected"`
+	// WaitP90MS is the 90th percentile wait of dispatched requests (bucket
+	// bound; 0 when none waited).
+	WaitP90MS float64 `json:"wait_p90_ms"`
+}
+
+type admissionFlow struct {
+	Priority int    `json:"priority"`
+	Flow     string `json:"flow"`
+	Requests int    `json:"requests"`
+	Bytes    int64  `json:"bytes"`
 }
 
 type guardStatus struct {
@@ -286,6 +316,12 @@ func (a *app) status() statusDoc {
 		byPool[e.Pool] = append(byPool[e.Pool], es)
 	}
 	saturated := a.picker.Saturated(time.Now())
+	queues := map[string]*admissionStatus{}
+	for _, q := range a.picker.AdmissionStats() {
+		if !q.Config.Disabled {
+			queues[q.Pool] = newAdmissionStatus(q)
+		}
+	}
 	guards := map[string]*guardStatus{}
 	for _, g := range a.manager.Status().Guards {
 		guards[g.Pool] = &guardStatus{Held: g.Held, Since: g.Since.UTC(), Until: g.Until.UTC()}
@@ -304,7 +340,8 @@ func (a *app) status() statusDoc {
 			}
 		}
 		doc.Pools = append(doc.Pools, poolStatus{Name: name, Engine: string(p.Engine),
-			FailureMode: string(p.FailureMode), Saturated: saturated[name], Guard: guards[name], Endpoints: eps})
+			FailureMode: string(p.FailureMode), Saturated: saturated[name], Guard: guards[name], Endpoints: eps,
+			Admission: queues[name]})
 	}
 	for _, name := range st.ModelNames() {
 		m := st.Models[name]
@@ -315,4 +352,40 @@ func (a *app) status() statusDoc {
 		doc.Models = append(doc.Models, ms)
 	}
 	return doc
+}
+
+// newAdmissionStatus summarises a pool's admission queue for the status
+// page.
+func newAdmissionStatus(q admission.Stats) *admissionStatus {
+	as := &admissionStatus{MaxQueued: q.Config.MaxQueued, MaxQueuedBytes: q.Config.MaxQueuedBytes,
+		TTLMS: q.Config.TTL.Milliseconds(), Fairness: string(q.Config.Fairness), Waiting: []admissionFlow{},
+		Enqueued: q.Enqueued, Dispatched: q.Dispatched, Cancelled: q.Cancelled, Rejected: q.Rejected}
+	for _, w := range q.Waiting {
+		as.Queued += w.Requests
+		as.QueuedBytes += w.Bytes
+		as.Waiting = append(as.Waiting, admissionFlow{Priority: w.Priority, Flow: w.Flow, Requests: w.Requests, Bytes: w.Bytes})
+	}
+	// p90 over every band's dispatched waits: merge the histograms.
+	bounds := admission.WaitBounds()
+	cum := make([]uint64, len(bounds))
+	var count uint64
+	for k, h := range q.Wait {
+		if k.Outcome != admission.OutcomeDispatched {
+			continue
+		}
+		count += h.Count
+		for i := range cum {
+			cum[i] += h.Cumulative[i]
+		}
+	}
+	if count > 0 {
+		as.WaitP90MS = 1000 * bounds[len(bounds)-1]
+		for i, c := range cum {
+			if float64(c) >= 0.9*float64(count) {
+				as.WaitP90MS = 1000 * bounds[i]
+				break
+			}
+		}
+	}
+	return as
 }

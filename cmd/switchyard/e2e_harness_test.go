@@ -490,6 +490,7 @@ type infReq struct {
 type infResp struct {
 	status   int
 	servedBy string
+	header   http.Header
 	// destination is the picker's destination list as the model server
 	// received it (vllm-sim echoes it; "" when the picker did not pick).
 	destination string
@@ -550,7 +551,8 @@ func sendTo(c *http.Client, base string, r infReq, onHeaders func(*infResp)) (*i
 		return nil, err
 	}
 	defer resp.Body.Close()
-	out := &infResp{status: resp.StatusCode, servedBy: resp.Header.Get("x-served-by"), destination: resp.Header.Get("x-destination-seen")}
+	out := &infResp{status: resp.StatusCode, servedBy: resp.Header.Get("x-served-by"), header: resp.Header,
+		destination: resp.Header.Get("x-destination-seen")}
 	if onHeaders != nil {
 		onHeaders(out)
 	}

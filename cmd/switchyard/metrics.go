@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/switchyard/switchyard/picker/admission"
 )
 
 // metricsHandler serves /metrics. Everything is read from the components'
@@ -74,7 +76,14 @@ var (
 	mPeerDropped    = desc("switchyard_replica_events_dropped_total", "Pick events the peer replica's full queue dropped (its stream is then reset).", "peer")
 	mPeerLag        = desc("switchyard_replica_lag_seconds", "Age of the latest batch of picks from the peer replica on arrival (replication lag; clocks of both hosts).", "peer")
 	mPeerPicks      = desc("switchyard_replica_peer_picks_total", "Picks the other replicas shared with this one.")
-	mPoolSaturated  = desc("switchyard_pool_saturated", "1 while every eligible endpoint of the pool is over queue_threshold or kv_threshold (sheddable requests get 429).", "name")
+	mPoolSaturated  = desc("switchyard_pool_saturated", "1 while every eligible endpoint of the pool is over queue_threshold or kv_threshold (requests wait in the admission queue).", "name")
+	mFCSaturation   = desc("inference_extension_flow_control_pool_saturation", "Share (0..1) of the pool's ready endpoints over queue_threshold or kv_threshold.", "inference_pool")
+	mFCQueueSize    = desc("inference_extension_flow_control_queue_size", "Requests waiting in the pool's admission queue, by flow and priority band.", "fairness_id", "priority", "inference_pool")
+	mFCQueueBytes   = desc("inference_extension_flow_control_queue_bytes", "Body bytes of the requests waiting in the pool's admission queue, by flow and priority band.", "fairness_id", "priority", "inference_pool")
+	mFCQueueWait    = desc("inference_extension_flow_control_request_queue_duration_seconds", "Time requests spent in the admission queue, by priority band and outcome (dispatched, rejected_ttl, rejected_overflow, rejected_no_endpoint, evicted, cancelled).", "priority", "outcome", "inference_pool")
+	mAdmDispatched  = desc("switchyard_admission_dispatched_total", "Requests the pool's admission queue held and then let go.", "pool")
+	mAdmRejected    = desc("switchyard_admission_rejected_total", "Requests the pool's admission queue turned away, by reason (ttl, overflow, no-endpoint).", "pool", "reason")
+	mAdmCancelled   = desc("switchyard_admission_cancelled_total", "Requests whose client gave up while they waited in the pool's admission queue.", "pool")
 )
 
 func (c *appCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -83,7 +92,8 @@ func (c *appCollector) Describe(ch chan<- *prometheus.Desc) {
 		mRequests, mRewrites, mFallback, mLocalReplies, mXDSSnapshots, mXDSFailures, mXDSAcks, mXDSNacks, mXDSStreams,
 		mConsulUp, mConsulInst, mConsulLastSync, mObjRequests, mObjErrors, mObjRunning, mDecision,
 		mPrefixSize, mPrefixBytes, mPrefixPrompt, mPrefixMatched, mPoolSaturated, mGuardHeld, mGuardStarts,
-		mReplicas, mPeerSharing, mPeerDropped, mPeerLag, mPeerPicks} {
+		mReplicas, mPeerSharing, mPeerDropped, mPeerLag, mPeerPicks,
+		mFCSaturation, mFCQueueSize, mFCQueueBytes, mFCQueueWait, mAdmDispatched, mAdmRejected, mAdmCancelled} {
 		ch <- d
 	}
 }
@@ -174,6 +184,27 @@ func (c *appCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(mPrefixPrompt, float64(p.PromptBlocks), p.Name)
 		counter(mPrefixMatched, float64(p.MatchedBlocks), p.Name)
 		gauge(mPoolSaturated, boolf(p.Saturated), p.Name)
+		gauge(mFCSaturation, p.SaturatedShare, p.Name)
+	}
+	for _, q := range a.picker.AdmissionStats() {
+		for _, w := range q.Waiting {
+			prio := strconv.Itoa(w.Priority)
+			gauge(mFCQueueSize, float64(w.Requests), w.Flow, prio, q.Pool)
+			gauge(mFCQueueBytes, float64(w.Bytes), w.Flow, prio, q.Pool)
+		}
+		bounds := admission.WaitBounds()
+		for k, h := range q.Wait {
+			buckets := make(map[float64]uint64, len(bounds))
+			for i, b := range bounds {
+				buckets[b] = h.Cumulative[i]
+			}
+			ch <- prometheus.MustNewConstHistogram(mFCQueueWait, h.Count, h.SumSeconds, buckets, strconv.Itoa(k.Priority), k.Outcome, q.Pool)
+		}
+		counter(mAdmDispatched, float64(q.Dispatched), q.Pool)
+		counter(mAdmCancelled, float64(q.Cancelled), q.Pool)
+		for reason, n := range q.Rejected {
+			counter(mAdmRejected, float64(n), q.Pool, reason)
+		}
 	}
 
 	gauge(mReplicas, float64(max(len(st.Replicas), 1)))

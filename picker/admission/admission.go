@@ -253,7 +253,7 @@ func (q *Queue) Wait(ctx context.Context, r Request) (Ticket, error) {
 		}
 		q.remove(it)
 		q.stats.Cancelled++
-		q.waits.observe(outcomeCancelled, q.now().Sub(it.enqueued))
+		q.waits.observe(it.req.Priority, OutcomeCancelled, q.now().Sub(it.enqueued))
 		q.mu.Unlock()
 		return Ticket{}, ErrCancelled
 	}
@@ -270,7 +270,7 @@ func (q *Queue) push(it *item) error {
 	for bandFull || q.n >= cfg.MaxQueued || q.bytes+it.req.Bytes > cfg.MaxQueuedBytes {
 		if bandFull || !q.evictBelow(it.req.Priority) {
 			q.stats.Rejected[ReasonOverflow]++
-			q.waits.observe(outcomeOverflow, 0)
+			q.waits.observe(it.req.Priority, OutcomeOverflow, 0)
 			return &Rejection{Reason: ReasonOverflow, RetryAfter: time.Second,
 				msg: fmt.Sprintf("pool %q: the admission queue is full (%d requests, %d bytes waiting)", q.pool, q.n, q.bytes)}
 		}
@@ -316,7 +316,7 @@ func (q *Queue) evictBelow(priority int) bool {
 		}
 	}
 	q.remove(victim)
-	q.finish(victim, outcomeEvicted, &Rejection{Reason: ReasonOverflow, RetryAfter: time.Second,
+	q.finish(victim, OutcomeEvicted, &Rejection{Reason: ReasonOverflow, RetryAfter: time.Second,
 		msg: fmt.Sprintf("pool %q: evicted from the admission queue for a higher-priority request", q.pool)})
 	q.stats.Rejected[ReasonOverflow]++
 	return true
@@ -338,7 +338,7 @@ func (q *Queue) remove(it *item) {
 // finish hands it its outcome (under mu).
 func (q *Queue) finish(it *item, outcome string, err error) {
 	it.done = true
-	q.waits.observe(outcome, q.now().Sub(it.enqueued))
+	q.waits.observe(it.req.Priority, outcome, q.now().Sub(it.enqueued))
 	it.granted <- err
 }
 
@@ -414,14 +414,14 @@ func (q *Queue) next(now time.Time) *item {
 	return it
 }
 
-// Outcomes of a wait (the histogram's outcome label).
+// Outcomes of a wait (WaitKey.Outcome, the metrics' outcome label).
 const (
-	outcomeDispatched = "dispatched"
-	outcomeTTL        = "rejected_ttl"
-	outcomeNoEndpoint = "rejected_no_endpoint"
-	outcomeOverflow   = "rejected_overflow"
-	outcomeEvicted    = "evicted"
-	outcomeCancelled  = "cancelled"
+	OutcomeDispatched = "dispatched"
+	OutcomeTTL        = "rejected_ttl"
+	OutcomeNoEndpoint = "rejected_no_endpoint"
+	OutcomeOverflow   = "rejected_overflow"
+	OutcomeEvicted    = "evicted"
+	OutcomeCancelled  = "cancelled"
 )
 
 // dispatchTimeout bounds how long the dispatcher waits for a granted
@@ -492,7 +492,7 @@ func (q *Queue) grantNext() *item {
 	}
 	q.remove(it)
 	q.stats.Dispatched++
-	q.finish(it, outcomeDispatched, nil)
+	q.finish(it, OutcomeDispatched, nil)
 	return it
 }
 
@@ -520,12 +520,12 @@ func (q *Queue) expire() {
 				case noEndpoint && waited >= cfg.NoEndpointWait:
 					q.remove(it)
 					q.stats.Rejected[ReasonNoEndpoint]++
-					q.finish(it, outcomeNoEndpoint, &Rejection{Reason: ReasonNoEndpoint, RetryAfter: 5 * time.Second,
+					q.finish(it, OutcomeNoEndpoint, &Rejection{Reason: ReasonNoEndpoint, RetryAfter: 5 * time.Second,
 						msg: fmt.Sprintf("no ready endpoint in pool %q for %v", q.pool, waited.Round(time.Millisecond))})
 				case waited >= cfg.TTL:
 					q.remove(it)
 					q.stats.Rejected[ReasonTTL]++
-					q.finish(it, outcomeTTL, &Rejection{Reason: ReasonTTL, RetryAfter: time.Second,
+					q.finish(it, OutcomeTTL, &Rejection{Reason: ReasonTTL, RetryAfter: time.Second,
 						msg: fmt.Sprintf("pool %q stayed saturated for %v: the request waited its whole admission TTL", q.pool, waited.Round(time.Millisecond))})
 				default:
 					i++
@@ -576,7 +576,7 @@ func (q *Queue) rejectAll() {
 			for len(f.items) > 0 {
 				it := f.items[0]
 				q.remove(it)
-				q.finish(it, outcomeNoEndpoint, &Rejection{Reason: ReasonNoEndpoint, RetryAfter: time.Second,
+				q.finish(it, OutcomeNoEndpoint, &Rejection{Reason: ReasonNoEndpoint, RetryAfter: time.Second,
 					msg: fmt.Sprintf("pool %q: the picker is stopping", q.pool)})
 			}
 		}
@@ -594,8 +594,8 @@ type Stats struct {
 	Rejected                        map[string]uint64
 	// Waiting is the requests waiting now, by band and flow.
 	Waiting []Waiting
-	// Wait is the histogram of waits by outcome.
-	Wait map[string]Histogram
+	// Wait is the histogram of waits by band and outcome.
+	Wait map[WaitKey]Histogram
 }
 
 // Waiting is one band and flow's waiting requests.

@@ -168,7 +168,7 @@ func TestTTLAndNoEndpoint(t *testing.T) {
 	if !errors.As(err, &rej) || rej.Reason != ReasonNoEndpoint {
 		t.Fatalf("no endpoint: %v", err)
 	}
-	if s := q.Stats(); s.Rejected[ReasonTTL] != 1 || s.Rejected[ReasonNoEndpoint] != 1 || s.Wait[outcomeTTL].Count != 1 {
+	if s := q.Stats(); s.Rejected[ReasonTTL] != 1 || s.Rejected[ReasonNoEndpoint] != 1 || s.Wait[WaitKey{Outcome: OutcomeTTL}].Count != 1 {
 		t.Fatalf("stats %+v", s)
 	}
 }

@@ -17,16 +17,27 @@ type Histogram struct {
 	Cumulative []uint64
 }
 
-// waitHistogram counts waits by outcome; used under Queue.mu.
-type waitHistogram struct{ by map[string]*Histogram }
+// WaitKey names one wait histogram: the band and how the wait ended
+// ("dispatched", "rejected_ttl", "rejected_overflow",
+// "rejected_no_endpoint", "evicted" or "cancelled").
+type WaitKey struct {
+	Priority int
+	Outcome  string
+}
 
-func newWaitHistogram() *waitHistogram { return &waitHistogram{by: map[string]*Histogram{}} }
+// waitHistogram counts waits by band and outcome; used under Queue.mu.
+// Bands are few (the models' priorities and the header's bounds), so
+// the map stays small.
+type waitHistogram struct{ by map[WaitKey]*Histogram }
 
-func (w *waitHistogram) observe(outcome string, d time.Duration) {
-	h := w.by[outcome]
+func newWaitHistogram() *waitHistogram { return &waitHistogram{by: map[WaitKey]*Histogram{}} }
+
+func (w *waitHistogram) observe(priority int, outcome string, d time.Duration) {
+	k := WaitKey{Priority: priority, Outcome: outcome}
+	h := w.by[k]
 	if h == nil {
 		h = &Histogram{Cumulative: make([]uint64, len(waitBounds))}
-		w.by[outcome] = h
+		w.by[k] = h
 	}
 	s := d.Seconds()
 	h.Count++
@@ -38,8 +49,8 @@ func (w *waitHistogram) observe(outcome string, d time.Duration) {
 	}
 }
 
-func (w *waitHistogram) snapshot() map[string]Histogram {
-	out := make(map[string]Histogram, len(w.by))
+func (w *waitHistogram) snapshot() map[WaitKey]Histogram {
+	out := make(map[WaitKey]Histogram, len(w.by))
 	for k, h := range w.by {
 		c := *h
 		c.Cumulative = append([]uint64(nil), h.Cumulative...)

@@ -32,6 +32,8 @@ type fleetConfig struct {
 	timeScale float64
 	gpuBlocks int
 	scrape    time.Duration
+	// simArgs are extra vllm-sim flags (e.g. -max-num-seqs).
+	simArgs []string
 }
 
 // fleet is N vllm-sim processes behind one picker (or several replicas)
@@ -43,6 +45,9 @@ type fleet struct {
 	pub     *registry.Publisher
 	srvs    []*picker.Server
 	version uint64
+	// admission is the pool's admission block use publishes (nil: the
+	// defaults).
+	admission *registry.Admission
 }
 
 func startFleet(t testing.TB, cfg fleetConfig) *fleet {
@@ -59,9 +64,10 @@ func startReplicaFleet(t testing.TB, cfg fleetConfig, replicas int, share bool) 
 	var addrs []string
 	for i := range cfg.sims {
 		port := testutil.FreePort(t)
-		testutil.Start(t, fmt.Sprintf("vllm-sim-%d", i), bin, "-port", strconv.Itoa(port), "-model", modelName,
+		args := append([]string{"-port", strconv.Itoa(port), "-model", modelName,
 			"-time-scale", strconv.FormatFloat(cfg.timeScale, 'g', -1, 64),
-			"-num-gpu-blocks", strconv.Itoa(cfg.gpuBlocks), "-seed", strconv.Itoa(i+1), "-log-level", "warn")
+			"-num-gpu-blocks", strconv.Itoa(cfg.gpuBlocks), "-seed", strconv.Itoa(i + 1), "-log-level", "warn"}, cfg.simArgs...)
+		testutil.Start(t, fmt.Sprintf("vllm-sim-%d", i), bin, args...)
 		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(port))
 	}
 	for _, a := range addrs {
@@ -126,10 +132,15 @@ func startReplicaFleet(t testing.TB, cfg fleetConfig, replicas int, share bool) 
 }
 
 func (f *fleet) state(sc *registry.Scheduling) *registry.State {
+	return f.stateWith(sc, nil)
+}
+
+// stateWith is state with the pool's admission block.
+func (f *fleet) stateWith(sc *registry.Scheduling, adm *registry.Admission) *registry.State {
 	st := registry.Empty()
 	f.version++
 	st.Version = f.version
-	p := &registry.Pool{Name: poolName, Engine: registry.EngineVLLM, Scheduling: sc}
+	p := &registry.Pool{Name: poolName, Engine: registry.EngineVLLM, Scheduling: sc, Admission: adm}
 	for _, a := range f.addrs {
 		p.Endpoints = append(p.Endpoints, registry.Endpoint{Address: a})
 	}
@@ -155,9 +166,14 @@ func (f *fleet) use(profile string) {
 			sc.Scorers[k] = x
 		}
 	}
-	st := f.state(sc)
+	f.apply(f.stateWith(sc, f.admission))
+}
+
+// apply publishes st and waits until every picker applied it.
+func (f *fleet) apply(st *registry.State) {
+	f.t.Helper()
 	f.pub.Publish(st)
-	testutil.Eventually(f.t, 5*time.Second, "profile "+profile+" applied", func() error {
+	testutil.Eventually(f.t, 5*time.Second, fmt.Sprintf("state %d applied", st.Version), func() error {
 		for _, srv := range f.srvs {
 			if v := srv.Stats().Version; v != st.Version {
 				return fmt.Errorf("version %d, want %d", v, st.Version)
