@@ -130,6 +130,25 @@
 //	                              # maintenance are never delayed
 //	  }
 //
+//	  admission {                 # optional, at most one: the pool's
+//	                              # admission queue (picker/admission);
+//	                              # every attribute optional
+//	    enabled          = true   # false: saturated requests go at once
+//	    max_queued       = 1024   # whole number >= 0 (0: the default):
+//	                              # waiting requests of the pool
+//	    max_queued_bytes = 67108864 # their bodies, bytes (0: 64 MiB)
+//	    band_max_queued  = 0      # per priority band (0: no own bound)
+//	    ttl              = "30s"  # longest wait, then 429; at most 5m
+//	    no_endpoint_wait = "5s"   # longest wait while no endpoint is
+//	                              # ready, then 503; at most 5m
+//	    fairness         = "tokens" # tokens | round-robin
+//	    shed_sheddable   = false  # true: priority < 0 gets 429 at once
+//	    flow_header      = "x-tenant"   # header naming the flow (lower-cased)
+//	    priority_header  = "x-priority" # header overriding the priority,
+//	    priority_min     = 0      # clamped to [priority_min, priority_max];
+//	    priority_max     = 1      # setting either needs priority_header
+//	  }
+//
 //	  endpoint "127.0.0.1:8003" { # optional, any number: an endpoint with
 //	                              # settings; same rules as endpoints entries,
 //	                              # and an address may appear only once in
