@@ -255,11 +255,12 @@ func (a *app) status() statusDoc {
 			ss.LastError = err.Error()
 		}
 		if a.warm != nil {
-			r := a.warm.restored
+			r := a.warm.Restored()
 			ss.Restored = warmCount{PrefixEndpoints: r.PrefixEndpoints, PrefixBlocks: r.PrefixBlocks, Sessions: r.Sessions, FailingEps: r.Failing}
-			ss.WarmSaves = a.warm.saves.Load()
-			if ns := a.warm.lastSave.Load(); ns != 0 {
-				ss.LastWarmSave = time.Unix(0, ns).UTC()
+			n, last := a.warm.Saves()
+			ss.WarmSaves = n
+			if !last.IsZero() {
+				ss.LastWarmSave = last.UTC()
 			}
 		}
 		doc.Store = ss

@@ -21,6 +21,7 @@ import (
 
 	"github.com/switchyard/switchyard/internal/adminauth"
 	"github.com/switchyard/switchyard/internal/mtls"
+	"github.com/switchyard/switchyard/internal/persist"
 	"github.com/switchyard/switchyard/picker"
 	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/registry"
@@ -150,8 +151,8 @@ type app struct {
 	picker  *picker.Server
 	xds     *xds.Server
 	consul  *consul.Source
-	store   store.Store // nil without -store
-	warm    *warmSaver  // nil without -store
+	store   store.Store   // nil without -store
+	warm    *persist.Warm // nil without -store
 	// tls serves ADS and ext_proc certificates; nil without TLS.
 	tls     *mtls.Server
 	connect mtls.ConnectAgent // Consul agent with -tls-consul-service
@@ -190,16 +191,14 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	var (
 		initial *registry.State
 		snap    *store.Snapshot
-		saved   map[string]uint64
 		mgrOpts = []registry.ManagerOption{registry.WithLogger(logger)}
 	)
 	if f.storePath != "" {
-		st, loaded, err := openStore(f.storePath, logger)
+		st, loaded, err := persist.Open(f.storePath, logger)
 		if err != nil {
 			return nil, err
 		}
 		a.store, snap = st, loaded
-		saved = snap.ConsulIndexes
 		if initial = snap.State(); initial != nil {
 			// What Consul is asked stays the configuration's: it, not the
 			// snapshot, says which pools want Consul members now.
@@ -212,7 +211,7 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	a.pub = registry.NewPublisher(initial)
 	a.view = a.pub
 	a.manager = registry.NewManager(a.pub, mgrOpts...)
-	if a.consul, err = newConsulSource(cfg, initial, saved, logger); err != nil {
+	if a.consul, err = newConsulSource(cfg, initial, persist.ConsulIndexes(snap), logger); err != nil {
 		a.close()
 		return nil, err
 	}
@@ -234,14 +233,32 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	if a.store != nil {
 		// The picker starts on the persisted state, so the prefix index,
 		// sessions and health of its endpoints can be restored now.
-		restored := restoreWarm(a.picker, snap, logger)
-		a.warm = newWarmSaver(a.store, snap, a.picker, logger.With("component", "store"))
-		a.warm.restored = restored
+		a.warm = persist.NewWarm(a.store, a.picker, persist.WarmOptions{Logger: logger.With("component", "store")})
+		a.warm.Restore(snap, time.Now())
 	}
 	a.xds = xds.NewServer(a.pub, xds.Options{
 		Translation: ir.Options{PickerAddr: advertise, PickerTLS: a.pickerTLS(), PickerMaxStreams: uint32(min(f.pickerMaxStreams, 1<<32-1))},
 	}, logger)
 	return a, nil
+}
+
+// newConsulSource builds the Consul source watching what cfg asks for (its
+// pools' consul blocks, the replicas block); it opens no connection until
+// something is wanted. restored is the persisted state, whose Consul
+// members stand in until Consul first answers, and indexes the persisted
+// blocking-query indexes. The configuration's top-level consul block, read
+// once at start, overrides the CONSUL_HTTP_* environment.
+func newConsulSource(cfg *hclfile.Config, restored *registry.State, indexes map[registry.ConsulSelector]uint64, logger *slog.Logger) (*consul.Source, error) {
+	opts := consulOptions(cfg)
+	opts.Wants = consul.WantsFrom(cfg.State)
+	opts.Restored = restored
+	opts.InitialIndexes = indexes
+	opts.Logger = logger.With("component", "consul")
+	cs, err := consul.New(opts)
+	if err != nil {
+		return nil, fmt.Errorf("consul: %w", err)
+	}
+	return cs, nil
 }
 
 // close releases what newApp opened (the store's final flush).
@@ -321,7 +338,9 @@ func (a *app) components() []component {
 		comps = append(comps, component{"peers", a.sharePicks})
 	}
 	if a.store != nil {
-		comps = append(comps, component{"persist", a.persist}, component{"persist-warm", a.persistWarm})
+		comps = append(comps,
+			component{"persist", persist.NewStateSaver(a.store, a.view, a.consul.Indexes, a.log.With("component", "store")).Run},
+			component{"persist-warm", a.warm.Run})
 	}
 	return comps
 }
