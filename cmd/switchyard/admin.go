@@ -31,6 +31,6 @@ func (a *app) statusSources() *adminstatus.Sources {
 		View: a.view, Registry: a.manager, Picker: a.picker, XDS: a.xds, Consul: a.consul, Mesh: a.mesh,
 		TLS: a.tls, AllowedSANs: a.flags.tls.sans(),
 		Store: a.store, StorePath: a.flags.storePath, Warm: a.warm,
-		Draining: a.draining.Load,
+		Draining: a.drain.Draining,
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/switchyard/switchyard/internal/adminauth"
+	"github.com/switchyard/switchyard/internal/drain"
 	"github.com/switchyard/switchyard/internal/mtls"
 	"github.com/switchyard/switchyard/internal/persist"
 	"github.com/switchyard/switchyard/picker"
@@ -156,12 +156,10 @@ type app struct {
 	// tls serves ADS and ext_proc certificates; nil without TLS.
 	tls     *mtls.Server
 	connect mtls.ConnectAgent // Consul agent with -tls-consul-service
+	// drain takes the process out of service on shutdown.
+	drain *drain.Drainer
 	// replicaID names this process among the replicas; registration, when
 	// set, is its Consul registration (replicas { consul_service }).
-	// draining is set once shutdown began (drain).
-	draining atomic.Bool
-	// regStop ends the Consul registration early (drain).
-	regStop      atomic.Pointer[context.CancelFunc]
 	replicaID    string
 	pickerAddr   string // the picker address Envoys and replicas dial
 	registration *consul.Registration
@@ -239,6 +237,11 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	a.xds = xds.NewServer(a.pub, xds.Options{
 		Translation: ir.Options{PickerAddr: advertise, PickerTLS: a.pickerTLS(), PickerMaxStreams: uint32(min(f.pickerMaxStreams, 1<<32-1))},
 	}, logger)
+	// On shutdown, the picker's and ADS's gRPC health and /readyz report
+	// not ready (the Consul registration ends too: registerReplica).
+	a.drain = drain.New(drain.Options{Delay: f.drainDelay, Timeout: f.drainTimeout, Logger: logger}, a.picker.ActiveStreams)
+	a.drain.OnDrain(a.picker.Drain)
+	a.drain.OnDrain(func() { a.xds.SetServing(false) })
 	return a, nil
 }
 
@@ -358,50 +361,11 @@ func (a *app) run(ctx context.Context) error {
 		return err
 	case <-ctx.Done():
 	}
-	if err, failed := a.drain(errc); failed {
+	if stopped, err := a.drain.Run(errc); stopped {
 		return err
 	}
 	cancel()
 	return <-errc
-}
-
-// drain takes this switchyard out of service before it stops, so that a
-// replica stopped for an upgrade fails no request: it reports itself not
-// ready (picker and ADS gRPC health, /readyz) and deregisters from Consul,
-// keeps serving for -drain-delay while Envoys' health checks and the other
-// replicas notice, then waits up to -drain-timeout for the requests in
-// flight through its picker. If a component fails meanwhile it returns
-// that component's error and failed.
-func (a *app) drain(errc <-chan error) (err error, failed bool) {
-	start := time.Now()
-	a.draining.Store(true)
-	a.picker.Drain()
-	a.xds.SetServing(false)
-	if stop := a.regStop.Load(); stop != nil {
-		(*stop)()
-	}
-	a.log.Info("draining: reported not ready; still serving", "delay", a.flags.drainDelay, "in_flight", a.picker.ActiveStreams())
-	wait := func(d time.Duration) bool {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			return true
-		case err = <-errc:
-			return false
-		}
-	}
-	if !wait(a.flags.drainDelay) {
-		return err, true
-	}
-	deadline := time.Now().Add(a.flags.drainTimeout)
-	for a.picker.ActiveStreams() > 0 && time.Now().Before(deadline) {
-		if !wait(50 * time.Millisecond) {
-			return err, true
-		}
-	}
-	a.log.Info("drained", "in_flight_left", a.picker.ActiveStreams(), "took", time.Since(start).Round(time.Millisecond))
-	return nil, false
 }
 
 func runComponents(ctx context.Context, logger *slog.Logger, comps []component) error {
