@@ -151,8 +151,11 @@ type app struct {
 	picker  *picker.Server
 	xds     *xds.Server
 	consul  *consul.Source
-	store   store.Store   // nil without -store
-	warm    *persist.Warm // nil without -store
+	// store, and what persists state and the picker's memory in it, are
+	// nil without -store.
+	store  store.Store
+	states *persist.StateSaver
+	warm   *persist.Warm
 	// tls serves ADS and ext_proc certificates; nil without TLS.
 	tls     *mtls.Server
 	connect mtls.ConnectAgent // Consul agent with -tls-consul-service
@@ -231,8 +234,10 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	if a.store != nil {
 		// The picker starts on the persisted state, so the prefix index,
 		// sessions and health of its endpoints can be restored now.
-		a.warm = persist.NewWarm(a.store, a.picker, persist.WarmOptions{Logger: logger.With("component", "store")})
+		storeLog := logger.With("component", "store")
+		a.warm = persist.NewWarm(a.store, a.picker, persist.WarmOptions{Logger: storeLog})
 		a.warm.Restore(snap, time.Now())
+		a.states = persist.NewStateSaver(a.store, a.pub, a.consul.Indexes, storeLog)
 	}
 	a.xds = xds.NewServer(a.pub, xds.Options{
 		Translation: ir.Options{PickerAddr: advertise, PickerTLS: a.pickerTLS(), PickerMaxStreams: uint32(min(f.pickerMaxStreams, 1<<32-1))},
@@ -341,9 +346,7 @@ func (a *app) components() []component {
 		comps = append(comps, component{"peers", a.sharePicks})
 	}
 	if a.store != nil {
-		comps = append(comps,
-			component{"persist", persist.NewStateSaver(a.store, a.view, a.consul.Indexes, a.log.With("component", "store")).Run},
-			component{"persist-warm", a.warm.Run})
+		comps = append(comps, component{"persist", a.states.Run}, component{"persist-warm", a.warm.Run})
 	}
 	return comps
 }
