@@ -25,6 +25,14 @@ import (
 	"github.com/switchyard/switchyard/internal/testutil"
 )
 
+// settle is how long an end-to-end test waits for an outcome that takes
+// milliseconds on an idle machine (an edit or a registration reaching
+// Envoy and the picker, a member leaving, routing resuming) before calling
+// it lost. It is generous on purpose: these tests run in parallel on small
+// shared machines, and a deadline is not a latency target. The tests log
+// the latencies they see; benchmarks measure them.
+const settle = 30 * time.Second
+
 // e2eModels is what every simulator serves by default, so any model a
 // test routes is answered by whichever sim the request reaches. "m-chat"
 // is deliberately absent: it only exists as a client name the picker

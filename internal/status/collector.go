@@ -1,38 +1,23 @@
-package main
+package status
 
 import (
-	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/switchyard/switchyard/internal/mtls"
 	"github.com/switchyard/switchyard/picker/admission"
 )
-
-// metricsHandler serves /metrics. Everything is read from the components'
-// own counters when Prometheus scrapes, so metrics cost the request path
-// nothing. Names follow the upstream inference extension where one exists
-// (inference_pool_*), the rest are switchyard_*; README documents each.
-func (a *app) metricsHandler() http.Handler {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&appCollector{a: a},
-		tlsCollector{a: a},
-	)
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
-}
-
-type appCollector struct{ a *app }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
 	return prometheus.NewDesc(name, help, labels, nil)
 }
 
+// The metrics. Names follow the upstream inference extension where one
+// exists (inference_*), the rest are switchyard_*; README documents each,
+// and the Grafana dashboard in examples/grafana queries them.
 var (
 	mBuild          = desc("switchyard_build_info", "Always 1; the version label names the build.", "version")
 	mRegVersion     = desc("switchyard_registry_version", "Version of the registry state in force.")
@@ -84,160 +69,142 @@ var (
 	mAdmDispatched  = desc("switchyard_admission_dispatched_total", "Requests the pool's admission queue held and then let go.", "pool")
 	mAdmRejected    = desc("switchyard_admission_rejected_total", "Requests the pool's admission queue turned away, by reason (ttl, overflow, no-endpoint).", "pool", "reason")
 	mAdmCancelled   = desc("switchyard_admission_cancelled_total", "Requests whose client gave up while they waited in the pool's admission queue.", "pool")
+	mTLSRejected    = desc("switchyard_tls_rejected_connections_total", "TLS handshakes refused, by server (xds, extproc) and reason (no_certificate, unknown_ca, expired, not_yet_valid, san_not_allowed, bad_certificate, not_tls, aborted, other).", "server", "reason")
+	mTLSExpiry      = desc("switchyard_tls_certificate_expiry_timestamp_seconds", "When the serving certificate expires (Unix time).")
+	mTLSReloads     = desc("switchyard_tls_certificate_reloads_total", "Serving certificate or client CA replacements since start (file rotation, Consul renewal).")
 )
 
-func (c *appCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mBuild, mRegVersion, mConfigError, mPoolReady, mPoolQueue, mPoolKV, mPodQueue,
-		mEpRunning, mEpKV, mEpHealthy, mEpScrapeAge, mEpInFlight, mEpInFlightTok, mEpPicked, mEpServed,
-		mRequests, mRewrites, mFallback, mLocalReplies, mXDSSnapshots, mXDSFailures, mXDSAcks, mXDSNacks, mXDSStreams,
-		mConsulUp, mConsulInst, mConsulLastSync, mObjRequests, mObjErrors, mObjRunning, mDecision,
-		mPrefixSize, mPrefixBytes, mPrefixPrompt, mPrefixMatched, mPoolSaturated, mGuardHeld, mGuardStarts,
-		mReplicas, mPeerSharing, mPeerDropped, mPeerLag, mPeerPicks,
-		mFCSaturation, mFCQueueSize, mFCQueueBytes, mFCQueueWait, mAdmDispatched, mAdmRejected, mAdmCancelled} {
+var allDescs = []*prometheus.Desc{mBuild, mRegVersion, mConfigError, mPoolReady, mPoolQueue, mPoolKV, mPodQueue,
+	mEpRunning, mEpKV, mEpHealthy, mEpScrapeAge, mEpInFlight, mEpInFlightTok, mEpPicked, mEpServed,
+	mRequests, mRewrites, mFallback, mLocalReplies, mXDSSnapshots, mXDSFailures, mXDSAcks, mXDSNacks, mXDSStreams,
+	mConsulUp, mConsulInst, mConsulLastSync, mObjRequests, mObjErrors, mObjRunning, mDecision,
+	mPrefixSize, mPrefixBytes, mPrefixPrompt, mPrefixMatched, mPoolSaturated, mGuardHeld, mGuardStarts,
+	mReplicas, mPeerSharing, mPeerDropped, mPeerLag, mPeerPicks, mTLSRejected, mTLSExpiry, mTLSReloads,
+	mFCSaturation, mFCQueueSize, mFCQueueBytes, mFCQueueWait, mAdmDispatched, mAdmRejected, mAdmCancelled}
+
+// tlsZeroReasons are the rejection reasons exported as 0 before any
+// happens, so alerts on rate() see the counter from the start.
+var tlsZeroReasons = []string{mtls.ReasonNoCertificate, mtls.ReasonUnknownCA, mtls.ReasonExpired, mtls.ReasonSANNotAllowed}
+
+// collector exports a Report read when Prometheus scrapes, so metrics
+// cost the request path nothing between scrapes.
+type collector struct {
+	read func(now time.Time) *Report
+}
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range allDescs {
 		ch <- d
 	}
 }
 
-func (c *appCollector) Collect(ch chan<- prometheus.Metric) {
-	a := c.a
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	collect(c.read(now), now, ch)
+}
+
+// collect sends r's metrics to ch.
+func collect(r *Report, now time.Time, ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	counter := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 	}
-	st, _ := a.view.Current()
-	gauge(mBuild, 1, versionString())
-	gauge(mRegVersion, float64(st.Version))
-	gauge(mConfigError, boolf(a.manager.LastError() != nil))
+	gauge(mBuild, 1, r.Version)
+	gauge(mRegVersion, float64(r.RegistryVersion))
+	gauge(mConfigError, boolf(r.ConfigError != ""))
 
-	now := time.Now()
-	ps := a.picker.Stats()
-	type poolAgg struct {
-		ready, scraped  int
-		queueSum, kvSum float64
-	}
-	pools := map[string]*poolAgg{}
-	for _, name := range st.PoolNames() {
-		pools[name] = &poolAgg{}
-	}
-	eh := a.picker.EndpointHealth()
-	for _, e := range ps.Endpoints {
-		agg := pools[e.Pool]
-		if agg == nil {
-			agg = &poolAgg{}
-			pools[e.Pool] = agg
+	for _, p := range r.Pools {
+		ready, scraped := 0, 0
+		var queueSum, kvSum float64
+		for _, e := range p.Endpoints {
+			if e.Waiting != nil {
+				scraped++
+				queueSum += float64(*e.Waiting)
+				kvSum += *e.KVCacheUsage
+				gauge(mPodQueue, float64(*e.Waiting), p.Name, e.Address)
+				gauge(mEpRunning, float64(*e.Running), p.Name, e.Address)
+				gauge(mEpKV, *e.KVCacheUsage, p.Name, e.Address)
+				gauge(mEpScrapeAge, now.Sub(e.ScrapedAt).Seconds(), p.Name, e.Address)
+			}
+			gauge(mEpHealthy, boolf(e.Healthy), p.Name, e.Address)
+			if e.Ready() {
+				ready++
+			}
+			gauge(mEpInFlight, float64(e.InFlightRequests), p.Name, e.Address)
+			gauge(mEpInFlightTok, float64(e.InFlightTokens), p.Name, e.Address)
+			counter(mEpPicked, float64(e.Picked), p.Name, e.Address)
+			counter(mEpServed, float64(e.Served), p.Name, e.Address)
 		}
-		healthy := !eh.Unhealthy(e.Pool, e.Address)
-		if m := e.Metrics; m != nil && !m.LastSuccess.IsZero() {
-			v := m.Values
-			agg.scraped++
-			agg.queueSum += float64(v.Waiting)
-			agg.kvSum += v.KVUsage
-			gauge(mPodQueue, float64(v.Waiting), e.Pool, e.Address)
-			gauge(mEpRunning, float64(v.Running), e.Pool, e.Address)
-			gauge(mEpKV, v.KVUsage, e.Pool, e.Address)
-			gauge(mEpScrapeAge, now.Sub(m.LastSuccess).Seconds(), e.Pool, e.Address)
-			healthy = healthy && !m.Failing
+		gauge(mPoolReady, float64(ready), p.Name)
+		if scraped > 0 {
+			gauge(mPoolQueue, queueSum/float64(scraped), p.Name)
+			gauge(mPoolKV, kvSum/float64(scraped), p.Name)
 		}
-		gauge(mEpHealthy, boolf(healthy), e.Pool, e.Address)
-		if healthy && !e.Draining {
-			agg.ready++
+		gauge(mPoolSaturated, boolf(p.Saturated), p.Name)
+		held := 0
+		if p.Guard != nil {
+			held = len(p.Guard.Held)
 		}
-		gauge(mEpInFlight, float64(e.InFlightRequests), e.Pool, e.Address)
-		gauge(mEpInFlightTok, float64(e.InFlightTokens), e.Pool, e.Address)
-		counter(mEpPicked, float64(e.Picked), e.Pool, e.Address)
-		counter(mEpServed, float64(e.Served), e.Pool, e.Address)
-	}
-	for name, agg := range pools {
-		gauge(mPoolReady, float64(agg.ready), name)
-		if agg.scraped > 0 {
-			gauge(mPoolQueue, agg.queueSum/float64(agg.scraped), name)
-			gauge(mPoolKV, agg.kvSum/float64(agg.scraped), name)
+		gauge(mGuardHeld, float64(held), p.Name)
+		counter(mGuardStarts, float64(p.GuardActivations), p.Name)
+		if x := p.Prefix; x != nil {
+			gauge(mPrefixSize, float64(x.Entries), p.Name)
+			gauge(mPrefixBytes, float64(x.Bytes), p.Name)
+			counter(mPrefixPrompt, float64(x.PromptBlocks), p.Name)
+			counter(mPrefixMatched, float64(x.MatchedBlocks), p.Name)
+		}
+		if x := p.SaturatedShare; x != nil {
+			gauge(mFCSaturation, *x, p.Name)
+		}
+		if q := p.Queue; q != nil {
+			collectQueue(q, gauge, counter, ch)
 		}
 	}
-	counter(mRequests, float64(ps.Requests))
-	counter(mRewrites, float64(ps.Rewritten))
-	counter(mFallback, float64(ps.FallbackServed))
-	for code, n := range ps.Rejected {
+
+	pk := r.Picker
+	counter(mRequests, float64(pk.Requests))
+	counter(mRewrites, float64(pk.Rewritten))
+	counter(mFallback, float64(pk.FallbackServed))
+	for code, n := range pk.Rejected {
 		counter(mLocalReplies, float64(n), strconv.Itoa(code))
 	}
-	obs := a.picker.Observe(now)
-	for _, o := range obs.Objectives {
+	for _, o := range r.Objectives {
 		counter(mObjRequests, float64(o.Requests), o.Model, o.Target)
 		for code, n := range o.Errors {
 			counter(mObjErrors, float64(n), o.Model, o.Target, strconv.Itoa(code))
 		}
 	}
-	for m, n := range obs.Running {
+	for m, n := range r.Running {
 		gauge(mObjRunning, float64(n), m)
 	}
-	h := obs.Decision
-	buckets := make(map[float64]uint64, len(h.Bounds))
-	for i, b := range h.Bounds {
-		buckets[b] = h.Cumulative[i]
-	}
-	ch <- prometheus.MustNewConstHistogram(mDecision, h.Count, h.SumSeconds, buckets)
-	for _, p := range obs.Pools {
-		gauge(mPrefixSize, float64(p.PrefixEntries), p.Name)
-		gauge(mPrefixBytes, float64(p.PrefixBytes), p.Name)
-		counter(mPrefixPrompt, float64(p.PromptBlocks), p.Name)
-		counter(mPrefixMatched, float64(p.MatchedBlocks), p.Name)
-		gauge(mPoolSaturated, boolf(p.Saturated), p.Name)
-		gauge(mFCSaturation, p.SaturatedShare, p.Name)
-	}
-	for _, q := range a.picker.AdmissionStats() {
-		for _, w := range q.Waiting {
-			prio := strconv.Itoa(w.Priority)
-			gauge(mFCQueueSize, float64(w.Requests), w.Flow, prio, q.Pool)
-			gauge(mFCQueueBytes, float64(w.Bytes), w.Flow, prio, q.Pool)
+	if h := r.Decision; h != nil {
+		buckets := make(map[float64]uint64, len(h.Bounds))
+		for i, b := range h.Bounds {
+			buckets[b] = h.Cumulative[i]
 		}
-		bounds := admission.WaitBounds()
-		for k, h := range q.Wait {
-			buckets := make(map[float64]uint64, len(bounds))
-			for i, b := range bounds {
-				buckets[b] = h.Cumulative[i]
-			}
-			ch <- prometheus.MustNewConstHistogram(mFCQueueWait, h.Count, h.SumSeconds, buckets, strconv.Itoa(k.Priority), k.Outcome, q.Pool)
-		}
-		counter(mAdmDispatched, float64(q.Dispatched), q.Pool)
-		counter(mAdmCancelled, float64(q.Cancelled), q.Pool)
-		for reason, n := range q.Rejected {
-			counter(mAdmRejected, float64(n), q.Pool, reason)
-		}
+		ch <- prometheus.MustNewConstHistogram(mDecision, h.Count, h.SumSeconds, buckets)
 	}
 
-	gauge(mReplicas, float64(max(len(st.Replicas), 1)))
-	counter(mPeerPicks, float64(ps.PeerPicks))
-	if a.mesh != nil {
-		ms := a.mesh.Stats()
-		for _, p := range ms.Peers {
-			gauge(mPeerSharing, boolf(p.Connected), p.Address)
-			counter(mPeerDropped, float64(p.Dropped), p.Address)
-		}
-		for _, in := range ms.Inbound {
-			gauge(mPeerLag, in.Lag.Seconds(), in.From)
-		}
+	gauge(mReplicas, float64(max(len(r.Replicas), 1)))
+	counter(mPeerPicks, float64(pk.PeerPicks))
+	for _, p := range r.Peers {
+		gauge(mPeerSharing, boolf(p.Connected), p.Address)
+		counter(mPeerDropped, float64(p.Dropped), p.Address)
 	}
-	rs := a.manager.Status()
-	held := map[string]int{}
-	for _, g := range rs.Guards {
-		held[g.Pool] = len(g.Held)
-	}
-	for _, name := range st.PoolNames() {
-		gauge(mGuardHeld, float64(held[name]), name)
-		counter(mGuardStarts, float64(rs.GuardActivations[name]), name)
+	for _, in := range r.Inbound {
+		gauge(mPeerLag, in.Lag.Seconds(), in.From)
 	}
 
-	xs := a.xds.Stats()
-	counter(mXDSSnapshots, float64(xs.Snapshots))
-	counter(mXDSFailures, float64(xs.Failures))
-	for _, n := range a.xds.Nodes() {
+	counter(mXDSSnapshots, float64(r.XDS.Snapshots))
+	counter(mXDSFailures, float64(r.XDS.Failures))
+	for _, n := range r.Envoys {
 		counter(mXDSAcks, float64(n.ACKs), n.ID)
 		counter(mXDSNacks, float64(n.NACKs), n.ID)
 		gauge(mXDSStreams, float64(n.Streams), n.ID)
 	}
-	for _, s := range a.consul.Status() {
+	for _, s := range r.Consul {
 		l := []string{s.Selector.Service, s.Selector.Tag, s.Selector.Datacenter, strconv.FormatBool(s.Selector.PassingOnly)}
 		gauge(mConsulUp, boolf(s.Up), l...)
 		gauge(mConsulInst, float64(s.Instances), l...)
@@ -245,6 +212,30 @@ func (c *appCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(mConsulLastSync, float64(s.LastSuccess.UnixNano())/1e9, l...)
 		}
 	}
+
+	if t := r.TLS; t != nil {
+		rejected := map[[2]string]uint64{}
+		for _, server := range []string{"xds", "extproc"} {
+			for _, reason := range tlsZeroReasons {
+				rejected[[2]string{server, reason}] = 0
+			}
+		}
+		for k, v := range t.Rejected {
+			server, reason := splitRejectKey(k)
+			rejected[[2]string{server, reason}] = v
+		}
+		for k, v := range rejected {
+			counter(mTLSRejected, float64(v), k[0], k[1])
+		}
+		gauge(mTLSExpiry, float64(t.NotAfter.Unix()))
+		counter(mTLSReloads, float64(t.Reloads))
+	}
+}
+
+// splitRejectKey splits TLS.Rejected's "server/reason" key.
+func splitRejectKey(k string) (server, reason string) {
+	server, reason, _ = strings.Cut(k, "/")
+	return server, reason
 }
 
 func boolf(b bool) float64 {
@@ -252,4 +243,26 @@ func boolf(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// collectQueue exports one pool's admission queue.
+func collectQueue(q *admission.Stats, gauge, counter func(*prometheus.Desc, float64, ...string), ch chan<- prometheus.Metric) {
+	for _, w := range q.Waiting {
+		prio := strconv.Itoa(w.Priority)
+		gauge(mFCQueueSize, float64(w.Requests), w.Flow, prio, q.Pool)
+		gauge(mFCQueueBytes, float64(w.Bytes), w.Flow, prio, q.Pool)
+	}
+	bounds := admission.WaitBounds()
+	for k, h := range q.Wait {
+		buckets := make(map[float64]uint64, len(bounds))
+		for i, b := range bounds {
+			buckets[b] = h.Cumulative[i]
+		}
+		ch <- prometheus.MustNewConstHistogram(mFCQueueWait, h.Count, h.SumSeconds, buckets, strconv.Itoa(k.Priority), k.Outcome, q.Pool)
+	}
+	counter(mAdmDispatched, float64(q.Dispatched), q.Pool)
+	counter(mAdmCancelled, float64(q.Cancelled), q.Pool)
+	for reason, n := range q.Rejected {
+		counter(mAdmRejected, float64(n), q.Pool, reason)
+	}
 }

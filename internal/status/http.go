@@ -1,0 +1,68 @@
+package status
+
+import (
+	_ "embed"
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+//go:embed status.html
+var statusPage []byte
+
+// Register adds the read-only admin endpoints to mux:
+//
+//	GET /            the status page, which renders /api/status every second
+//	GET /api/status  the Report as JSON
+//	GET /metrics     the Report, the Go runtime and the process for Prometheus
+//	GET /healthz     liveness: 200 while the process serves HTTP
+//	GET /readyz      readiness: 200 once a configuration is published,
+//	                 503 before that and while draining
+func (s *Sources) Register(mux *http.ServeMux) {
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = w.Write(statusPage)
+	})
+	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(s.Read(time.Now()))
+	})
+	mux.Handle("GET /metrics", s.metricsHandler())
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeText(w, http.StatusOK, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if st, _ := s.View.Current(); st.Version == 0 {
+			writeText(w, http.StatusServiceUnavailable, "not ready: no configuration published yet\n")
+			return
+		}
+		if s.Draining != nil && s.Draining() {
+			writeText(w, http.StatusServiceUnavailable, "not ready: draining before shutdown\n")
+			return
+		}
+		writeText(w, http.StatusOK, "ready\n")
+	})
+}
+
+// metricsHandler serves /metrics from a registry of its own.
+func (s *Sources) metricsHandler() http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collector{read: func(now time.Time) *Report { return build(s.gather(now, true)) }},
+	)
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+}
+
+func writeText(w http.ResponseWriter, code int, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(code)
+	_, _ = w.Write([]byte(body))
+}
