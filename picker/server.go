@@ -210,6 +210,11 @@ func (s *Server) Run(ctx context.Context) error {
 		mo := s.opts.Metrics
 		mo.Logger = s.log.With("component", "metrics")
 		mo.OnTransition = func(tr metrics.Transition) { s.eh.set(tr.Key, !tr.Healthy) }
+		mo.OnScrape = func(snap *metrics.Snapshot) {
+			if l := s.loads.get(snap.Pool, snap.Address); l != nil {
+				l.MarkScrape(snap)
+			}
+		}
 		s.mgr = metrics.NewManager(ctx, mo)
 		defer func() {
 			s.mgr.Stop()

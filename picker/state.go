@@ -123,6 +123,13 @@ type loads struct {
 	running    map[string]*atomic.Int64
 }
 
+// get returns the counters of an endpoint, or nil.
+func (ls *loads) get(pool, addr string) *sched.Load {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.m[loadKey{pool, addr}]
+}
+
 // buildDeps carries what buildSnapshot needs besides the state.
 type buildDeps struct {
 	// profile overrides the per-pool profile (tests); nil builds it from

@@ -140,7 +140,12 @@ type Options struct {
 	// on its first successful scrape and on every healthy<->failing change.
 	// It must not block for long.
 	OnTransition func(Transition)
-	Logger       *slog.Logger
+	// OnScrape, if set, is called from the endpoint's scrape goroutine
+	// with every successful scrape just before it is published (so a
+	// reader of the snapshot finds what the callback recorded). It must
+	// not block.
+	OnScrape func(*Snapshot)
+	Logger   *slog.Logger
 }
 
 func (o *Options) setDefaults() {
@@ -439,6 +444,9 @@ func (w *worker) once() int {
 	}
 	if w.ctx.Err() != nil {
 		return 0 // replaced or stopped meanwhile: the handle is not ours
+	}
+	if cb := w.m.opts.OnScrape; cb != nil && err == nil {
+		cb(s)
 	}
 	w.h.cur.Store(s)
 	wasFailing := prev != nil && prev.Failing

@@ -274,8 +274,10 @@ func TestQualityAdmission(t *testing.T) {
 				rows = append(rows, admissionRow{"noisy tenant 10:1, 1.5x", setting.name, c.name, 1.5 * sat * c.share, res[c.name]})
 			}
 			t.Logf("noisy tenant, %s: B's TTFT p90 %.0f ms = %.2fx unloaded (target <= 1.5x)", setting.name, res["B"].TTFT.P90Ms, res["B"].TTFT.P90Ms/base)
-			// Both backlogged: closed loop, A with 10x B's requests in flight.
-			c := max(4*seqs/2, 2)
+			// Both backlogged: closed loop, A with 10x B's requests in
+			// flight, B alone enough to fill every server's batch (so it
+			// always has requests waiting for the dispatcher).
+			c := 4 * seqs
 			classes = []class{{name: "A", concurrency: 10 * c, headers: map[string]string{tenantHeader: "A"}},
 				{name: "B", concurrency: c, headers: map[string]string{tenantHeader: "B"}}}
 			res = f.runClasses(w, load.ArrivalConcurrency, 0, warm, dur, classes, next())
@@ -290,6 +292,7 @@ func TestQualityAdmission(t *testing.T) {
 		const bound = 4 << 20
 		adm := admissionBlock(false, "")
 		adm.MaxQueuedBytes = bound
+		adm.MaxQueued = 100000 // the byte bound is what bites
 		use(adm, "default")
 		var peakBytes int64
 		var peakHeap uint64

@@ -283,7 +283,7 @@ const (
 
 // Thresholds is the scraped-metrics saturation rule: the pool is saturated
 // when every candidate's queue, counting the requests this picker sent it
-// since its last scrape (see queueLoad), is at least Queue, or its KV
+// and saw finish since its last scrape (see waitingNow), is at least Queue, or its KV
 // cache use at least KV. An endpoint with stale metrics (scrapes failing
 // or too old) counts as saturated, unless every candidate is stale: then
 // the metrics path is broken, not the servers, and the rule does not
@@ -308,7 +308,7 @@ func (t Thresholds) Saturated(now time.Time, eps []*Endpoint) bool {
 		case Unscraped:
 			return false
 		case Fresh:
-			if queueLoad(e, now) < float64(t.Queue) && s.KVUsage < t.KV {
+			if waitingNow(e, s, now) < float64(t.Queue) && s.KVUsage < t.KV {
 				return false
 			}
 		default:

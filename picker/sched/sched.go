@@ -34,6 +34,34 @@ type Load struct {
 	Served atomic.Int64
 	// cacheBlocks is the KV block count last applied to the prefix index.
 	cacheBlocks atomic.Int64
+	// mark is the in-flight count when the latest scrape was taken, and
+	// batch the server's learned batch size (0: not learned yet); see
+	// MarkScrape and waitingNow.
+	mark  atomic.Pointer[scrapeMark]
+	batch atomic.Int64
+}
+
+// scrapeMark ties a scrape (by its LastSuccess time) to the picker's
+// in-flight count at that moment.
+type scrapeMark struct {
+	at       time.Time
+	inFlight int64
+}
+
+// MarkScrape records, for the successful scrape s about to be published,
+// the requests in flight now, so that what was sent and what finished
+// since the scrape can be told apart from what the scrape counted. It
+// also learns the server's batch size: while requests wait, the running
+// ones fill the batch (its sequence limit, or what its KV cache holds).
+// The metrics scraper calls it (Options.OnScrape).
+func (l *Load) MarkScrape(s *metrics.Snapshot) {
+	l.mark.Store(&scrapeMark{at: s.LastSuccess, inFlight: l.InFlightRequests.Load()})
+	switch {
+	case s.Waiting > 0 && s.Running > 0:
+		l.batch.Store(int64(s.Running))
+	case int64(s.Running) > l.batch.Load() && l.batch.Load() > 0:
+		l.batch.Store(int64(s.Running))
+	}
 }
 
 // MetricsSource yields an endpoint's latest scraped Snapshot with one atomic

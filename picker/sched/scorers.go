@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/prefix"
 )
 
@@ -30,6 +31,25 @@ func queueLoad(e *Endpoint, now time.Time) float64 {
 	}
 	excess := inflight - int64(s.Running+s.Waiting)
 	return float64(s.Waiting) + float64(max(excess, 0))
+}
+
+// waitingNow estimates how many requests wait in e's server queue now,
+// from the fresh snapshot s and what the picker sent and saw finish since
+// that scrape (the in-flight change since MarkScrape). Once the server's
+// batch size is known, every request beyond it waits: a finished request
+// frees a slot as soon as it ends, not at the next scrape, so the
+// admission queue can dispatch into that slot at once. Before that, or
+// without a mark for s, it is queueLoad.
+func waitingNow(e *Endpoint, s *metrics.Snapshot, now time.Time) float64 {
+	m := e.Load.mark.Load()
+	if m == nil || !m.at.Equal(s.LastSuccess) {
+		return queueLoad(e, now)
+	}
+	delta := e.Load.InFlightRequests.Load() - m.inFlight
+	if b := e.Load.batch.Load(); b > 0 {
+		return float64(max(int64(s.Running+s.Waiting)+delta-b, 0))
+	}
+	return float64(max(int64(s.Waiting)+delta, 0))
 }
 
 // lowerIsBetter turns the loads in scores (NaN = unknown) into

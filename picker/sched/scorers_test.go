@@ -507,3 +507,62 @@ func TestHealthFilterJudgesThePool(t *testing.T) {
 		t.Fatalf("all stale: %d candidates (emptied by %q), want both", len(got), sc.EmptiedBy)
 	}
 }
+
+// The saturation rule sees the server's queue as it is now: requests sent
+// and finished since the scrape count, and once the batch size is learned
+// (a scrape with requests waiting) a finished request frees its slot at
+// once instead of at the next scrape.
+func TestWaitingNow(t *testing.T) {
+	t.Parallel()
+	th := Thresholds{Queue: 1, KV: 1}
+	t.Run("no mark: what the scrape and the excess in flight say", func(t *testing.T) {
+		e := mkEps(m{waiting: 0, running: 3, inflight: 4})
+		if got := waitingNow(e[0], e[0].Snapshot(), now); got != 1 {
+			t.Errorf("waiting %v, want 1 (one sent beyond the scrape's 3)", got)
+		}
+	})
+	t.Run("batch not learned: sends since the scrape wait", func(t *testing.T) {
+		e := mkEps(m{waiting: 0, running: 3, inflight: 3})
+		e[0].Load.MarkScrape(e[0].Snapshot())
+		if th.Saturated(now, e) {
+			t.Fatal("saturated right after a scrape with nothing waiting")
+		}
+		e[0].Load.InFlightRequests.Add(2)
+		if got := waitingNow(e[0], e[0].Snapshot(), now); got != 2 {
+			t.Errorf("waiting %v, want 2", got)
+		}
+	})
+	t.Run("batch learned: a finished request frees a slot at once", func(t *testing.T) {
+		e := mkEps(m{waiting: 2, running: 8, inflight: 10})
+		e[0].Load.MarkScrape(e[0].Snapshot())
+		if !th.Saturated(now, e) {
+			t.Fatal("two waiting: want saturated")
+		}
+		e[0].Load.InFlightRequests.Add(-2) // two finish: the waiting two run
+		if th.Saturated(now, e) {
+			t.Fatal("two finished, two waiting ran: the queue is empty, want room")
+		}
+		if got := waitingNow(e[0], e[0].Snapshot(), now); got != 0 {
+			t.Errorf("waiting %v, want 0", got)
+		}
+		e[0].Load.InFlightRequests.Add(-1) // a slot frees: one may go
+		e[0].Load.InFlightRequests.Add(1)  // and goes
+		if got := waitingNow(e[0], e[0].Snapshot(), now); got != 0 {
+			t.Errorf("after filling the freed slot: waiting %v, want 0", got)
+		}
+		e[0].Load.InFlightRequests.Add(1)
+		if got := waitingNow(e[0], e[0].Snapshot(), now); got != 1 {
+			t.Errorf("one more than the batch: waiting %v, want 1", got)
+		}
+	})
+	t.Run("a mark of an older scrape is ignored", func(t *testing.T) {
+		e := mkEps(m{waiting: 2, running: 8, inflight: 10})
+		old := *e[0].Snapshot()
+		old.LastSuccess = old.LastSuccess.Add(-time.Second)
+		e[0].Load.MarkScrape(&old)
+		e[0].Load.InFlightRequests.Add(-5)
+		if got := waitingNow(e[0], e[0].Snapshot(), now); got != 2 {
+			t.Errorf("waiting %v, want the scrape's 2", got)
+		}
+	})
+}
