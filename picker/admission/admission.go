@@ -357,7 +357,8 @@ type flow struct {
 	// attained is the decayed tokens this flow was granted (FairTokens).
 	attained   float64
 	lastActive time.Time
-	served     uint64 // round-robin turns taken
+	served     uint64 // requests dispatched while the flow is remembered
+	tokens     uint64 // and their tokens
 }
 
 // attainedHalfLife is how fast FairTokens forgets what a flow received.
@@ -411,6 +412,7 @@ func (q *Queue) next(now time.Time) *item {
 	pick.attained = pick.decayed(now) + float64(max(it.req.Tokens, 1))
 	pick.lastActive = now
 	pick.served++
+	pick.tokens += uint64(max(it.req.Tokens, 0))
 	return it
 }
 
@@ -596,6 +598,8 @@ type Stats struct {
 	Waiting []Waiting
 	// Wait is the histogram of waits by band and outcome.
 	Wait map[WaitKey]Histogram
+	// Flows are the flows the queue remembers, by band and name.
+	Flows []FlowStats
 }
 
 // Waiting is one band and flow's waiting requests.
@@ -604,6 +608,15 @@ type Waiting struct {
 	Flow     string
 	Requests int
 	Bytes    int64
+}
+
+// FlowStats is what one band's flow was dispatched since the queue began
+// remembering it (it forgets a flow once idle and its service decayed).
+type FlowStats struct {
+	Priority         int
+	Flow             string
+	Dispatched       uint64
+	DispatchedTokens uint64
 }
 
 // Stats returns the queue's counters and what waits now.
@@ -618,6 +631,7 @@ func (q *Queue) Stats() Stats {
 	}
 	for _, b := range q.bands {
 		for _, f := range b.flows {
+			s.Flows = append(s.Flows, FlowStats{Priority: b.priority, Flow: f.key, Dispatched: f.served, DispatchedTokens: f.tokens})
 			if len(f.items) == 0 {
 				continue
 			}
@@ -633,6 +647,12 @@ func (q *Queue) Stats() Stats {
 			return s.Waiting[i].Priority > s.Waiting[j].Priority
 		}
 		return s.Waiting[i].Flow < s.Waiting[j].Flow
+	})
+	sort.Slice(s.Flows, func(i, j int) bool {
+		if s.Flows[i].Priority != s.Flows[j].Priority {
+			return s.Flows[i].Priority > s.Flows[j].Priority
+		}
+		return s.Flows[i].Flow < s.Flows[j].Flow
 	})
 	s.Wait = q.waits.snapshot()
 	return s

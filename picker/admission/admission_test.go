@@ -273,3 +273,23 @@ func TestIdleFlowsAreForgotten(t *testing.T) {
 		t.Fatalf("flows after they decayed = %d, want 0", n)
 	}
 }
+
+// The queue reports what each flow was dispatched, requests and tokens.
+func TestFlowStats(t *testing.T) {
+	t.Parallel()
+	g := &gate{}
+	g.open(100)
+	q := New("p", Config{}, g.capacity)
+	run(t, q)
+	for i, r := range []Request{{Flow: "a", Tokens: 10}, {Flow: "a", Tokens: 5}, {Flow: "b", Tokens: 7, Priority: 1}} {
+		tk, err := q.Wait(context.Background(), r)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		tk.Done()
+	}
+	got := fmt.Sprint(q.Stats().Flows)
+	if want := "[{1 b 1 7} {0 a 2 15}]"; got != want {
+		t.Errorf("flows %s, want %s", got, want)
+	}
+}
