@@ -267,8 +267,12 @@ func TestQualityAdmission(t *testing.T) {
 			fairness string
 		}{{"on, tokens", false, "tokens"}, {"on, round-robin", false, "round-robin"}, {"off", true, ""}} {
 			use(admissionBlock(setting.off, setting.fairness), "default")
-			classes := []class{{name: "A", share: 10.0 / 11, headers: map[string]string{tenantHeader: "A"}},
-				{name: "B", share: 1.0 / 11, headers: map[string]string{tenantHeader: "B"}}}
+			// Tenants are named per setting: the queue remembers what a
+			// flow received lately (10 s half-life), and the previous
+			// setting's tenant A must not start this one in debt.
+			tenantA, tenantB := "A-"+setting.name, "B-"+setting.name
+			classes := []class{{name: "A", share: 10.0 / 11, headers: map[string]string{tenantHeader: tenantA}},
+				{name: "B", share: 1.0 / 11, headers: map[string]string{tenantHeader: tenantB}}}
 			res := f.runClasses(w, load.ArrivalPoisson, 1.5*sat, warm, dur, classes, next())
 			for _, c := range classes {
 				rows = append(rows, admissionRow{"noisy tenant 10:1, 1.5x", setting.name, c.name, 1.5 * sat * c.share, res[c.name]})
@@ -278,8 +282,9 @@ func TestQualityAdmission(t *testing.T) {
 			// flight, B alone enough to fill every server's batch (so it
 			// always has requests waiting for the dispatcher).
 			c := 4 * seqs
-			classes = []class{{name: "A", concurrency: 10 * c, headers: map[string]string{tenantHeader: "A"}},
-				{name: "B", concurrency: c, headers: map[string]string{tenantHeader: "B"}}}
+			tenantA, tenantB = tenantA+"-backlogged", tenantB+"-backlogged"
+			classes = []class{{name: "A", concurrency: 10 * c, headers: map[string]string{tenantHeader: tenantA}},
+				{name: "B", concurrency: c, headers: map[string]string{tenantHeader: tenantB}}}
 			// Tokens dispatched per flow over the measured stage, from the
 			// picker's queue (the clients' windows differ: A's answers come
 			// late and stretch its window past the stage).
@@ -297,7 +302,7 @@ func TestQualityAdmission(t *testing.T) {
 			for _, cl := range classes {
 				rows = append(rows, admissionRow{fmt.Sprintf("both backlogged (%d:%d in flight)", 10*c, c), setting.name, cl.name, 0, res[cl.name]})
 			}
-			a, b := float64(after["A"]-before["A"]), float64(after["B"]-before["B"])
+			a, b := float64(after[tenantA]-before[tenantA]), float64(after[tenantB]-before[tenantB])
 			if setting.off {
 				// No queue: the clients' own figures.
 				a, b = served(res["A"]), served(res["B"])

@@ -36,20 +36,23 @@ func queueLoad(e *Endpoint, now time.Time) float64 {
 // waitingNow estimates how many requests wait in e's server queue now,
 // from the fresh snapshot s and what the picker sent and saw finish since
 // that scrape (the in-flight change since MarkScrape). Once the server's
-// batch size is known, every request beyond it waits: a finished request
-// frees a slot as soon as it ends, not at the next scrape, so the
-// admission queue can dispatch into that slot at once. Before that, or
-// without a mark for s, it is queueLoad.
+// batch size is known, every request it holds beyond the batch waits:
+// its scraped running and waiting plus the change since, or the picker's
+// own in-flight count when that is larger (requests still in the
+// server's front end, sent but not yet queued, are in neither scraped
+// gauge). A finished request thus frees its slot as soon as it ends, not
+// at the next scrape, and the admission queue dispatches into that slot
+// at once. Before the batch is known, or without a mark for s, it is
+// queueLoad.
 func waitingNow(e *Endpoint, s *metrics.Snapshot, now time.Time) float64 {
 	m := e.Load.mark.Load()
-	if m == nil || !m.at.Equal(s.LastSuccess) {
+	b := e.Load.batch.Load()
+	if m == nil || b <= 0 || !m.at.Equal(s.LastSuccess) {
 		return queueLoad(e, now)
 	}
-	delta := e.Load.InFlightRequests.Load() - m.inFlight
-	if b := e.Load.batch.Load(); b > 0 {
-		return float64(max(int64(s.Running+s.Waiting)+delta-b, 0))
-	}
-	return float64(max(int64(s.Waiting)+delta, 0))
+	inFlight := e.Load.InFlightRequests.Load()
+	held := max(int64(s.Running+s.Waiting)+inFlight-m.inFlight, inFlight)
+	return float64(max(held-b, 0))
 }
 
 // lowerIsBetter turns the loads in scores (NaN = unknown) into

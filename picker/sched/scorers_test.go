@@ -521,7 +521,7 @@ func TestWaitingNow(t *testing.T) {
 			t.Errorf("waiting %v, want 1 (one sent beyond the scrape's 3)", got)
 		}
 	})
-	t.Run("batch not learned: sends since the scrape wait", func(t *testing.T) {
+	t.Run("batch not learned: what the scrape and the excess in flight say", func(t *testing.T) {
 		e := mkEps(m{waiting: 0, running: 3, inflight: 3})
 		e[0].Load.MarkScrape(e[0].Snapshot())
 		if th.Saturated(now, e) {
@@ -530,6 +530,15 @@ func TestWaitingNow(t *testing.T) {
 		e[0].Load.InFlightRequests.Add(2)
 		if got := waitingNow(e[0], e[0].Snapshot(), now); got != 2 {
 			t.Errorf("waiting %v, want 2", got)
+		}
+	})
+	t.Run("requests in the server's front end count", func(t *testing.T) {
+		// The scrape saw 8 running, 1 waiting; the picker had 12 in
+		// flight: 3 were not queued yet and will wait too.
+		e := mkEps(m{waiting: 1, running: 8, inflight: 12})
+		e[0].Load.MarkScrape(e[0].Snapshot())
+		if got := waitingNow(e[0], e[0].Snapshot(), now); got != 4 {
+			t.Errorf("waiting %v, want 4", got)
 		}
 	})
 	t.Run("batch learned: a finished request frees a slot at once", func(t *testing.T) {
