@@ -35,23 +35,32 @@ func queueLoad(e *Endpoint, now time.Time) float64 {
 
 // waitingNow estimates how many requests wait in e's server queue now,
 // from the fresh snapshot s and what the picker sent and saw finish since
-// that scrape (the in-flight change since MarkScrape). Once the server's
-// batch size is known, every request it holds beyond the batch waits:
-// its scraped running and waiting plus the change since, or the picker's
-// own in-flight count when that is larger (requests still in the
-// server's front end, sent but not yet queued, are in neither scraped
-// gauge). A finished request thus frees its slot as soon as it ends, not
-// at the next scrape, and the admission queue dispatches into that slot
-// at once. Before the batch is known, or without a mark for s, it is
-// queueLoad.
+// that scrape (the in-flight change since MarkScrape). The server holds
+// its scraped running and waiting plus that change, or the picker's own
+// in-flight count when larger (requests still in the server's front end,
+// sent but not yet queued, are in neither gauge). What it holds beyond its
+// batch waits. So a finished request frees its slot as soon as it ends,
+// not at the next scrape, and the admission queue dispatches into it at
+// once. Until the batch is known (a scrape with requests waiting), the
+// server has always taken everything: nothing waits. When the latest
+// scrape showed the batch exactly full and nothing waiting, one request
+// beyond it is allowed, a probe: it runs if the batch has grown (a
+// shorter mix of prompts leaves KV for more), and the next scrape learns
+// that. Without a mark for s, it is queueLoad.
 func waitingNow(e *Endpoint, s *metrics.Snapshot, now time.Time) float64 {
 	m := e.Load.mark.Load()
-	b := e.Load.batch.Load()
-	if m == nil || b <= 0 || !m.at.Equal(s.LastSuccess) {
+	if m == nil || !m.at.Equal(s.LastSuccess) {
 		return queueLoad(e, now)
+	}
+	b := e.Load.batch.Load()
+	if b <= 0 {
+		return float64(s.Waiting)
 	}
 	inFlight := e.Load.InFlightRequests.Load()
 	held := max(int64(s.Running+s.Waiting)+inFlight-m.inFlight, inFlight)
+	if s.Waiting == 0 && int64(s.Running) >= b {
+		held-- // the probe
+	}
 	return float64(max(held-b, 0))
 }
 

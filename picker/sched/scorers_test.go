@@ -521,15 +521,31 @@ func TestWaitingNow(t *testing.T) {
 			t.Errorf("waiting %v, want 1 (one sent beyond the scrape's 3)", got)
 		}
 	})
-	t.Run("batch not learned: what the scrape and the excess in flight say", func(t *testing.T) {
+	t.Run("batch not learned: the server has taken everything so far", func(t *testing.T) {
 		e := mkEps(m{waiting: 0, running: 3, inflight: 3})
 		e[0].Load.MarkScrape(e[0].Snapshot())
+		e[0].Load.InFlightRequests.Add(5)
 		if th.Saturated(now, e) {
-			t.Fatal("saturated right after a scrape with nothing waiting")
+			t.Fatal("saturated before the server ever had a request waiting")
 		}
-		e[0].Load.InFlightRequests.Add(2)
-		if got := waitingNow(e[0], e[0].Snapshot(), now); got != 2 {
-			t.Errorf("waiting %v, want 2", got)
+	})
+	t.Run("batch full, nothing waiting: one probe beyond it", func(t *testing.T) {
+		e := mkEps(m{waiting: 1, running: 8, inflight: 9})
+		e[0].Load.MarkScrape(e[0].Snapshot()) // learns 8
+		snap := *e[0].Snapshot()
+		snap.Waiting, snap.LastSuccess = 0, snap.LastSuccess.Add(time.Millisecond)
+		e[0].Load.InFlightRequests.Store(8)
+		e[0].Load.MarkScrape(&snap)
+		if got := waitingNow(e[0], &snap, now); got != 0 {
+			t.Errorf("waiting %v, want 0 (room for the probe)", got)
+		}
+		e[0].Load.InFlightRequests.Add(1)
+		if got := waitingNow(e[0], &snap, now); got != 0 {
+			t.Errorf("with the probe sent: waiting %v, want 0", got)
+		}
+		e[0].Load.InFlightRequests.Add(1)
+		if got := waitingNow(e[0], &snap, now); got != 1 {
+			t.Errorf("beyond the probe: waiting %v, want 1", got)
 		}
 	})
 	t.Run("requests in the server's front end count", func(t *testing.T) {
