@@ -96,6 +96,30 @@ func (s *Server) saturatedAmong(pv *poolView, eps []*sched.Endpoint, now time.Ti
 	return pv.profile.Saturated(&req, eps) || (s.opts.Saturation != nil && s.opts.Saturation.Saturated(now, eps))
 }
 
+// withHeadroom narrows cands (in place) to the endpoints that are not
+// saturated on their own, when some are: a request the admission queue
+// let go goes where the dispatcher saw room, not to a server whose own
+// queue would hold it behind others (the scorers alone may prefer that
+// one, e.g. for its cached prefix). When none has room, cands stay.
+func (s *Server) withHeadroom(pv *poolView, cands []*sched.Endpoint, now time.Time) []*sched.Endpoint {
+	room := 0
+	for i := range cands {
+		if !s.saturatedAmong(pv, cands[i:i+1], now) {
+			room++
+		}
+	}
+	if room == 0 || room == len(cands) {
+		return cands
+	}
+	out := cands[:0]
+	for i := range cands {
+		if !s.saturatedAmong(pv, cands[i:i+1], now) {
+			out = append(out, cands[i])
+		}
+	}
+	return out
+}
+
 // admitDecision is what pick says about the admission queue.
 type admitDecision int
 

@@ -330,3 +330,28 @@ func TestReloadKeepsQueuedRequests(t *testing.T) {
 	busy[0].cancel()
 	picked(t, "llama", ch)
 }
+
+// A request the queue lets go goes where the dispatcher saw room, even if
+// the scorers prefer a server without it (here its session's server,
+// whose own queue would hold it).
+func TestAdmittedRequestGoesWhereThereIsRoom(t *testing.T) {
+	h := newHarness(t, testState(), Options{MaxInFlightPerEndpoint: 1})
+	openSession := func() (*extStream, string) {
+		s := startRequest(h, "llama", "x-session-id", "s1")
+		return s, strings.Split(decisionOf(t, s.recv()).dest, ",")[0]
+	}
+	first, home := openSession()
+	first.readStreamedRequestBody()
+	var others []*extStream
+	for range 2 {
+		s, _ := openAndPick(t, h, "llama")
+		others = append(others, s)
+	}
+	ch := recvAsync(startRequest(h, "llama", "x-session-id", "s1"))
+	waiting(t, h, 1)
+	others[0].cancel() // room frees on a server that is not the session's
+	d := picked(t, "session request", ch)
+	if got := strings.Split(d.dest, ",")[0]; got == home {
+		t.Fatalf("sent to its session's server %s, which has no room", home)
+	}
+}

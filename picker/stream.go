@@ -491,6 +491,9 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 		}
 		return 503, fmt.Sprintf("no ready endpoint in pool %q", pv.name), nil, nil
 	}
+	if st.admitted && len(cands) > 1 {
+		cands = s.withHeadroom(pv, cands, sreq.Now)
+	}
 	switch st.admit(pv, sreq, cands, false) {
 	case admitShed:
 		st.pool = pv

@@ -39,6 +39,9 @@ type Load struct {
 	// MarkScrape and waitingNow.
 	mark  atomic.Pointer[scrapeMark]
 	batch atomic.Int64
+	// batchSeen is when a scrape last showed requests waiting (Unix ns):
+	// the batch was confirmed then.
+	batchSeen atomic.Int64
 }
 
 // scrapeMark ties a scrape (by its LastSuccess time) to the picker's
@@ -59,6 +62,7 @@ func (l *Load) MarkScrape(s *metrics.Snapshot) {
 	switch {
 	case s.Waiting > 0 && s.Running > 0:
 		l.batch.Store(int64(s.Running))
+		l.batchSeen.Store(s.LastSuccess.UnixNano())
 	case int64(s.Running) > l.batch.Load() && l.batch.Load() > 0:
 		l.batch.Store(int64(s.Running))
 	}

@@ -43,10 +43,17 @@ func queueLoad(e *Endpoint, now time.Time) float64 {
 // not at the next scrape, and the admission queue dispatches into it at
 // once. Until the batch is known (a scrape with requests waiting), the
 // server has always taken everything: nothing waits. When the latest
-// scrape showed the batch exactly full and nothing waiting, one request
-// beyond it is allowed, a probe: it runs if the batch has grown (a
-// shorter mix of prompts leaves KV for more), and the next scrape learns
-// that. Without a mark for s, it is queueLoad.
+// scrape showed the batch exactly full and nothing waiting, and no scrape
+// confirmed the batch for probeAfter, one request beyond it is allowed,
+// a probe: it runs if the batch has grown (a shorter mix of prompts
+// leaves KV for more), and the next scrape learns that; if not, it waits
+// first in the server's queue, so probes stay rare (they delay a
+// higher-priority request by one slot). Without a mark for s, it is
+// queueLoad.
+// probeAfter is how long a learned batch goes unconfirmed before a probe
+// tests whether it grew.
+const probeAfter = 5 * time.Second
+
 func waitingNow(e *Endpoint, s *metrics.Snapshot, now time.Time) float64 {
 	m := e.Load.mark.Load()
 	if m == nil || !m.at.Equal(s.LastSuccess) {
@@ -58,7 +65,7 @@ func waitingNow(e *Endpoint, s *metrics.Snapshot, now time.Time) float64 {
 	}
 	inFlight := e.Load.InFlightRequests.Load()
 	held := max(int64(s.Running+s.Waiting)+inFlight-m.inFlight, inFlight)
-	if s.Waiting == 0 && int64(s.Running) >= b {
+	if s.Waiting == 0 && int64(s.Running) >= b && now.UnixNano()-e.Load.batchSeen.Load() > int64(probeAfter) {
 		held-- // the probe
 	}
 	return float64(max(held-b, 0))

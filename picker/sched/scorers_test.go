@@ -536,15 +536,16 @@ func TestWaitingNow(t *testing.T) {
 		snap.Waiting, snap.LastSuccess = 0, snap.LastSuccess.Add(time.Millisecond)
 		e[0].Load.InFlightRequests.Store(8)
 		e[0].Load.MarkScrape(&snap)
-		if got := waitingNow(e[0], &snap, now); got != 0 {
-			t.Errorf("waiting %v, want 0 (room for the probe)", got)
-		}
 		e[0].Load.InFlightRequests.Add(1)
-		if got := waitingNow(e[0], &snap, now); got != 0 {
+		if got := waitingNow(e[0], &snap, now); got != 1 {
+			t.Errorf("batch confirmed just now: waiting %v, want 1 (no probe yet)", got)
+		}
+		later := now.Add(probeAfter + time.Second)
+		if got := waitingNow(e[0], &snap, later); got != 0 {
 			t.Errorf("with the probe sent: waiting %v, want 0", got)
 		}
 		e[0].Load.InFlightRequests.Add(1)
-		if got := waitingNow(e[0], &snap, now); got != 1 {
+		if got := waitingNow(e[0], &snap, later); got != 1 {
 			t.Errorf("beyond the probe: waiting %v, want 1", got)
 		}
 	})
