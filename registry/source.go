@@ -36,6 +36,11 @@ type Update struct {
 	// ReplicaDiscovery, when non-nil, is this source's replicas block; at
 	// most one source may set it.
 	ReplicaDiscovery *ReplicaDiscovery
+	// Tenants are the tenants this source declares, keyed by name.
+	Tenants map[string]*Tenant
+	// TenantSettings, when non-nil, is this source's tenants block; at
+	// most one source may set it.
+	TenantSettings *TenantSettings
 	// ScrapeFailing is the health input: pool name -> addresses of
 	// endpoints whose metrics scrapes are failing. It marks endpoints that
 	// other sources supply (Endpoint.ScrapeFailing); addresses no pool has
@@ -80,6 +85,8 @@ func Merge(updates []Update) (s *State, warnings []string, err error) {
 	listenerFrom := map[string]string{}
 	routingFrom := ""
 	replicasFrom := ""
+	tenantsFrom := ""
+	tenantFrom := map[string]string{}
 	replicaAt := map[string]int{}
 	epFrom := map[string]map[string]string{} // pool -> address -> source
 
@@ -201,6 +208,25 @@ func Merge(updates []Update) (s *State, warnings []string, err error) {
 			}
 			replicaAt[r.Address] = len(s.Replicas)
 			s.Replicas = append(s.Replicas, r)
+		}
+		for _, name := range sortedKeys(u.Tenants) {
+			t := u.Tenants[name]
+			if first, dup := tenantFrom[name]; dup {
+				dupErr(KindTenant, name, t.DeclRange, u.Source, first)
+				continue
+			}
+			tenantFrom[name] = u.Source
+			cp := cloneTenant(t)
+			cp.Name = name
+			s.Tenants[name] = cp
+		}
+		if u.TenantSettings != nil {
+			if tenantsFrom != "" {
+				dupErr(KindTenants, "", u.TenantSettings.DeclRange, u.Source, tenantsFrom)
+			} else {
+				tenantsFrom = u.Source
+				s.TenantSettings = *u.TenantSettings
+			}
 		}
 		if u.Routing != nil {
 			if routingFrom != "" {
