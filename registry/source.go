@@ -218,6 +218,9 @@ func Merge(updates []Update) (s *State, warnings []string, err error) {
 			tenantFrom[name] = u.Source
 			cp := cloneTenant(t)
 			cp.Name = name
+			if s.Tenants == nil {
+				s.Tenants = map[string]*Tenant{}
+			}
 			s.Tenants[name] = cp
 		}
 		if u.TenantSettings != nil {

@@ -212,8 +212,9 @@ type State struct {
 	// ReplicaDiscovery says how replicas find each other (nil: no
 	// replicas block).
 	ReplicaDiscovery *ReplicaDiscovery
-	// Tenants are the gateway's clients, keyed by name; when there is any,
-	// every request must carry one of their API keys.
+	// Tenants are the gateway's clients, keyed by name (nil when there
+	// are none); when there is any, every request must carry one of their
+	// API keys.
 	Tenants map[string]*Tenant
 	// TenantSettings is the tenants block (zero without one).
 	TenantSettings TenantSettings
@@ -245,7 +246,7 @@ type ReplicaDiscovery struct {
 
 // Empty returns a State with no pools, models or listeners.
 func Empty() *State {
-	return &State{Pools: map[string]*Pool{}, Models: map[string]*Model{}, Tenants: map[string]*Tenant{}}
+	return &State{Pools: map[string]*Pool{}, Models: map[string]*Model{}}
 }
 
 // PoolNames returns the pool names in sorted order.

@@ -40,6 +40,7 @@ func TestValidateTenants(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
 			s := validState()
+			s.Tenants = map[string]*Tenant{}
 			tc.mutate(s)
 			err := Validate(s)
 			if tc.err == nil {
