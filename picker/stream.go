@@ -64,8 +64,20 @@ type stream struct {
 	obj         *objectiveCounters // the declared model/target, nil otherwise
 	running     *atomic.Int64      // the model's in-flight gauge once picked
 
+	// bodyRewritten: the body going upstream differs from the client's
+	// (a rewritten model, stream_options added for a tenant).
+	bodyRewritten bool
+
 	// peerID names the pick shared with the other replicas (0: none).
 	peerID uint64
+
+	// Tenant, set by authenticate when the request headers arrive, before
+	// the decision (tenants.go): the admission queue takes tenant as the
+	// request's flow and tenantPriority as its default priority. Empty
+	// and nil without tenants.
+	tenant         string
+	tenantPriority *int
+	ten            *tenantReq
 
 	// Response side.
 	servedSeen bool
@@ -76,8 +88,10 @@ func (s *Server) newStream() *stream {
 	return &stream{s: s, reqMode: s.opts.RequestBodyMode, respMode: s.opts.ResponseBodyMode}
 }
 
-// release returns the in-flight request and tokens exactly once.
+// release returns the in-flight request and tokens exactly once (and
+// settles the request's tenant accounting).
 func (st *stream) release() {
+	st.finishTenant()
 	if st.primary == nil || st.released {
 		return
 	}
@@ -181,6 +195,9 @@ func (st *stream) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 			}
 		}
 	}
+	if done, err := st.authenticate(send); done || err != nil {
+		return done, err
+	}
 	if st.contentLength > st.s.opts.MaxBodyBytes {
 		return st.reject(413, fmt.Sprintf("request body of %d bytes exceeds the %d byte limit", st.contentLength, st.s.opts.MaxBodyBytes), send)
 	}
@@ -279,7 +296,9 @@ func (st *stream) reject(code int, msg string, send sendFunc) (bool, error) {
 	if st.s.debug {
 		st.s.log.Debug("request rejected", "status", code, "reason", msg, "path", string(st.path))
 	}
-	return true, st.wrapSend(send, immediate(code, msg))
+	r := immediate(code, msg)
+	st.replyHeaders(r, code)
+	return true, st.wrapSend(send, r)
 }
 
 // decide picks the endpoint(s) once the request is complete and releases
@@ -308,13 +327,14 @@ func (st *stream) decide(send sendFunc) (bool, error) {
 	}
 	asBody := !st.headerOnly && (st.reqMode == modeBuffered || st.reqMode == modePartial)
 	d := newDecision(dest, string(dest), st.pool.nameBytes, clen, remove, asBody)
+	st.upstreamKey(d)
 
 	if st.headerOnly {
 		return false, st.wrapSend(send, &d.pr)
 	}
 	switch st.reqMode {
 	case modeBuffered, modePartial:
-		if st.rewritten {
+		if st.bodyRewritten {
 			d.cr.BodyMutation = replaceBody(body)
 		}
 		return false, st.wrapSend(send, &d.pr)
@@ -327,7 +347,7 @@ func (st *stream) decide(send sendFunc) (bool, error) {
 		off := 0
 		for i, n := range st.chunkLens {
 			cr := &extprocv3.CommonResponse{}
-			if st.rewritten {
+			if st.bodyRewritten {
 				lo, hi := min(off, len(body)), min(off+n, len(body))
 				if i == len(st.chunkLens)-1 {
 					hi = len(body)
@@ -406,9 +426,14 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 			st.obj.requests.Add(1)
 			if target != mv.model.Name {
 				body = openai.RewriteModel(body, r, target)
-				st.rewritten = true
+				st.rewritten, st.bodyRewritten = true, true
 				s.stats.rewritten.Add(1)
 			}
+		}
+	}
+	if st.ten != nil {
+		if code, msg := st.tenantAdmit(snap, &body); code != 0 {
+			return code, msg, nil, nil
 		}
 	}
 	if pv == nil {
@@ -604,7 +629,11 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 			dropLength = true
 		}
 	}
-	if err := st.wrapSend(send, newResponseHeaders(dropLength)); err != nil {
+	r := newResponseHeaders(dropLength)
+	if st.ten != nil {
+		st.tenantResponseHeaders(h, r)
+	}
+	if err := st.wrapSend(send, r); err != nil {
 		return err
 	}
 	if h.GetEndOfStream() {
@@ -618,17 +647,13 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody, send sendFunc) error {
 	var r *extprocv3.ProcessingResponse
 	switch st.respMode {
 	case modeDuplex:
-		out := data
-		if st.rw != nil {
-			out = st.rw.Write(data, eos)
-		}
+		out, _ := st.responseFilter(data, eos)
 		if len(out) > 0 || eos {
 			r = newStreamedChunk(false, out, eos)
 		}
 	case modeBuffered, modePartial:
 		cr := &extprocv3.CommonResponse{}
-		if st.rw != nil {
-			out := st.rw.Write(data, true)
+		if out, changed := st.responseFilter(data, true); changed {
 			cr.BodyMutation = replaceBody(out)
 			cr.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
 				setHeader("content-length", strconv.Itoa(len(out))),
@@ -637,8 +662,8 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody, send sendFunc) error {
 		r = responseBodyResponse(cr)
 	default: // STREAMED: exactly one answer per chunk
 		cr := &extprocv3.CommonResponse{}
-		if st.rw != nil {
-			cr.BodyMutation = replaceBody(st.rw.Write(data, eos))
+		if out, changed := st.responseFilter(data, eos); changed {
+			cr.BodyMutation = replaceBody(out)
 		}
 		r = responseBodyResponse(cr)
 	}
@@ -655,8 +680,8 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody, send sendFunc) error {
 
 func (st *stream) onResponseTrailers(send sendFunc) error {
 	defer st.release()
-	if st.respMode == modeDuplex && st.rw != nil {
-		if out := st.rw.Write(nil, true); len(out) > 0 {
+	if st.respMode == modeDuplex {
+		if out, _ := st.responseFilter(nil, true); len(out) > 0 {
 			if err := st.wrapSend(send, newStreamedChunk(false, out, false)); err != nil {
 				return err
 			}
