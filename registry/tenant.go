@@ -105,3 +105,31 @@ func validateTenants(s *State, add func(kind, name, field, where string, sentine
 		}
 	}
 }
+
+// WithConfigOnly returns a copy of s carrying what only the configuration
+// files hold and the store does not persist, taken from cfg: the tenants,
+// the tenants block and the pools' upstream API keys (secrets never
+// written to disk). serve applies it to the persisted state it starts
+// from, so that no request is served without authentication, or sent
+// upstream without its key, before the configuration source answers.
+func (s *State) WithConfigOnly(cfg *State) *State {
+	cp := *s
+	cp.Tenants = nil
+	for name, t := range cfg.Tenants {
+		if cp.Tenants == nil {
+			cp.Tenants = map[string]*Tenant{}
+		}
+		cp.Tenants[name] = cloneTenant(t)
+	}
+	cp.TenantSettings = cfg.TenantSettings
+	cp.Pools = make(map[string]*Pool, len(s.Pools))
+	for name, p := range s.Pools {
+		pc := *p
+		pc.UpstreamAPIKey = ""
+		if c, ok := cfg.Pools[name]; ok {
+			pc.UpstreamAPIKey = c.UpstreamAPIKey
+		}
+		cp.Pools[name] = &pc
+	}
+	return &cp
+}

@@ -82,3 +82,26 @@ func TestMergeTenants(t *testing.T) {
 		t.Fatalf("Merge of a tenant and a tenants block from two sources: %v", err)
 	}
 }
+
+func TestWithConfigOnly(t *testing.T) {
+	t.Parallel()
+	persisted := validState()
+	persisted.Pools["llama"].UpstreamAPIKey = "stale"
+	cfg := validState()
+	cfg.Tenants = map[string]*Tenant{"a": {Name: "a", KeyHashes: []string{hashA}}}
+	cfg.TenantSettings.HideForbiddenModels = true
+	cfg.Pools["qwen"].UpstreamAPIKey = "secret"
+	got := persisted.WithConfigOnly(cfg)
+	if got.Tenants["a"] == nil || !got.TenantSettings.HideForbiddenModels {
+		t.Fatalf("tenants not carried: %+v", got)
+	}
+	if got.Pools["qwen"].UpstreamAPIKey != "secret" || got.Pools["llama"].UpstreamAPIKey != "" {
+		t.Fatalf("upstream keys: llama %q qwen %q", got.Pools["llama"].UpstreamAPIKey, got.Pools["qwen"].UpstreamAPIKey)
+	}
+	if persisted.Pools["llama"].UpstreamAPIKey != "stale" || persisted.Tenants != nil {
+		t.Fatal("WithConfigOnly modified its receiver")
+	}
+	if len(got.Pools["llama"].Endpoints) != 2 {
+		t.Fatal("endpoints lost")
+	}
+}

@@ -43,6 +43,7 @@ func (a *app) adminHandler() http.Handler {
 		a.manager.Reload()
 		writeText(w, http.StatusAccepted, "reloading\n")
 	})
+	mux.Handle("GET /api/usage", a.usage.Handler())
 	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
@@ -76,6 +77,9 @@ type statusDoc struct {
 	Replicas []replicaStatus `json:"replicas"`
 	Store    *storeStatus    `json:"store,omitempty"` // nil without -store
 	TLS      *tlsStatus      `json:"tls,omitempty"`   // nil without TLS
+	// Tenants are the configured tenants, their budgets and today's
+	// usage (absent without tenants; see tenants.go).
+	Tenants []tenantStatus `json:"tenants,omitempty"`
 }
 
 // storeStatus describes the bbolt store: where it is, what the start
@@ -217,6 +221,7 @@ func (a *app) status() statusDoc {
 			FallbackServed: ps.FallbackServed, ResponseBodies: ps.ResponseBodies, PeerPicks: ps.PeerPicks, Rejected: ps.Rejected},
 	}
 	doc.TLS = a.tlsStatus()
+	doc.Tenants = a.tenantsStatus(time.Now())
 	xs := a.xds.Stats()
 	doc.XDS = xdsStatus{Version: xs.Version, Versions: xs.Versions, RegistryVersion: xs.RegistryVersion, Snapshots: xs.Snapshots,
 		Failures: xs.Failures, LastError: xs.LastError, ACKs: xs.ACKs, NACKs: xs.NACKs, Warnings: xs.Warnings}

@@ -21,6 +21,7 @@ func (a *app) metricsHandler() http.Handler {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&appCollector{a: a},
 		tlsCollector{a: a},
+		a.usage.Collector(),
 	)
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 }
