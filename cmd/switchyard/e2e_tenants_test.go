@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -361,4 +362,112 @@ tenant "team-b" {
 	if !bytes.Contains([]byte(page), []byte(`id="tenants"`)) {
 		t.Error("status page has no tenants table")
 	}
+}
+
+// TestE2ETenantUsageSurvivesSIGKILL: usage counted before a SIGKILL is all
+// there after the restart, exactly: the picker journals each request's
+// usage before its last byte reaches the client, so every request a client
+// saw complete is in /api/usage, with the tokens its response reported.
+func TestE2ETenantUsageSurvivesSIGKILL(t *testing.T) {
+	t.Parallel()
+	key, hash, _ := apikey.New()
+	s := startSim(t, simOptions{})
+	config := fmt.Sprintf(`
+pool "p" {
+  endpoints = [%q]
+}
+model "m-a" { pool = "p" }
+tenant "team-a" {
+  api_keys = [%q]
+}
+`, s.Addr, hash)
+	storePath := filepath.Join(t.TempDir(), "switchyard.db")
+	f := newFleet(t, config, fleetOptions{switchyardArgs: []string{"-store", storePath}})
+
+	type seen struct{ requests, prompt, completion int64 }
+	results := make(chan seen, 4)
+	var done atomic.Int64
+	stop := make(chan struct{})
+	for w := range 4 {
+		go func() {
+			var got seen
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					results <- got
+					return
+				default:
+				}
+				stream := (w+i)%2 == 0
+				body := fmt.Sprintf(`{"model":"m-a","prompt":"worker %d request %d","max_tokens":%d,"min_tokens":%d,"ignore_eos":true%s}`,
+					w, i, 1+i%7, 1+i%7, map[bool]string{true: `,"stream":true,"stream_options":{"include_usage":true}`}[stream])
+				r, err := f.post("/v1/completions", body, "x-api-key", key)
+				if err != nil || r.status != 200 {
+					t.Errorf("worker %d request %d: %v %+v", w, i, err, r)
+					results <- got
+					return
+				}
+				prompt, completion, ok := lastUsage(r.body)
+				if !ok {
+					t.Errorf("no usage in %s", r.body)
+				}
+				got.requests++
+				got.prompt += prompt
+				got.completion += completion
+				done.Add(1)
+			}
+		}()
+	}
+	// Load long enough for several of the store's commits and journal
+	// rotations, then stop the clients and kill.
+	testutil.Eventually(t, 60*time.Second, "1000 requests", func() error {
+		if n := done.Load(); n < 1000 {
+			return fmt.Errorf("%d requests", n)
+		}
+		return nil
+	})
+	close(stop)
+	var want seen
+	for range 4 {
+		g := <-results
+		want.requests += g.requests
+		want.prompt += g.prompt
+		want.completion += g.completion
+	}
+	f.killSwitchyard() // at once, after the last response
+	f.startSwitchyard()
+	tot, err := usageTotals(f.admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := tot["team-a/m-a"]
+	if got.Requests != want.requests || got.PromptTokens != want.prompt || got.CompletionTokens != want.completion || got.Errors != 0 {
+		t.Fatalf("after SIGKILL and restart: %+v\nthe clients completed %d requests, %d prompt and %d completion tokens", got, want.requests, want.prompt, want.completion)
+	}
+	t.Logf("SIGKILL right after %d requests: all %d recovered (%d prompt, %d completion tokens)", want.requests, got.Requests, got.PromptTokens, got.CompletionTokens)
+}
+
+// lastUsage reads the usage of a completion response, JSON or stream.
+func lastUsage(body string) (prompt, completion int64, ok bool) {
+	var u struct {
+		Usage *struct {
+			PromptTokens     int64 `json:"prompt_tokens"`
+			CompletionTokens int64 `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	docs := []string{body}
+	if strings.HasPrefix(body, "data: ") {
+		docs = nil
+		for _, line := range strings.Split(body, "\n") {
+			if d, found := strings.CutPrefix(line, "data: "); found && strings.HasPrefix(d, "{") {
+				docs = append(docs, d)
+			}
+		}
+	}
+	for _, d := range docs {
+		if json.Unmarshal([]byte(d), &u) == nil && u.Usage != nil {
+			prompt, completion, ok = u.Usage.PromptTokens, u.Usage.CompletionTokens, true
+		}
+	}
+	return prompt, completion, ok
 }
