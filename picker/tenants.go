@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/switchyard/switchyard/picker/openai"
@@ -154,12 +155,32 @@ func (st *stream) replyHeaders(r *extprocv3.ProcessingResponse, code int) {
 	if ir.Headers == nil {
 		ir.Headers = &extprocv3.HeaderMutation{}
 	}
-	for _, h := range tr.t.Headers(time.Now(), tr.tab.Replicas) {
-		ir.Headers.SetHeaders = append(ir.Headers.SetHeaders, setHeader(h.Key, h.Value))
-	}
+	ir.Headers.SetHeaders = appendRateHeaders(ir.Headers.SetHeaders, tr)
 	if code == 429 && tr.retryAfter > 0 {
 		ir.Headers.SetHeaders = append(ir.Headers.SetHeaders, setHeader("retry-after", tenant.RetryAfterSeconds(tr.retryAfter)))
 	}
+}
+
+// rateBlock holds a request's rate-limit headers as Envoy header
+// mutations, in one allocation.
+type rateBlock struct {
+	h    tenant.Headers
+	buf  [tenant.MaxHeaders * 12]byte
+	opts [tenant.MaxHeaders]corev3.HeaderValueOption
+	vals [tenant.MaxHeaders]corev3.HeaderValue
+}
+
+// appendRateHeaders appends the tenant's rate-limit headers to set.
+func appendRateHeaders(set []*corev3.HeaderValueOption, tr *tenantReq) []*corev3.HeaderValueOption {
+	b := new(rateBlock)
+	b.h.SetBuffer(b.buf[:0])
+	tr.t.Headers(time.Now(), tr.tab.Replicas, &b.h)
+	for i := range b.h.Len() {
+		b.vals[i] = corev3.HeaderValue{Key: b.h.Key(i), RawValue: b.h.Value(i)}
+		b.opts[i] = corev3.HeaderValueOption{Header: &b.vals[i], AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}
+		set = append(set, &b.opts[i])
+	}
+	return set
 }
 
 // upstreamKey sets the pool's own API key on the request going upstream,
@@ -203,9 +224,7 @@ func (st *stream) tenantResponseHeaders(h *extprocv3.HttpHeaders, r *extprocv3.P
 		cr.HeaderMutation = &extprocv3.HeaderMutation{}
 	}
 	hm := cr.HeaderMutation
-	for _, kv := range tr.t.Headers(time.Now(), tr.tab.Replicas) {
-		hm.SetHeaders = append(hm.SetHeaders, setHeader(kv.Key, kv.Value))
-	}
+	hm.SetHeaders = appendRateHeaders(hm.SetHeaders, tr)
 	if h.GetEndOfStream() || st.respMode == modeNone || encoded || tr.status >= 300 {
 		return
 	}

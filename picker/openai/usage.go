@@ -169,35 +169,46 @@ func (u *usageJSON) usage() Usage {
 	return out
 }
 
-// docJSON is the part of a response document (or one stream event) that
-// carries usage: top-level (completions, chat, embeddings) or inside
-// "response" (the Responses API's final event).
-type docJSON struct {
-	Choices  *[]json.RawMessage `json:"choices"`
-	Usage    *usageJSON         `json:"usage"`
-	Response *struct {
-		Usage *usageJSON `json:"usage"`
-	} `json:"response"`
-}
-
-// parseUsage reads the usage of one document. usageOnly reports a
-// streaming chunk that carries nothing but usage (an empty choices list):
-// the chunk include_usage adds.
+// parseUsage reads the usage of one document: its top-level "usage"
+// (completions, chat, embeddings) or its "response"'s (the Responses
+// API's final event). usageOnly reports a streaming chunk that carries
+// nothing but usage (an empty choices list): the chunk include_usage
+// adds. Only the usage object is decoded; the rest (the generated text)
+// is merely scanned.
 func parseUsage(doc []byte) (u Usage, found, usageOnly bool) {
 	if !bytes.Contains(doc, []byte(`"usage"`)) {
 		return Usage{}, false, false
 	}
-	var d docJSON
-	if json.Unmarshal(doc, &d) != nil {
+	var usage, response []byte
+	emptyChoices := false
+	if members(doc, func(key []byte, vs, ve int) {
+		switch v := doc[vs:ve]; {
+		case keyIs(key, "usage"):
+			usage = v
+		case keyIs(key, "choices"):
+			emptyChoices = len(bytes.TrimSpace(v[1:len(v)-1])) == 0 && v[0] == '['
+		case keyIs(key, "response"):
+			response = v
+		}
+	}) != nil {
 		return Usage{}, false, false
 	}
-	switch {
-	case d.Usage != nil:
-		return d.Usage.usage(), true, d.Choices != nil && len(*d.Choices) == 0
-	case d.Response != nil && d.Response.Usage != nil:
-		return d.Response.Usage.usage(), true, false
+	if usage == nil && len(response) > 0 && response[0] == '{' {
+		_ = members(response, func(key []byte, vs, ve int) {
+			if keyIs(key, "usage") {
+				usage = response[vs:ve]
+			}
+		})
+		emptyChoices = false
 	}
-	return Usage{}, false, false
+	if len(usage) == 0 || usage[0] != '{' {
+		return Usage{}, false, false
+	}
+	var uj usageJSON
+	if json.Unmarshal(usage, &uj) != nil {
+		return Usage{}, false, false
+	}
+	return uj.usage(), true, emptyChoices
 }
 
 // UsageTap reads a response body's usage as it streams through, and can

@@ -15,6 +15,7 @@ import (
 	"crypto/subtle"
 	"encoding/binary"
 	"math"
+	"strconv"
 	"sync"
 	"time"
 
@@ -286,33 +287,68 @@ func (tn *Tenant) Settle(now time.Time, r Reservation, actual int64) {
 	}
 }
 
-// Header is one response header.
-type Header struct{ Key, Value string }
+// MaxHeaders is how many rate-limit headers Headers may produce.
+const MaxHeaders = 9
 
-// Headers returns OpenAI's rate-limit headers for the tenant at now:
+// Headers is a set of rate-limit headers built without an allocation per
+// header: Key(i) and Value(i) for i < Len().
+type Headers struct {
+	n    int
+	keys [MaxHeaders]string
+	ends [MaxHeaders]int
+	buf  []byte
+}
+
+// Len is the number of headers.
+func (h *Headers) Len() int { return h.n }
+
+// Key returns header i's name.
+func (h *Headers) Key(i int) string { return h.keys[i] }
+
+// Value returns header i's value (it aliases the set's buffer).
+func (h *Headers) Value(i int) []byte {
+	start := 0
+	if i > 0 {
+		start = h.ends[i-1]
+	}
+	return h.buf[start:h.ends[i]:h.ends[i]]
+}
+
+func (h *Headers) add(key string, appendValue func([]byte) []byte) {
+	h.buf = appendValue(h.buf)
+	h.keys[h.n], h.ends[h.n] = key, len(h.buf)
+	h.n++
+}
+
+// Header names, per budget: limit, remaining, reset.
+var headerNames = map[string][3]string{
+	"requests_per_minute": {"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"},
+	"tokens_per_minute":   {"x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"},
+	"tokens_per_day":      {"x-ratelimit-limit-tokens-per-day", "x-ratelimit-remaining-tokens-per-day", "x-ratelimit-reset-tokens-per-day"},
+}
+
+// Headers fills h with OpenAI's rate-limit headers for the tenant at now:
 // x-ratelimit-limit-*, x-ratelimit-remaining-* and x-ratelimit-reset-*
 // for requests and tokens (per minute), and the same with a
-// "-tokens-per-day" suffix for the day budget; only for budgets the tenant
-// has. Limits are the configured (fleet-wide) ones; remaining is this
-// replica's remaining share times the replicas, an estimate of the
+// "-tokens-per-day" suffix for the day budget; only for budgets the
+// tenant has. Limits are the configured (fleet-wide) ones; remaining is
+// this replica's remaining share times the replicas, an estimate of the
 // fleet's; reset is when this replica's window would be empty.
-func (tn *Tenant) Headers(now time.Time, replicas int) []Header {
+func (tn *Tenant) Headers(now time.Time, replicas int, h *Headers) {
+	h.n, h.buf = 0, h.buf[:0]
 	if !tn.local.Any() {
-		return nil
+		return
 	}
 	tn.lim.mu.Lock()
 	defer tn.lim.mu.Unlock()
-	var out []Header
 	for _, b := range tn.budgets(true) {
-		suffix := map[string]string{"requests_per_minute": "requests", "tokens_per_minute": "tokens", "tokens_per_day": "tokens-per-day"}[b.name]
-		remaining := max(b.local-b.w.used(now), 0) * int64(max(replicas, 1))
-		out = append(out,
-			Header{"x-ratelimit-limit-" + suffix, itoa(b.conf)},
-			Header{"x-ratelimit-remaining-" + suffix, itoa(min(remaining, b.conf))},
-			Header{"x-ratelimit-reset-" + suffix, FormatReset(b.w.reset(now))},
-		)
+		names := headerNames[b.name]
+		remaining := min(max(b.local-b.w.used(now), 0)*int64(max(replicas, 1)), b.conf)
+		reset := b.w.reset(now)
+		h.add(names[0], func(d []byte) []byte { return strconv.AppendInt(d, b.conf, 10) })
+		h.add(names[1], func(d []byte) []byte { return strconv.AppendInt(d, remaining, 10) })
+		h.add(names[2], func(d []byte) []byte { return AppendReset(d, reset) })
 	}
-	return out
 }
 
 // Used returns what this replica counts now against each budget the
@@ -332,19 +368,29 @@ func (tn *Tenant) Local() registry.Limits { return tn.local }
 
 // FormatReset renders a duration as OpenAI's reset headers do: "1s",
 // "6m0s", "0.5s", rounded up to the millisecond.
-func FormatReset(d time.Duration) string {
+func FormatReset(d time.Duration) string { return string(AppendReset(nil, d)) }
+
+// AppendReset appends FormatReset(d) to b.
+func AppendReset(b []byte, d time.Duration) []byte {
 	if d <= 0 {
-		return "0s"
+		return append(b, "0s"...)
 	}
 	d = (d + time.Millisecond - 1).Truncate(time.Millisecond)
 	if d < time.Second {
-		return trimFloat(d.Seconds()) + "s"
+		return append(strconv.AppendFloat(b, d.Seconds(), 'f', -1, 64), 's')
 	}
-	return d.String()
+	if d%time.Second == 0 && d < time.Minute {
+		return append(strconv.AppendInt(b, int64(d/time.Second), 10), 's')
+	}
+	return append(b, d.String()...)
 }
 
 // RetryAfterSeconds is the retry-after header value for d: whole seconds,
 // rounded up, at least 1.
 func RetryAfterSeconds(d time.Duration) string {
-	return itoa(max(int64(math.Ceil(d.Seconds())), 1))
+	return strconv.FormatInt(max(int64(math.Ceil(d.Seconds())), 1), 10)
 }
+
+// SetBuffer gives the set a buffer for its values to start with (the
+// values are appended to it, growing it if needed).
+func (h *Headers) SetBuffer(b []byte) { h.buf = b }

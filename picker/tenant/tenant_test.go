@@ -186,8 +186,10 @@ func TestLimitsSplitAmongReplicasAndSurviveReloads(t *testing.T) {
 		t.Fatalf("fifth request on a third of 10: %+v", d)
 	}
 	h := map[string]string{}
-	for _, kv := range tn.Headers(c.now(), 3) {
-		h[kv.Key] = kv.Value
+	var hs Headers
+	tn.Headers(c.now(), 3, &hs)
+	for i := range hs.Len() {
+		h[hs.Key(i)] = string(hs.Value(i))
 	}
 	want := map[string]string{
 		"x-ratelimit-limit-requests": "10", "x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1m1s",
