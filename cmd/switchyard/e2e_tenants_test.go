@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -362,6 +363,33 @@ tenant "team-b" {
 	if !bytes.Contains([]byte(page), []byte(`id="tenants"`)) {
 		t.Error("status page has no tenants table")
 	}
+	// The page as a browser renders it (when Chromium is installed).
+	if dom, ok := renderedDOM(t, "http://"+f.admin+"/"); ok {
+		want := []string{"Tenants", "team-a", "<td>8 / 8</td>", "team-b", "m-chat-v2", ">72<", "Usage today (UTC)"}
+		if missing := testutil.ContainsAll(dom, want...); len(missing) > 0 {
+			t.Errorf("rendered status page lacks %q:\n%s", missing, dom)
+		}
+	}
+}
+
+// renderedDOM loads url in headless Chromium and returns the DOM after
+// its scripts ran; ok is false when Chromium is not installed.
+func renderedDOM(t *testing.T, url string) (dom string, ok bool) {
+	t.Helper()
+	bin, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Log("chromium not installed: the rendered status page is not checked")
+		return "", false
+	}
+	cmd := exec.Command(bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--user-data-dir="+t.TempDir(), "--virtual-time-budget=4000", "--dump-dom", url)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("chromium: %v\n%s", err, stderr.String())
+	}
+	return stdout.String(), true
 }
 
 // TestE2ETenantUsageSurvivesSIGKILL: usage counted before a SIGKILL is all
