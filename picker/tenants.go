@@ -21,6 +21,10 @@ import (
 // usage read from the response, settled and recorded when the request
 // ends. Requests are only touched when the configuration has tenants.
 
+// usageDocBytes bounds the response document (or stream event) kept to
+// read its usage; a larger JSON document is read from its tail.
+const usageDocBytes = 1 << 20
+
 // tenantReq is one request's tenant state.
 type tenantReq struct {
 	tab *tenant.Table
@@ -229,7 +233,7 @@ func (st *stream) tenantResponseHeaders(h *extprocv3.HttpHeaders, r *extprocv3.P
 		return
 	}
 	if kind := openai.KindOf(ct); kind != openai.Passthrough {
-		tr.tap = openai.NewUsageTap(kind, tr.strip, st.s.opts.MaxBodyBytes)
+		tr.tap = openai.NewUsageTap(kind, tr.strip, usageDocBytes)
 		if tr.tap.Strips() && !containsStr(hm.RemoveHeaders, "content-length") {
 			hm.RemoveHeaders = append(hm.RemoveHeaders, "content-length")
 		}

@@ -226,9 +226,39 @@ type UsageTap struct {
 	found bool
 }
 
+// tailBytes is how much of a JSON document too large to keep whole the
+// tap keeps to find its usage in.
+const tailBytes = 4 << 10
+
+// tailUsage finds the last top-level-looking "usage" object in the tail of
+// a document and decodes it.
+func tailUsage(tail []byte) (Usage, bool) {
+	i := bytes.LastIndex(tail, []byte(`"usage"`))
+	if i < 0 {
+		return Usage{}, false
+	}
+	sc := scanner{b: tail, i: i + len(`"usage"`)}
+	sc.ws()
+	if sc.peek() != ':' {
+		return Usage{}, false
+	}
+	sc.i++
+	sc.ws()
+	start := sc.i
+	if sc.peek() != '{' || !sc.value(1) {
+		return Usage{}, false
+	}
+	var uj usageJSON
+	if json.Unmarshal(tail[start:sc.i], &uj) != nil {
+		return Usage{}, false
+	}
+	return uj.usage(), true
+}
+
 // NewUsageTap returns a tap for a response of kind; strip removes the
-// usage-only event of an event stream. Bodies (or single events) larger
-// than maxBuffered bytes are forwarded without being read.
+// usage-only event of an event stream. A JSON document larger than
+// maxBuffered bytes is read from its last 4 KiB only; a single event
+// larger than that is forwarded without being read.
 func NewUsageTap(kind ResponseKind, strip bool, maxBuffered int) *UsageTap {
 	return &UsageTap{kind: kind, strip: strip && kind == EventStream, max: maxBuffered}
 }
@@ -245,15 +275,22 @@ func (t *UsageTap) Strips() bool { return t.strip }
 func (t *UsageTap) Write(chunk []byte, eos bool) []byte {
 	switch t.kind {
 	case JSONBody:
-		if !t.over {
-			if len(t.buf)+len(chunk) > t.max {
-				t.over, t.buf = true, nil
-			} else {
-				t.buf = append(t.buf, chunk...)
-			}
+		t.buf = append(t.buf, chunk...)
+		if len(t.buf) > t.max {
+			// Too large to keep (a big embeddings answer, say): keep its
+			// tail, where servers put the usage.
+			t.over = true
+			t.buf = append(t.buf[:0], t.buf[len(t.buf)-tailBytes:]...)
 		}
-		if eos && !t.over {
-			if u, ok, _ := parseUsage(t.buf); ok {
+		if eos {
+			var u Usage
+			ok := false
+			if t.over {
+				u, ok = tailUsage(t.buf)
+			} else {
+				u, ok, _ = parseUsage(t.buf)
+			}
+			if ok {
 				t.usage, t.found = u, true
 			}
 			t.buf = nil

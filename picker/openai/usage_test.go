@@ -111,13 +111,14 @@ func TestUsageTapJSON(t *testing.T) {
 	if u, ok := tap.Usage(); !ok || u != (Usage{Prompt: 11, Cached: 8, Completion: 4}) {
 		t.Fatalf("responses usage %+v %v", u, ok)
 	}
-	// Too large to read: forwarded, no usage.
-	tap = NewUsageTap(JSONBody, false, 20)
-	if got := feed(tap, doc, 10); got != doc {
+	// Too large to keep: forwarded, usage read from the tail.
+	big := `{"object":"list","data":[{"embedding":[` + strings.Repeat("0.125,", 20000) + `0.5]}],"usage":{"prompt_tokens":9,"total_tokens":9}}`
+	tap = NewUsageTap(JSONBody, false, 8<<10)
+	if got := feed(tap, big, 1000); got != big {
 		t.Fatal("oversized body changed")
 	}
-	if _, ok := tap.Usage(); ok {
-		t.Fatal("usage read from an oversized body")
+	if u, ok := tap.Usage(); !ok || u != (Usage{Prompt: 9}) {
+		t.Fatalf("usage of an oversized body %+v %v", u, ok)
 	}
 	// The Responses API's final stream event.
 	ev := "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n"
