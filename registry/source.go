@@ -245,7 +245,8 @@ func Merge(updates []Update) (s *State, warnings []string, err error) {
 	return s, warnings, errors.Join(errs...)
 }
 
-// Summary describes a state in one line: "2 pools, 3 models, 1 listener".
+// Summary describes a state in one line: "2 pools, 3 models, 1 listener"
+// (and ", 2 tenants" when it has tenants).
 func (s *State) Summary() string {
 	plural := func(n int, word string) string {
 		if n == 1 {
@@ -253,9 +254,13 @@ func (s *State) Summary() string {
 		}
 		return fmt.Sprintf("%d %ss", n, word)
 	}
-	return strings.Join([]string{
+	parts := []string{
 		plural(len(s.Pools), "pool"),
 		plural(len(s.Models), "model"),
 		plural(len(s.Listeners), "listener"),
-	}, ", ")
+	}
+	if len(s.Tenants) > 0 {
+		parts = append(parts, plural(len(s.Tenants), "tenant"))
+	}
+	return strings.Join(parts, ", ")
 }
