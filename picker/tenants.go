@@ -99,7 +99,8 @@ func containsStr(xs []string, s string) bool {
 // budgets (429), which reserve the request and its estimated tokens
 // (prompt, plus max_tokens when given). A streaming chat or completion
 // that did not ask for usage is made to (body is rewritten), so that its
-// tokens can be counted.
+// tokens can be counted. A request picked again (after waiting in an
+// admission queue) gets its body rewritten again but is reserved once.
 func (st *stream) tenantAdmit(snap *snapshot, body *[]byte) (int, string) {
 	tr := st.ten
 	model := st.clientModel
@@ -124,6 +125,9 @@ func (st *stream) tenantAdmit(snap *snapshot, body *[]byte) (int, string) {
 			*body = openai.WithIncludeUsage(*body, gen)
 			st.bodyRewritten, tr.strip = true, true
 		}
+	}
+	if tr.admitted {
+		return 0, ""
 	}
 	now := time.Now()
 	res, denied := tr.t.Admit(now, tr.estimate+gen.MaxTokens)

@@ -11,6 +11,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/switchyard/switchyard/internal/apikey"
+	"github.com/switchyard/switchyard/picker/openai"
 	"github.com/switchyard/switchyard/picker/tenant"
 	"github.com/switchyard/switchyard/registry"
 )
@@ -303,5 +304,31 @@ func (s *extStream) streamedResponseBody() (string, int) {
 		if sr.GetEndOfStream() {
 			return b.String(), n
 		}
+	}
+}
+
+// TestTenantAdmitOncePerRequest: a request picked twice (the admission
+// queue picks again once it lets a request go) is reserved once, and its
+// body asks for usage both times.
+func TestTenantAdmitOncePerRequest(t *testing.T) {
+	h := newHarness(t, tenantState(registry.Limits{RequestsPerMinute: 10, TokensPerMinute: 100000}), Options{})
+	snap := h.srv.snap.Load()
+	tn := snap.tenants.Tenant("team-a")
+	st := h.srv.newStream()
+	st.ten = &tenantReq{tab: snap.tenants, t: tn}
+	st.clientModel, st.path = "llama", []byte("/v1/completions")
+	orig := []byte(`{"model":"llama","prompt":"hi","stream":true,"max_tokens":100}`)
+	for i := range 2 {
+		body := orig
+		if code, msg := st.tenantAdmit(snap, &body); code != 0 {
+			t.Fatalf("pick %d: %d %s", i, code, msg)
+		}
+		if !strings.HasPrefix(string(body), `{"stream_options":{"include_usage":true},`) {
+			t.Fatalf("pick %d: body %s", i, body)
+		}
+	}
+	used := tn.Used(time.Now())
+	if used["requests_per_minute"] != 1 || used["tokens_per_minute"] != openai.EstimateTokens(orig)+100 {
+		t.Fatalf("after two picks of one request: %v", used)
 	}
 }
