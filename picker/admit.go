@@ -163,8 +163,9 @@ func (st *stream) admit(pv *poolView, req *sched.Request, cands []*sched.Endpoin
 	return admitGo
 }
 
-// priority is the request's band: the model's priority, or the pool's
-// priority header clamped to the operator's bounds.
+// priority is the request's band: the pool's priority header clamped to
+// the operator's bounds, else model (the tenant's priority, else the
+// model's).
 func (st *stream) priority(pv *poolView, model int) int {
 	h := pv.admission.PriorityHeader
 	if h == "" {
@@ -181,8 +182,12 @@ func (st *stream) priority(pv *poolView, model int) int {
 	return min(max(p, pv.admission.PriorityMin), pv.admission.PriorityMax)
 }
 
-// flow is the request's fairness key: the pool's flow header, truncated.
+// flow is the request's fairness key: its tenant, else the pool's flow
+// header (truncated).
 func (st *stream) flow(pv *poolView) string {
+	if st.tenant != "" {
+		return st.tenant
+	}
 	if pv.admission.FlowHeader == "" {
 		return ""
 	}

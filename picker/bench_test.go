@@ -19,8 +19,10 @@ import (
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
+	"github.com/switchyard/switchyard/internal/apikey"
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/sched"
+	"github.com/switchyard/switchyard/picker/tenant"
 	"github.com/switchyard/switchyard/registry"
 )
 
@@ -48,15 +50,28 @@ func BenchmarkHandleRequest(b *testing.B) {
 		name   string
 		model  string
 		prompt int
+		// tenant: a tenant with every budget authenticates the request,
+		// which is admitted, settled and recorded.
+		tenant bool
 	}{
-		{"4KiB", "llama", 4 << 10},
-		{"200KiB", "llama", 200 << 10},
-		{"4KiB-rewrite", "alias", 4 << 10},
+		{"4KiB", "llama", 4 << 10, false},
+		{"200KiB", "llama", 200 << 10, false},
+		{"4KiB-rewrite", "alias", 4 << 10, false},
+		{"4KiB-tenant", "llama", 4 << 10, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			srv := New(registry.NewPublisher(benchState(100)), Options{}, nil)
+			st := benchState(100)
+			extra := []string{"x-request-id", "abc"}
+			opts := Options{}
+			if tc.tenant {
+				st.Tenants = map[string]*registry.Tenant{"t": {Name: "t", KeyHashes: []string{apikey.Hash("bench-key")},
+					Limits: registry.Limits{RequestsPerMinute: 1 << 40, TokensPerMinute: 1 << 50, TokensPerDay: 1 << 50}}}
+				extra = append(extra, "authorization", "Bearer bench-key")
+				opts.Usage = discardUsage{}
+			}
+			srv := New(registry.NewPublisher(st), opts, nil)
 			body := []byte(fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"stream":false}`, tc.model, strings.Repeat("a", tc.prompt)))
-			hdr := postHeaders("/v1/chat/completions", "content-length", fmt.Sprint(len(body)), "x-request-id", "abc")
+			hdr := postHeaders("/v1/chat/completions", append([]string{"content-length", fmt.Sprint(len(body))}, extra...)...)
 			hdr.ProtocolConfig = &extprocv3.ProtocolConfiguration{
 				RequestBodyMode:  extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
 				ResponseBodyMode: extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
@@ -66,9 +81,13 @@ func BenchmarkHandleRequest(b *testing.B) {
 				end := min(off+64<<10, len(body))
 				msgs = append(msgs, reqBody(body[off:end], end == len(body)))
 			}
+			resp := `{"id":"x","model":"llama","choices":[]}`
+			if tc.tenant {
+				resp = `{"id":"x","model":"llama","choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":10}}`
+			}
 			msgs = append(msgs,
 				respHeaders(false, ":status", "200", "content-type", "application/json"),
-				respBody([]byte(`{"id":"x","model":"llama","choices":[]}`), true))
+				respBody([]byte(resp), true))
 			sent := 0
 			send := func(*extprocv3.ProcessingResponse) error { sent++; return nil }
 			b.ReportAllocs()
@@ -417,3 +436,8 @@ func fillMemory(pv *poolView, now time.Time) {
 		pv.state.sessions.Put(fmt.Sprintf("session-%d", i), pv.eps[i%len(pv.eps)].Address, now)
 	}
 }
+
+// discardUsage is a tenant.Recorder that drops what it is given.
+type discardUsage struct{}
+
+func (discardUsage) Record(tenant.Usage) {}

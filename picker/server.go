@@ -30,6 +30,7 @@ import (
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/picker/sched"
+	"github.com/switchyard/switchyard/picker/tenant"
 	"github.com/switchyard/switchyard/registry"
 )
 
@@ -71,6 +72,8 @@ type Options struct {
 	ResponseBodyMode extprocfilterv3.ProcessingMode_BodySendMode
 	// StreamChunkBytes bounds each streamed body response (default 64 KiB).
 	StreamChunkBytes int
+	// Usage, if set, receives the usage of every request of a tenant.
+	Usage tenant.Recorder
 }
 
 func (o Options) withDefaults() Options {
@@ -120,6 +123,8 @@ type Server struct {
 
 	// mesh shares picks with the other replicas (nil: one switchyard).
 	mesh *peers.Mesh
+	// tenants keeps the tenants' budgets across states.
+	tenants *tenant.Set
 
 	// runCtx is Run's context (nil before Run): admission queues'
 	// dispatchers run under it, counted by queues.
@@ -162,6 +167,7 @@ func New(view registry.View, opts Options, logger *slog.Logger) *Server {
 		health:  health.NewServer(),
 		eh:      newEndpointHealth(),
 		started: time.Now(),
+		tenants: tenant.NewSet(),
 	}
 	s.scratch.New = func() any { return new(sched.Scratch) }
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
@@ -267,6 +273,7 @@ func (s *Server) apply(st *registry.State) {
 	}
 	snap := buildSnapshot(st, &s.loads, d)
 	old := s.snap.Load()
+	snap.tenants = s.tenants.Build(st, len(st.Replicas))
 	s.snap.Store(snap)
 	s.syncQueues(st, snap, old)
 	ready := healthpb.HealthCheckResponse_NOT_SERVING

@@ -9,6 +9,7 @@ import (
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/prefix"
 	"github.com/switchyard/switchyard/picker/sched"
+	"github.com/switchyard/switchyard/picker/tenant"
 	"github.com/switchyard/switchyard/registry"
 )
 
@@ -25,6 +26,8 @@ type snapshot struct {
 	// /v1/models is answered by the picker itself):
 	// routing.default_pool, else the only pool, else the first by name.
 	headerOnlyPool *poolView
+	// tenants authenticates requests (nil: no tenants, no checks).
+	tenants *tenant.Table
 }
 
 type poolView struct {
@@ -41,6 +44,8 @@ type poolView struct {
 	sessionHeader string
 	// admission is the pool's admission block (zero: the defaults).
 	admission registry.Admission
+	// upstreamKey is the API key sent to the pool's servers ("" none).
+	upstreamKey string
 }
 
 // poolState is a pool's scheduling memory that survives rebuilds: the
@@ -164,7 +169,8 @@ func buildSnapshot(st *registry.State, ls *loads, d buildDeps) *snapshot {
 			ps = newPoolState()
 			ls.pools[name] = ps
 		}
-		pv := &poolView{name: name, nameBytes: []byte(name), byAddr: make(map[string]*sched.Endpoint, len(p.Endpoints)), state: ps}
+		pv := &poolView{name: name, nameBytes: []byte(name), byAddr: make(map[string]*sched.Endpoint, len(p.Endpoints)), state: ps,
+			upstreamKey: p.UpstreamAPIKey}
 		pv.profile = poolProfile(p, ps, d)
 		pv.usesPrefix = pv.profile.Uses(sched.ScorerPrefix)
 		pv.usesSession = pv.profile.Uses(sched.ScorerSession)

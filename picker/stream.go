@@ -68,6 +68,10 @@ type stream struct {
 	obj         *objectiveCounters // the declared model/target, nil otherwise
 	running     *atomic.Int64      // the model's in-flight gauge once picked
 
+	// bodyRewritten: the body going upstream differs from the client's
+	// (a rewritten model, stream_options added for a tenant).
+	bodyRewritten bool
+
 	// peerID names the pick shared with the other replicas (0: none).
 	peerID uint64
 
@@ -76,6 +80,13 @@ type stream struct {
 	// the next pick does not judge saturation again.
 	waiting  admission.Request
 	admitted bool
+	// Tenant, set by authenticate when the request headers arrive, before
+	// the decision (tenants.go): the admission queue takes tenant as the
+	// request's flow and tenantPriority as its default priority. Empty
+	// and nil without tenants.
+	tenant         string
+	tenantPriority *int
+	ten            *tenantReq
 
 	// Response side.
 	servedSeen bool
@@ -86,8 +97,10 @@ func (s *Server) newStream(ctx context.Context) *stream {
 	return &stream{s: s, ctx: ctx, reqMode: s.opts.RequestBodyMode, respMode: s.opts.ResponseBodyMode}
 }
 
-// release returns the in-flight request and tokens exactly once.
+// release returns the in-flight request and tokens exactly once (and
+// settles the request's tenant accounting).
 func (st *stream) release() {
+	st.finishTenant()
 	if st.primary == nil || st.released {
 		return
 	}
@@ -194,6 +207,9 @@ func (st *stream) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 				st.remove = append(st.remove, k)
 			}
 		}
+	}
+	if done, err := st.authenticate(send); done || err != nil {
+		return done, err
 	}
 	if st.contentLength > st.s.opts.MaxBodyBytes {
 		return st.reject(413, fmt.Sprintf("request body of %d bytes exceeds the %d byte limit", st.contentLength, st.s.opts.MaxBodyBytes), send)
@@ -304,6 +320,7 @@ func (st *stream) rejectWith(code int, msg string, send sendFunc, reason string,
 		hm := r.GetImmediateResponse().GetHeaders()
 		hm.SetHeaders = append(hm.SetHeaders, setHeader(HeaderAdmission, reason), setHeader("retry-after", retryAfter(after)))
 	}
+	st.replyHeaders(r, code)
 	return true, st.wrapSend(send, r)
 }
 
@@ -349,13 +366,14 @@ func (st *stream) decide(send sendFunc) (bool, error) {
 	}
 	asBody := !st.headerOnly && (st.reqMode == modeBuffered || st.reqMode == modePartial)
 	d := newDecision(dest, string(dest), st.pool.nameBytes, clen, remove, asBody)
+	st.upstreamKey(d)
 
 	if st.headerOnly {
 		return false, st.wrapSend(send, &d.pr)
 	}
 	switch st.reqMode {
 	case modeBuffered, modePartial:
-		if st.rewritten {
+		if st.bodyRewritten {
 			d.cr.BodyMutation = replaceBody(body)
 		}
 		return false, st.wrapSend(send, &d.pr)
@@ -368,7 +386,7 @@ func (st *stream) decide(send sendFunc) (bool, error) {
 		off := 0
 		for i, n := range st.chunkLens {
 			cr := &extprocv3.CommonResponse{}
-			if st.rewritten {
+			if st.bodyRewritten {
 				lo, hi := min(off, len(body)), min(off+n, len(body))
 				if i == len(st.chunkLens)-1 {
 					hi = len(body)
@@ -447,9 +465,14 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 			st.obj.requests.Add(1)
 			if target != mv.model.Name {
 				body = openai.RewriteModel(body, r, target)
-				st.rewritten = true
+				st.rewritten, st.bodyRewritten = true, true
 				s.stats.rewritten.Add(1)
 			}
+		}
+	}
+	if st.ten != nil {
+		if code, msg := st.tenantAdmit(snap, &body); code != 0 {
+			return code, msg, nil, nil
 		}
 	}
 	if pv == nil {
@@ -468,6 +491,9 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	defer func() { *sreq = sched.Request{} }() // drop references to this request's body
 	if mv != nil {
 		sreq.Priority = mv.model.Priority
+	}
+	if st.tenantPriority != nil {
+		sreq.Priority = *st.tenantPriority
 	}
 	if pv.admission.PriorityHeader != "" {
 		sreq.Priority = st.priority(pv, sreq.Priority)
@@ -672,7 +698,11 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 			dropLength = true
 		}
 	}
-	if err := st.wrapSend(send, newResponseHeaders(dropLength)); err != nil {
+	r := newResponseHeaders(dropLength)
+	if st.ten != nil {
+		st.tenantResponseHeaders(h, r)
+	}
+	if err := st.wrapSend(send, r); err != nil {
 		return err
 	}
 	if h.GetEndOfStream() {
@@ -686,17 +716,13 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody, send sendFunc) error {
 	var r *extprocv3.ProcessingResponse
 	switch st.respMode {
 	case modeDuplex:
-		out := data
-		if st.rw != nil {
-			out = st.rw.Write(data, eos)
-		}
+		out, _ := st.responseFilter(data, eos)
 		if len(out) > 0 || eos {
 			r = newStreamedChunk(false, out, eos)
 		}
 	case modeBuffered, modePartial:
 		cr := &extprocv3.CommonResponse{}
-		if st.rw != nil {
-			out := st.rw.Write(data, true)
+		if out, changed := st.responseFilter(data, true); changed {
 			cr.BodyMutation = replaceBody(out)
 			cr.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
 				setHeader("content-length", strconv.Itoa(len(out))),
@@ -705,8 +731,8 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody, send sendFunc) error {
 		r = responseBodyResponse(cr)
 	default: // STREAMED: exactly one answer per chunk
 		cr := &extprocv3.CommonResponse{}
-		if st.rw != nil {
-			cr.BodyMutation = replaceBody(st.rw.Write(data, eos))
+		if out, changed := st.responseFilter(data, eos); changed {
+			cr.BodyMutation = replaceBody(out)
 		}
 		r = responseBodyResponse(cr)
 	}
@@ -723,8 +749,8 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody, send sendFunc) error {
 
 func (st *stream) onResponseTrailers(send sendFunc) error {
 	defer st.release()
-	if st.respMode == modeDuplex && st.rw != nil {
-		if out := st.rw.Write(nil, true); len(out) > 0 {
+	if st.respMode == modeDuplex {
+		if out, _ := st.responseFilter(nil, true); len(out) > 0 {
 			if err := st.wrapSend(send, newStreamedChunk(false, out, false)); err != nil {
 				return err
 			}

@@ -88,6 +88,11 @@ type Pool struct {
 	// DeclRange is where the pool was declared ("file:line:column"), for
 	// diagnostics ("" if not from a file).
 	DeclRange string
+	// UpstreamAPIKey, when set, is the API key the picker sends to the
+	// pool's servers (Authorization: Bearer), read from the file or
+	// environment variable the configuration names. It is a secret: it is
+	// never logged, shown or written to the store.
+	UpstreamAPIKey string
 	// Consul, when non-nil, says the pool's members (also) come from
 	// Consul: the instances of this service the consul source finds.
 	Consul *ConsulSelector
@@ -251,6 +256,12 @@ type State struct {
 	// ReplicaDiscovery says how replicas find each other (nil: no
 	// replicas block).
 	ReplicaDiscovery *ReplicaDiscovery
+	// Tenants are the gateway's clients, keyed by name (nil when there
+	// are none); when there is any, every request must carry one of their
+	// API keys.
+	Tenants map[string]*Tenant
+	// TenantSettings is the tenants block (zero without one).
+	TenantSettings TenantSettings
 }
 
 // Replica is one switchyard process of an active-active set.

@@ -22,6 +22,8 @@ var (
 	ErrSelfTarget         = errors.New("model targets itself")
 	ErrEmptyName          = errors.New("empty name")
 	ErrBadAdmission       = errors.New("bad admission")
+	ErrBadLimit           = errors.New("bad limit")
+	ErrUnknownModel       = errors.New("unknown model")
 )
 
 // Object kinds named by ValidationError.Kind.
@@ -32,6 +34,8 @@ const (
 	KindRouting  = "routing"
 	KindReplicas = "replicas"
 	KindEndpoint = "endpoint"
+	KindTenant   = "tenant"
+	KindTenants  = "tenants"
 )
 
 // ValidationError is one problem found in a State. Kind, Name and Field say
@@ -49,7 +53,8 @@ type ValidationError struct {
 	// Field is the attribute at fault: "pool", "address", "default_pool",
 	// "engine", "failure_mode", "metrics_path", "scheduling.<attr>",
 	// "scheduling.scorers.<key>", "scheduling.metrics.<key>",
-	// "target.<name>" (a target block), "target.<name>.weight", or ""
+	// "target.<name>" (a target block), "target.<name>.weight", for
+	// tenants "api_keys", "models" and "limits.<attr>", or ""
 	// (the whole object).
 	Field string
 	// Where is the object's declaration ("file:line:column"), when known.
@@ -197,7 +202,9 @@ func quoteList[T ~string](xs []T) string {
 //   - every model's pool and routing.default_pool exist;
 //   - target weights are >= 0 and sum to more than 0, target names are
 //     unique, no model targets itself, and a target that is itself a model
-//     must be served by the same pool.
+//     must be served by the same pool;
+//   - tenant limits are >= 0, an API key hash belongs to one tenant, and a
+//     tenant's models are declared (or a default pool may serve them).
 func Validate(s *State) error {
 	var errs []error
 	add := func(kind, name, field, where string, sentinel error, format string, args ...any) {
@@ -319,6 +326,7 @@ func Validate(s *State) error {
 			add(KindRouting, "", "default_pool", "", ErrUnknownPool, "the default pool %q is not defined%s", dp, knownHint(s.PoolNames()))
 		}
 	}
+	validateTenants(s, add)
 	for _, r := range s.Replicas {
 		where := ""
 		if s.ReplicaDiscovery != nil {

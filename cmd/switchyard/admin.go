@@ -21,6 +21,8 @@ func (a *app) adminHandler() http.Handler {
 		w.WriteHeader(http.StatusAccepted)
 		_, _ = w.Write([]byte("reloading\n"))
 	})
+	// Tenants' usage for billing (JSON, or CSV), read-only like the rest.
+	mux.Handle("GET /api/usage", a.usage.Handler())
 	return mux
 }
 
@@ -32,5 +34,6 @@ func (a *app) statusSources() *adminstatus.Sources {
 		TLS: a.tls, AllowedSANs: a.flags.tls.sans(),
 		Store: a.store, StorePath: a.flags.storePath, Warm: a.warm,
 		Draining: a.drain.Draining,
+		Usage:    a.usage,
 	}
 }

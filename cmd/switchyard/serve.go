@@ -22,6 +22,7 @@ import (
 	"github.com/switchyard/switchyard/internal/drain"
 	"github.com/switchyard/switchyard/internal/mtls"
 	"github.com/switchyard/switchyard/internal/persist"
+	tenantusage "github.com/switchyard/switchyard/internal/usage"
 	"github.com/switchyard/switchyard/picker"
 	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/registry"
@@ -172,6 +173,8 @@ type app struct {
 	mesh         *peers.Mesh
 	consulClient *api.Client
 	adminAuth    adminauth.Options
+	// usage counts the tenants' usage (internal/usage).
+	usage *tenantusage.Ledger
 }
 
 // newApp builds every component. With -store, the state persisted by the
@@ -204,6 +207,9 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 			// What Consul is asked stays the configuration's: it, not the
 			// snapshot, says which pools want Consul members now.
 			logger.Info("serving the persisted state until sources answer", "version", initial.Version, "summary", initial.Summary())
+			// Tenants and upstream keys are not persisted: take them from
+			// the configuration just loaded, never serve without them.
+			initial = initial.WithConfigOnly(cfg.State)
 		}
 		mgrOpts = append(mgrOpts, registry.WithInitialVersion(snap.StateVersion))
 	} else {
@@ -223,7 +229,8 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	// AddSource cannot fail on a fresh manager.
 	_ = a.manager.AddSource(hclfile.SourceName, a.files)
 	_ = a.manager.AddSource(consul.SourceName, a.consul)
-	a.picker = picker.New(a.pub, picker.Options{}, logger.With("component", "picker"))
+	a.usage = tenantusage.New(a.store, logger.With("component", "usage"))
+	a.picker = picker.New(a.pub, picker.Options{Usage: a.usage}, logger.With("component", "picker"))
 	// The picker's scrape results are the registry's health input: xDS
 	// and the discovery guard read endpoint health from published states.
 	_ = a.manager.AddSource(healthSourceName, a.picker.EndpointHealth())

@@ -58,6 +58,9 @@ func (s *Sources) metricsHandler() http.Handler {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collector{read: func(now time.Time) *Report { return build(s.gather(now, true)) }},
 	)
+	if s.Usage != nil {
+		reg.MustRegister(s.Usage.Collector())
+	}
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 }
 

@@ -5,6 +5,7 @@ import (
 
 	"github.com/switchyard/switchyard/internal/mtls"
 	"github.com/switchyard/switchyard/internal/persist"
+	tenantusage "github.com/switchyard/switchyard/internal/usage"
 	"github.com/switchyard/switchyard/picker"
 	"github.com/switchyard/switchyard/picker/admission"
 	"github.com/switchyard/switchyard/picker/metrics"
@@ -45,6 +46,9 @@ type Sources struct {
 
 	// Draining reports that shutdown began (readiness turns false).
 	Draining func() bool
+
+	// Usage is the tenants' usage ledger (nil: no tenants possible).
+	Usage *tenantusage.Ledger
 }
 
 // Read returns the Report at now. It leaves out the picker's per-model
@@ -66,6 +70,7 @@ type inputs struct {
 	unhealthy                      map[metrics.Key]bool
 	saturated                      map[string]bool
 	queues                         []admission.Stats
+	tenants                        []Tenant
 	observed                       *picker.Observability // nil unless asked for
 	xds                            xds.Stats
 	nodes                          []xds.NodeStatus
@@ -109,6 +114,13 @@ func (s *Sources) gather(now time.Time, observe bool) *inputs {
 	}
 	if s.Mesh != nil {
 		in.mesh = s.Mesh.Stats()
+	}
+	if ts := s.Picker.Tenants(now); ts != nil {
+		var today []tenantusage.Total
+		if s.Usage != nil {
+			today, _ = s.Usage.Today() // an unreadable store shows no usage, not an error page
+		}
+		in.tenants = tenants(ts, today)
 	}
 	if s.Consul != nil {
 		in.consul = s.Consul.Status()
@@ -156,6 +168,7 @@ func build(in *inputs) *Report {
 			FirstSeen: n.FirstSeen, LastSeen: n.LastSeen, Acked: n.Acked, ACKs: n.ACKs, NACKs: n.NACKs, LastNACK: n.LastNACK})
 	}
 	r.Pools = pools(in)
+	r.Tenants = in.tenants
 	for _, name := range st.ModelNames() {
 		m := st.Models[name]
 		ms := Model{Name: name, Pool: m.Pool, Priority: m.Priority}

@@ -43,6 +43,9 @@ type Report struct {
 	Replicas []Replica `json:"replicas"`
 	Store    *Store    `json:"store,omitempty"` // nil without a store
 	TLS      *TLS      `json:"tls,omitempty"`   // nil without TLS
+	// Tenants are the configured tenants, their budgets and today's
+	// usage (absent without tenants).
+	Tenants []Tenant `json:"tenants,omitempty"`
 
 	// Peers and Inbound are the pick-sharing streams as the mesh sees
 	// them, by peer address and by announced replica ID (Replicas joins

@@ -53,6 +53,9 @@ type Target struct {
 	// Overrides maps logical metric names to metric selectors
 	// (registry.Scheduling.Metrics).
 	Overrides map[string]string
+	// APIKey, when set, is sent as Authorization: Bearer with GET
+	// /v1/models (vLLM's --api-key guards /v1; /metrics is open).
+	APIKey string
 }
 
 // Key returns the target's key.
@@ -380,7 +383,7 @@ func (m *Manager) newWorker(t Target, p *Parser, h *Handle) *worker {
 
 func (w *worker) sameTarget(t Target) bool {
 	return w.t.MetricsPath == t.MetricsPath && w.t.Engine == t.Engine &&
-		w.t.Interval == t.Interval && maps.Equal(w.t.Overrides, t.Overrides)
+		w.t.Interval == t.Interval && maps.Equal(w.t.Overrides, t.Overrides) && w.t.APIKey == t.APIKey
 }
 
 func (w *worker) stop() { w.cancel() }
@@ -478,6 +481,9 @@ func (w *worker) servedModels() ([]string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+w.t.Address+"/v1/models", nil)
 	if err != nil {
 		return nil, err
+	}
+	if w.t.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+w.t.APIKey)
 	}
 	resp, err := w.m.opts.Client.Do(req)
 	if err != nil {

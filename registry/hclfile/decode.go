@@ -29,6 +29,8 @@ var rootSchema = &hcl.BodySchema{
 		{Type: "model", LabelNames: []string{"name"}},
 		{Type: "consul"},
 		{Type: "tls"},
+		{Type: "tenant", LabelNames: []string{"name"}},
+		{Type: "tenants"},
 	},
 }
 
@@ -99,6 +101,8 @@ var (
 		strAttr("failure_mode", func(p *registry.Pool, v string) { p.FailureMode = registry.FailureMode(v) }),
 		strAttr("metrics_path", func(p *registry.Pool, v string) { p.MetricsPath = v }),
 		{name: "endpoints", decode: (*decoder).poolEndpoints},
+		upstreamAttr("upstream_api_key_file"),
+		upstreamAttr("upstream_api_key_env"),
 	},
 		hcl.BlockHeaderSchema{Type: "scheduling"},
 		hcl.BlockHeaderSchema{Type: "admission"},
@@ -253,6 +257,14 @@ type decoder struct {
 	replicas  *replicasBlock
 	agent     *ConsulAgent
 	tls       *TLS
+	tenants   map[string]*registry.Tenant
+	// tenantSettings is the tenants block (nil: none).
+	tenantSettings *registry.TenantSettings
+	// upstream says where each pool takes its upstream API key from.
+	upstream map[string]*upstreamRef
+	// keyFiles are the files holding API keys or their hashes that the
+	// configuration names (watched besides the configuration itself).
+	keyFiles []string
 	// first declaration of each object, for "already defined at" details.
 	declared map[loc]hcl.Range
 	// per pool: canonical endpoint address -> where it was declared.
@@ -268,6 +280,8 @@ func newDecoder() *decoder {
 		pools:      map[string]*registry.Pool{},
 		models:     map[string]*registry.Model{},
 		listeners:  map[string]*registry.Listener{},
+		tenants:    map[string]*registry.Tenant{},
+		upstream:   map[string]*upstreamRef{},
 		declared:   map[loc]hcl.Range{},
 		endpointAt: map[string]map[string]hcl.Range{},
 	}
@@ -346,6 +360,10 @@ func (d *decoder) file(body hcl.Body) {
 			d.agentBlock(b)
 		case "tls":
 			d.tlsBlock(b)
+		case "tenant":
+			d.tenant(b)
+		case "tenants":
+			d.tenantsBlock(b)
 		}
 	}
 }
@@ -466,6 +484,7 @@ func (d *decoder) pool(b *hcl.Block) {
 	d.pools[name] = p
 	d.endpointAt[name] = map[string]hcl.Range{}
 	content := decodeBody(d, b.Body, poolBody, obj.at(""), p)
+	d.upstreamKey(p)
 	var schedAt, consulAt, admissionAt *hcl.Range
 	for _, sb := range content.Blocks {
 		switch sb.Type {

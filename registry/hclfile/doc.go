@@ -6,9 +6,10 @@
 //
 // # Schema
 //
-// Top level: any number of listener, pool and model blocks, and at most one
-// routing block, one consul block and one tls block, spread over any number
-// of files. Names must be unique across all files.
+// Top level: any number of listener, pool, model and tenant blocks, and at
+// most one routing block, one consul block, one tls block and one tenants
+// block, spread over any number of files. Names must be unique across all
+// files.
 //
 //	consul {                      # optional, at most one: how to reach the
 //	                              # Consul agent; each set attribute wins
@@ -84,6 +85,14 @@
 //	                              # picker is down; fail_open: Envoy's own
 //	                              # load balancing keeps serving
 //	  metrics_path = "/metrics"   # default "/metrics"; absolute HTTP path
+//	  upstream_api_key_file = "/etc/switchyard/vllm.key" # optional: the key
+//	                              # the picker sends the pool's servers as
+//	                              # Authorization: Bearer (vLLM --api-key)
+//	                              # and uses to read their /v1/models;
+//	                              # re-read with the configuration, never
+//	                              # shown or stored. Or:
+//	  upstream_api_key_env  = "VLLM_API_KEY" # the same from an environment
+//	                              # variable (not both)
 //
 //	  scheduling {                # optional, at most one; every attribute
 //	                              # optional, unset means the picker default
@@ -175,6 +184,40 @@
 //	                              # must use the same pool.
 //	    weight = 90               # default 1; whole number >= 0; the weights
 //	                              # of a model must sum to more than 0
+//	  }
+//	}
+//
+//	tenants {                     # optional, at most one
+//	  hide_forbidden_models = false # default false: a model the tenant
+//	                              # may not use answers 403; true: 404, as
+//	                              # if it did not exist
+//	}
+//
+//	tenant "NAME" {               # optional, any number. With at least one
+//	                              # tenant every request needs one of the
+//	                              # tenants' API keys (Authorization: Bearer
+//	                              # KEY, or x-api-key: KEY), else 401
+//	  api_keys = ["sha256:9f86d0..."] # hashes of the tenant's keys
+//	                              # (switchyard key new prints a key and its
+//	                              # hash), never the keys; a hash may belong
+//	                              # to one tenant only
+//	  api_key_file = "/etc/switchyard/team-a.keys" # and/or a file of
+//	                              # hashes, one per line (# comments),
+//	                              # re-read when it changes: delete a line
+//	                              # to revoke a key
+//	  models   = ["m"]            # default: every model; the client names
+//	                              # the tenant may request (declared, or
+//	                              # served by routing.default_pool)
+//	  priority = 10               # optional whole number: the tenant's
+//	                              # default priority in the admission queue
+//	  limits {                    # optional, at most one; 0 or absent:
+//	                              # unlimited. Sliding windows, split evenly
+//	                              # among the replicas
+//	    requests_per_minute = 600
+//	    tokens_per_minute   = 100000   # prompt + completion tokens as the
+//	    tokens_per_day      = 5000000  # responses' usage reports them
+//	    count_cached        = true     # default true: cached prompt tokens
+//	                                   # count toward the token limits
 //	  }
 //	}
 //

@@ -40,6 +40,9 @@ type Config struct {
 	// TLS is the top-level tls block (nil when there is none), read once
 	// at start like Consul.
 	TLS *TLS
+	// KeyFiles are the files the configuration reads keys or key hashes
+	// from (api_key_file, upstream_api_key_file): Source watches them too.
+	KeyFiles []string
 }
 
 // Load reads the configuration at path: one HCL file, or every *.hcl file
@@ -122,9 +125,11 @@ func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
 	cfg := &Config{Files: parser.Files()}
 
 	u := registry.Update{
-		Source: SourceName,
-		Pools:  d.pools,
-		Models: d.models,
+		Source:         SourceName,
+		Pools:          d.pools,
+		Models:         d.models,
+		Tenants:        d.tenants,
+		TenantSettings: d.tenantSettings,
 	}
 	for _, name := range d.listenerOrder {
 		u.Listeners = append(u.Listeners, *d.listeners[name])
@@ -141,6 +146,7 @@ func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
 			Detail: "The configuration declares no listener, routing, pool or model block."})
 	}
 	d.mixedModelLists()
+	d.tenantWarnings()
 	s, _, mergeErr := registry.Merge([]registry.Update{u})
 	d.validation(errors.Join(mergeErr, registry.Validate(s)))
 	if len(u.Listeners) == 0 && !d.diags.HasErrors() {
@@ -151,6 +157,7 @@ func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
 	cfg.State = s
 	cfg.Consul = d.agent
 	cfg.TLS = d.tls
+	cfg.KeyFiles = d.keyFiles
 	sortDiagnostics(d.diags)
 	return cfg, d.diags
 }
@@ -245,6 +252,8 @@ func summaryFor(ve *registry.ValidationError) string {
 	switch {
 	case errors.Is(ve, registry.ErrUnknownPool):
 		return "Unknown pool"
+	case errors.Is(ve, registry.ErrDuplicate) && ve.Field == "api_keys":
+		return "Duplicate API key"
 	case errors.Is(ve, registry.ErrDuplicate):
 		return "Duplicate " + ve.Kind
 	case errors.Is(ve, registry.ErrUnknownEngine):
@@ -263,6 +272,10 @@ func summaryFor(ve *registry.ValidationError) string {
 		return "Model targets itself"
 	case errors.Is(ve, registry.ErrBadAddress):
 		return "Invalid address"
+	case errors.Is(ve, registry.ErrBadLimit):
+		return "Invalid limit"
+	case errors.Is(ve, registry.ErrUnknownModel):
+		return "Unknown model"
 	default:
 		return "Invalid configuration"
 	}
