@@ -355,3 +355,25 @@ func TestAdmittedRequestGoesWhereThereIsRoom(t *testing.T) {
 		t.Fatalf("sent to its session's server %s, which has no room", home)
 	}
 }
+
+// With tenants, the tenant is the request's flow and its priority the
+// request's band.
+func TestTenantIsTheQueuesFlow(t *testing.T) {
+	st := tenantState(registry.Limits{})
+	h := newHarness(t, st, Options{MaxInFlightPerEndpoint: 1})
+	for range 3 { // saturate alpha
+		s := startRequest(h, "llama", "authorization", "Bearer key-b")
+		decisionOf(t, s.recv())
+		s.readStreamedRequestBody()
+	}
+	startRequest(h, "llama", "authorization", "Bearer key-b")
+	startRequest(h, "llama", "authorization", "Bearer key-a")
+	waiting(t, h, 2)
+	got := map[string]int{}
+	for _, w := range h.srv.AdmissionStats()[0].Waiting {
+		got[w.Flow] = w.Priority
+	}
+	if len(got) != 2 || got["team-a"] != 4 || got["team-b"] != 0 {
+		t.Errorf("waiting flows and bands %v, want team-a in band 4 and team-b in band 0", got)
+	}
+}
