@@ -6,12 +6,14 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/switchyard/switchyard/cmd/loadgen/load"
+	"github.com/switchyard/switchyard/picker/admission"
 	"github.com/switchyard/switchyard/registry"
 )
 
@@ -256,8 +258,8 @@ func TestQualityAdmission(t *testing.T) {
 					t.Errorf("burst, admission %s, %s: %v", onOff(off), c.name, err)
 				}
 			}
-			t.Logf("burst 2x admission %s: high-priority TTFT p90 %.0f ms = %.2fx unloaded (target <= 1.5x on, >= 5x off)",
-				onOff(off), res["high"].TTFT.P90Ms, res["high"].TTFT.P90Ms/base)
+			t.Logf("burst 2x admission %s: high-priority TTFT p90 %.0f ms = %.2fx unloaded (target <= 1.5x on, >= 5x off); queue wait p90 by band: %s",
+				onOff(off), res["high"].TTFT.P90Ms, res["high"].TTFT.P90Ms/base, f.queueWaits())
 		}
 	}
 	if want("noisy") {
@@ -363,6 +365,30 @@ func onOff(off bool) string {
 		return "off"
 	}
 	return "on"
+}
+
+// queueWaits summarises the admission queue's dispatched waits per band
+// since the fleet started: p90 as a histogram bucket bound.
+func (f *fleet) queueWaits() string {
+	var parts []string
+	bounds := admission.WaitBounds()
+	for _, q := range f.srvs[0].AdmissionStats() {
+		for k, h := range q.Wait {
+			if k.Outcome != admission.OutcomeDispatched || h.Count == 0 {
+				continue
+			}
+			p90 := bounds[len(bounds)-1]
+			for i, c := range h.Cumulative {
+				if float64(c) >= 0.9*float64(h.Count) {
+					p90 = bounds[i]
+					break
+				}
+			}
+			parts = append(parts, fmt.Sprintf("band %d: %d waited, p90 <= %g ms", k.Priority, h.Count, 1000*p90))
+		}
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, "; ")
 }
 
 // dispatchedTokens returns the prompt tokens the admission queue has

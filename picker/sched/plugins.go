@@ -270,14 +270,20 @@ func (r RoundRobin) Pick(eps []*Endpoint, _ []float64, n int, dst []*Endpoint) [
 	return dst
 }
 
-// Saturation decides whether a pool is too loaded for sheddable requests.
+// Saturation decides whether a pool is saturated: new requests wait in the
+// admission queue (or, with admission off, sheddable ones are shed).
 type Saturation interface {
 	Saturated(now time.Time, eps []*Endpoint) bool
 }
 
-// Default saturation thresholds (registry.Scheduling zero values).
+// Default saturation thresholds (registry.Scheduling zero values). A
+// queue threshold of 1 makes an endpoint saturated as soon as a request
+// would wait in its own queue: with the admission queue, requests wait
+// in the picker, in priority and fairness order, rather than in a
+// server's first-come-first-served queue (the reference picker's 5 was
+// chosen for shedding, not for holding requests back).
 const (
-	DefaultQueueThreshold = 5
+	DefaultQueueThreshold = 1
 	DefaultKVThreshold    = 0.8
 )
 
