@@ -2,6 +2,7 @@ package main
 
 import (
 	"net/http"
+	"time"
 
 	// Named apart from the e2e tests' own status type.
 	adminstatus "github.com/switchyard/switchyard/internal/status"
@@ -35,5 +36,22 @@ func (a *app) statusSources() *adminstatus.Sources {
 		Store: a.store, StorePath: a.flags.storePath, Warm: a.warm,
 		Draining: a.drain.Draining,
 		Usage:    a.usage,
+		Peers:    a.replicaStatus,
+	}
+}
+
+// replicaStatusInterval is how often a replica reads the others' reports.
+const replicaStatusInterval = 5 * time.Second
+
+// adminClient returns how to reach another replica's admin address: nil
+// for plain HTTP, or HTTPS clients with this replica's certificate when
+// the admin address serves mutual TLS.
+func (a *app) adminClient() func(host string) *http.Client {
+	if a.adminTLSConfig() == nil {
+		return nil
+	}
+	return func(host string) *http.Client {
+		return &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+			TLSClientConfig: a.tls.ClientConfig(host), ForceAttemptHTTP2: true}}
 	}
 }

@@ -330,9 +330,11 @@ type status struct {
 	} `json:"xds"`
 	ReplicaID string `json:"replica_id"`
 	Replicas  []struct {
-		ID      string `json:"id"`
-		Address string `json:"address"`
-		Self    bool   `json:"self"`
+		ID          string   `json:"id"`
+		Address     string   `json:"address"`
+		Self        bool     `json:"self"`
+		Envoys      []string `json:"envoys"`
+		EnvoysKnown bool     `json:"envoys_known"`
 	} `json:"replicas"`
 	Envoys []struct {
 		ID      string            `json:"id"`

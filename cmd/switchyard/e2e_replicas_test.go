@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -397,6 +398,27 @@ func TestE2EReplicasConsul(t *testing.T) {
 		return nil
 	}
 	testutil.Eventually(t, 20*time.Second, "two replicas listed everywhere", func() error { return listed(2) })
+	// Every replica says which one holds Envoy's ADS stream (it reads the
+	// others' reports at the admin addresses they registered).
+	testutil.Eventually(t, 20*time.Second, "every replica names the ADS replica's Envoy", func() error {
+		ads := f.adsReplica()
+		if ads == "" {
+			return errors.New("no replica holds the stream")
+		}
+		holder := f.replica(ads).extproc
+		for _, r := range f.replicas {
+			st, err := r.status()
+			if err != nil {
+				return err
+			}
+			for _, rep := range st.Replicas {
+				if rep.Address == holder && (!rep.EnvoysKnown || !slices.Contains(rep.Envoys, f.nodeID)) {
+					return fmt.Errorf("%s says replica %s holds Envoys %v (known %v)", r.id, rep.ID, rep.Envoys, rep.EnvoysKnown)
+				}
+			}
+		}
+		return nil
+	})
 
 	r3 := f.add(nil)
 	joined := time.Now()

@@ -22,6 +22,7 @@ import (
 	"github.com/switchyard/switchyard/internal/drain"
 	"github.com/switchyard/switchyard/internal/mtls"
 	"github.com/switchyard/switchyard/internal/persist"
+	adminstatus "github.com/switchyard/switchyard/internal/status"
 	tenantusage "github.com/switchyard/switchyard/internal/usage"
 	"github.com/switchyard/switchyard/picker"
 	"github.com/switchyard/switchyard/picker/peers"
@@ -169,10 +170,13 @@ type app struct {
 	registration *consul.Registration
 	// peerOpts configure, and mesh is, the pick sharing with the other
 	// replicas (nil without a replicas block).
-	peerOpts     *peers.Options
-	mesh         *peers.Mesh
-	consulClient *api.Client
-	adminAuth    adminauth.Options
+	peerOpts *peers.Options
+	// replicaStatus reads the other replicas' reports (which Envoys each
+	// serves) for the status page; nil for one switchyard.
+	replicaStatus *adminstatus.Peers
+	mesh          *peers.Mesh
+	consulClient  *api.Client
+	adminAuth     adminauth.Options
 	// usage counts the tenants' usage (internal/usage).
 	usage *tenantusage.Ledger
 }
@@ -235,6 +239,7 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	// and the discovery guard read endpoint health from published states.
 	_ = a.manager.AddSource(healthSourceName, a.picker.EndpointHealth())
 	if a.peerOpts != nil {
+		a.replicaStatus = adminstatus.NewPeers(a.view, a.pickerAddr, replicaStatusInterval, a.adminClient())
 		a.mesh = peers.New(a.picker, *a.peerOpts)
 		a.picker.UsePeers(a.mesh)
 	}
@@ -351,6 +356,9 @@ func (a *app) components() []component {
 	}
 	if a.mesh != nil {
 		comps = append(comps, component{"peers", a.sharePicks})
+	}
+	if a.replicaStatus != nil {
+		comps = append(comps, component{"replica-status", func(ctx context.Context) error { a.replicaStatus.Run(ctx); return nil }})
 	}
 	if a.store != nil {
 		comps = append(comps, component{"persist", a.states.Run}, component{"persist-warm", a.warm.Run})

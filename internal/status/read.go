@@ -49,6 +49,8 @@ type Sources struct {
 
 	// Usage is the tenants' usage ledger (nil: no tenants possible).
 	Usage *tenantusage.Ledger
+	// Peers reads the other replicas' reports (nil: one switchyard).
+	Peers *Peers
 }
 
 // Read returns the Report at now. It leaves out the picker's per-model
@@ -71,6 +73,7 @@ type inputs struct {
 	saturated                      map[string]bool
 	queues                         []admission.Stats
 	tenants                        []Tenant
+	peers                          map[string]PeerView
 	observed                       *picker.Observability // nil unless asked for
 	xds                            xds.Stats
 	nodes                          []xds.NodeStatus
@@ -115,6 +118,9 @@ func (s *Sources) gather(now time.Time, observe bool) *inputs {
 	if s.Mesh != nil {
 		in.mesh = s.Mesh.Stats()
 	}
+	if s.Peers != nil {
+		in.peers = s.Peers.Views()
+	}
 	if ts := s.Picker.Tenants(now); ts != nil {
 		var today []tenantusage.Total
 		if s.Usage != nil {
@@ -152,7 +158,7 @@ func build(in *inputs) *Report {
 		Picker: Picker{Requests: ps.Requests, Picked: ps.Picked, Rewritten: ps.Rewritten,
 			FallbackServed: ps.FallbackServed, ResponseBodies: ps.ResponseBodies, PeerPicks: ps.PeerPicks, Rejected: ps.Rejected},
 		ReplicaID: in.replicaID,
-		Replicas:  replicas(st.Replicas, in.pickerAddr, in.mesh),
+		Replicas:  replicas(st.Replicas, in.pickerAddr, in.mesh, in.nodes, in.peers),
 		Envoys:    []Envoy{},
 		Peers:     in.mesh.Peers,
 		Inbound:   in.mesh.Inbound,
@@ -307,12 +313,28 @@ func admissionOf(q *admission.Stats) *Admission {
 	return a
 }
 
-// replicas joins the configuration's replicas with the mesh's streams:
-// outbound ones by address, inbound ones by the replica ID they announced.
-func replicas(rs []registry.Replica, self string, mesh peers.Stats) []Replica {
+// replicas joins the configuration's replicas with the mesh's streams
+// (outbound ones by address, inbound ones by the replica ID they
+// announced) and with the Envoys whose ADS stream each holds (this
+// replica's own nodes; the others' as Peers last read them).
+func replicas(rs []registry.Replica, self string, mesh peers.Stats, nodes []xds.NodeStatus, seen map[string]PeerView) []Replica {
 	out := make([]Replica, 0, len(rs))
 	for _, r := range rs {
-		rep := Replica{ID: r.ID, Address: r.Address, Admin: r.Admin, XDS: r.XDS, Source: r.Source, Self: r.Address == self}
+		rep := Replica{ID: r.ID, Address: r.Address, Admin: r.Admin, XDS: r.XDS, Source: r.Source, Self: r.Address == self,
+			Envoys: []string{}}
+		switch v, ok := seen[r.Address]; {
+		case rep.Self:
+			for _, n := range nodes {
+				if n.Streams > 0 {
+					rep.Envoys = append(rep.Envoys, n.ID)
+				}
+			}
+			rep.EnvoysKnown = true
+		case ok && v.Err == "":
+			rep.Envoys, rep.EnvoysKnown = v.Envoys, true
+		case ok:
+			rep.EnvoysError = v.Err
+		}
 		for _, p := range mesh.Peers {
 			if p.Address == r.Address {
 				rep.Sharing, rep.Sent, rep.Dropped = p.Connected, p.Sent, p.Dropped

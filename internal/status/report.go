@@ -243,6 +243,13 @@ type Replica struct {
 	// the age of its latest batch on arrival (clocks of both hosts).
 	From  string  `json:"from,omitempty"`
 	LagMS float64 `json:"lag_ms,omitempty"`
+	// Envoys are the node IDs of the Envoys whose ADS stream the replica
+	// holds: this one's own, another's as its report said when last read
+	// (EnvoysKnown false: not read, e.g. a static peer without an admin
+	// address, or it did not answer).
+	Envoys      []string `json:"envoys"`
+	EnvoysKnown bool     `json:"envoys_known"`
+	EnvoysError string   `json:"envoys_error,omitempty"`
 }
 
 // Store describes the store: where it is, what the start restored from

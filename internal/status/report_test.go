@@ -7,6 +7,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -214,20 +215,28 @@ func TestBuildPoolsFollowTheState(t *testing.T) {
 // matches nothing (the metrics still export its lag, under its ID).
 func TestBuildReplicas(t *testing.T) {
 	t.Parallel()
-	r := build(sample())
-	want := []Replica{
-		{ID: "sy-1", Address: "10.0.1.1:9002", Admin: "10.0.1.1:9090", XDS: "10.0.1.1:18000", Source: "consul", Self: true},
-		{ID: "sy-2", Address: "10.0.1.2:9002", Source: "consul", Sharing: true, Sent: 40, Dropped: 1, From: "sy-2", LagMS: 1.5},
-		{ID: "10.0.1.3:9002", Address: "10.0.1.3:9002", Source: "file", Sent: 3},
+	in := sample()
+	in.peers = map[string]PeerView{
+		"10.0.1.2:9002": {Envoys: []string{"envoy-2", "envoy-3"}},
+		"10.0.1.3:9002": {Err: "read replica status: connection refused"},
 	}
-	if !slices.Equal(r.Replicas, want) {
+	r := build(in)
+	want := []Replica{
+		{ID: "sy-1", Address: "10.0.1.1:9002", Admin: "10.0.1.1:9090", XDS: "10.0.1.1:18000", Source: "consul", Self: true,
+			Envoys: []string{"envoy-1"}, EnvoysKnown: true},
+		{ID: "sy-2", Address: "10.0.1.2:9002", Source: "consul", Sharing: true, Sent: 40, Dropped: 1, From: "sy-2", LagMS: 1.5,
+			Envoys: []string{"envoy-2", "envoy-3"}, EnvoysKnown: true},
+		{ID: "10.0.1.3:9002", Address: "10.0.1.3:9002", Source: "file", Sent: 3, Envoys: []string{},
+			EnvoysError: "read replica status: connection refused"},
+	}
+	if !reflect.DeepEqual(r.Replicas, want) {
 		t.Errorf("replicas\n%+v\nwant\n%+v", r.Replicas, want)
 	}
 	if len(r.Inbound) != 2 || len(r.Peers) != 2 {
 		t.Errorf("mesh streams: %d inbound, %d peers, want the mesh's 2 and 2", len(r.Inbound), len(r.Peers))
 	}
 
-	in := sample()
+	in = sample()
 	in.state.Replicas, in.mesh = nil, peers.Stats{}
 	if r := build(in); r.Replicas == nil || len(r.Replicas) != 0 {
 		t.Errorf("one switchyard: replicas %#v, want empty (not null)", r.Replicas)
