@@ -42,7 +42,15 @@ type Load struct {
 	// batchSeen is when a scrape last showed requests waiting (Unix ns):
 	// the batch was confirmed then.
 	batchSeen atomic.Int64
+	// shrinkRuns counts consecutive scrapes with requests waiting behind
+	// fewer running than the batch, shrinkMax the most running among them
+	// (see MarkScrape). Only the endpoint's scrape goroutine writes them.
+	shrinkRuns, shrinkMax atomic.Int64
 }
+
+// shrinkAfter is how many scrapes in a row must show requests waiting
+// behind a smaller batch before the learned batch shrinks to it.
+const shrinkAfter = 5
 
 // scrapeMark ties a scrape (by its LastSuccess time) to the picker's
 // in-flight count at that moment.
@@ -54,17 +62,38 @@ type scrapeMark struct {
 // MarkScrape records, for the successful scrape s about to be published,
 // the requests in flight now, so that what was sent and what finished
 // since the scrape can be told apart from what the scrape counted. It
-// also learns the server's batch size: while requests wait, the running
-// ones fill the batch (its sequence limit, or what its KV cache holds).
-// The metrics scraper calls it (Options.OnScrape).
+// also learns the server's batch: while requests wait, the running ones
+// fill it (its sequence limit, or what its KV cache holds). One scrape
+// can catch a request that arrived between two scheduler steps waiting
+// beside a batch that is not full, so the batch grows at once to the
+// largest running count seen with requests waiting, but shrinks only
+// when shrinkAfter scrapes in a row show requests waiting behind fewer
+// running (long prompts filling the KV cache). The metrics scraper calls
+// it (Options.OnScrape).
 func (l *Load) MarkScrape(s *metrics.Snapshot) {
 	l.mark.Store(&scrapeMark{at: s.LastSuccess, inFlight: l.InFlightRequests.Load()})
+	r, b := int64(s.Running), l.batch.Load()
 	switch {
-	case s.Waiting > 0 && s.Running > 0:
-		l.batch.Store(int64(s.Running))
+	case s.Waiting > 0 && r > 0:
 		l.batchSeen.Store(s.LastSuccess.UnixNano())
-	case int64(s.Running) > l.batch.Load() && l.batch.Load() > 0:
-		l.batch.Store(int64(s.Running))
+		if r >= b {
+			l.batch.Store(r)
+			l.shrinkRuns.Store(0)
+			l.shrinkMax.Store(0)
+			return
+		}
+		l.shrinkMax.Store(max(l.shrinkMax.Load(), r))
+		if l.shrinkRuns.Add(1) >= shrinkAfter {
+			l.batch.Store(l.shrinkMax.Load())
+			l.shrinkRuns.Store(0)
+			l.shrinkMax.Store(0)
+		}
+	default:
+		l.shrinkRuns.Store(0)
+		l.shrinkMax.Store(0)
+		if r > b && b > 0 {
+			l.batch.Store(r)
+		}
 	}
 }
 

@@ -592,3 +592,38 @@ func TestWaitingNow(t *testing.T) {
 		}
 	})
 }
+
+// The batch grows at once to the most running seen with requests
+// waiting, and shrinks only after several scrapes in a row show requests
+// waiting behind fewer running: one request caught between two scheduler
+// steps does not shrink it.
+func TestBatchLearning(t *testing.T) {
+	t.Parallel()
+	l := new(Load)
+	at := now
+	scrape := func(running, waiting int) {
+		at = at.Add(50 * time.Millisecond)
+		s := &metrics.Snapshot{LastSuccess: at}
+		s.Running, s.Waiting = running, waiting
+		l.MarkScrape(s)
+	}
+	scrape(3, 0)
+	if b := l.batch.Load(); b != 0 {
+		t.Fatalf("batch %d before any request waited, want unknown (0)", b)
+	}
+	scrape(8, 2)
+	scrape(5, 1) // a request caught between steps
+	if b := l.batch.Load(); b != 8 {
+		t.Fatalf("batch %d after one scrape with a request waiting behind 5, want 8 kept", b)
+	}
+	for range shrinkAfter {
+		scrape(6, 3) // long prompts: the KV cache holds 6
+	}
+	if b := l.batch.Load(); b != 6 {
+		t.Fatalf("batch %d after %d scrapes with requests waiting behind 6, want 6", b, shrinkAfter)
+	}
+	scrape(7, 0)
+	if b := l.batch.Load(); b != 7 {
+		t.Fatalf("batch %d after 7 ran with nothing waiting, want 7", b)
+	}
+}
