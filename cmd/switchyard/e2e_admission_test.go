@@ -30,12 +30,13 @@ type admissionView struct {
 }
 
 // TestE2EAdmission runs the admission queue through serve and a real
-// Envoy, on one simulator that runs one sequence at a time: once it has a
-// request waiting (queue_threshold 1), the picker holds new requests. A
-// high-priority one (the operator's priority header) goes first when a
-// slot frees, though it came last; one that waits out the TTL gets
-// Envoy's 429 with retry-after and x-switchyard-admission; the status
-// page and /metrics show it all.
+// Envoy, on one simulator that runs one sequence at a time: once its
+// batch is full, the picker holds new requests (queue_threshold 1: send
+// only where a request starts at once). A high-priority one (the
+// operator's priority header) goes first when the slot frees, though it
+// came last; one that waits out the TTL gets Envoy's 429 with
+// retry-after and x-switchyard-admission; the status page and /metrics
+// show it all.
 func TestE2EAdmission(t *testing.T) {
 	t.Parallel()
 	s := startSim(t, simOptions{timeScale: 1, extra: []string{"-max-num-seqs", "1"}})
@@ -84,19 +85,27 @@ model "m-a" {
 	// Two long requests: one runs, one waits in the engine.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	long := func(c context.Context) *http.Response {
+	long := func(c context.Context, headers map[string]string) *http.Response {
 		req, _ := http.NewRequestWithContext(c, "POST", "http://"+f.listen+"/v1/completions",
 			strings.NewReader(`{"model":"m-a","prompt":"hold","max_tokens":4000,"stream":true}`))
+		for k, v := range headers {
+			req.Header.Set(k, v)
+		}
 		resp, err := f.client.Do(req)
 		if err != nil {
-			t.Fatal(err)
+			if c.Err() == nil {
+				t.Error(err)
+			}
+			return nil
 		}
 		return resp
 	}
-	ctx1, cancel1 := context.WithCancel(ctx)
-	r1 := long(ctx1)
-	defer r1.Body.Close()
-	go func() { _ = long(ctx) }()
+	// Two long requests: one runs, one waits in the engine (the picker
+	// does not know the batch size yet), and the scrape that sees it
+	// waiting teaches the picker the batch: 1.
+	busy, stopBusy := context.WithCancel(ctx)
+	r1 := long(busy, nil)
+	go func() { _ = long(busy, nil) }()
 	testutil.Eventually(t, 10*time.Second, "pool saturated", func() error {
 		b, err := httpGetString("http://" + f.admin + "/api/status")
 		if err != nil || !strings.Contains(b, `"saturated": true`) {
@@ -106,25 +115,23 @@ model "m-a" {
 	})
 
 	type answer struct {
-		name string
 		resp *infResp
 		err  error
 	}
-	answers := make(chan answer, 2)
-	send := func(name string, headers map[string]string) {
-		go func() {
-			r, err := f.send(infReq{model: "m-a", prompt: name, maxTokens: 1, headers: headers})
-			answers <- answer{name, r, err}
-		}()
-	}
-	send("low", nil)
+	low := make(chan answer, 1)
+	go func() {
+		r, err := f.send(infReq{model: "m-a", prompt: "low", maxTokens: 1})
+		low <- answer{r, err}
+	}()
 	testutil.Eventually(t, 10*time.Second, "low queued", func() error {
 		if q, _, _, _ := queue(); q != 1 {
 			return fmt.Errorf("%d queued", q)
 		}
 		return nil
 	})
-	send("high", map[string]string{"x-priority": "7"}) // clamped to 1
+	// A long high-priority request, queued behind the low one.
+	high := make(chan *http.Response, 1)
+	go func() { high <- long(ctx, map[string]string{"x-priority": "7"}) }() // clamped to 1
 	testutil.Eventually(t, 10*time.Second, "high queued", func() error {
 		if q, bands, _, _ := queue(); q != 2 || fmt.Sprint(bands) != "[1 0]" {
 			return fmt.Errorf("%d queued, bands %v", q, bands)
@@ -132,7 +139,10 @@ model "m-a" {
 		return nil
 	})
 
-	cancel1() // the running request ends: the engine's waiting one runs
+	stopBusy() // both long requests end: the slot frees
+	if r1 != nil {
+		r1.Body.Close()
+	}
 	testutil.Eventually(t, 10*time.Second, "high dispatched first", func() error {
 		q, bands, d, _ := queue()
 		if q != 1 || d != 1 || fmt.Sprint(bands) != "[0]" {
@@ -140,10 +150,15 @@ model "m-a" {
 		}
 		return nil
 	})
-	// The simulator stays busy: the low one waits out its TTL.
-	a := <-answers
-	if a.name != "low" || a.err != nil {
-		t.Fatalf("first answer: %s %v", a.name, a.err)
+	if h := <-high; h == nil || h.StatusCode != 200 {
+		t.Fatalf("high-priority request: %+v", h)
+	} else {
+		defer h.Body.Close()
+	}
+	// The high one holds the slot: the low one waits out its TTL.
+	a := <-low
+	if a.err != nil {
+		t.Fatalf("low: %v", a.err)
 	}
 	if a.resp.status != 429 || a.resp.header.Get(picker.HeaderAdmission) != "ttl" || a.resp.header.Get("retry-after") == "" ||
 		!strings.Contains(string(a.resp.body), `"code":429`) {

@@ -3,6 +3,7 @@ package quality
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"runtime"
@@ -251,7 +252,9 @@ func TestQualityAdmission(t *testing.T) {
 		for _, off := range []bool{false, true} {
 			use(admissionBlock(off, ""), "default")
 			classes := []class{{name: "high", share: 0.2, headers: map[string]string{priorityHeader: "1"}}, {name: "normal", share: 0.8}}
+			stopTrace := f.traceWaiting(t)
 			res := f.runClasses(w, load.ArrivalPoisson, 2*sat, 0, burst, classes, next())
+			stopTrace()
 			for _, c := range classes {
 				rows = append(rows, admissionRow{"burst 2x", onOff(off), c.name, 2 * sat * c.share, res[c.name]})
 				if err := onlyShed(res[c.name]); err != nil {
@@ -389,6 +392,56 @@ func (f *fleet) queueWaits() string {
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, "; ")
+}
+
+// traceWaiting (SWITCHYARD_QUALITY_TRACE=1) samples every simulator's
+// queue every 20 ms until the returned stop is called, then logs how
+// often each had requests waiting: what the admission queue let through
+// beyond the servers' batches.
+func (f *fleet) traceWaiting(t *testing.T) (stop func()) {
+	if os.Getenv("SWITCHYARD_QUALITY_TRACE") == "" {
+		return func() {}
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	hist := make([]map[int]int, len(f.addrs))
+	go func() {
+		defer close(finished)
+		tk := time.NewTicker(20 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tk.C:
+			}
+			for i, a := range f.addrs {
+				if hist[i] == nil {
+					hist[i] = map[int]int{}
+				}
+				resp, err := http.Get("http://" + a + "/metrics")
+				if err != nil {
+					continue
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				for _, line := range strings.Split(string(b), "\n") {
+					if strings.HasPrefix(line, "vllm:num_requests_waiting") {
+						var v float64
+						fmt.Sscan(line[strings.LastIndex(line, " ")+1:], &v)
+						hist[i][int(v)]++
+					}
+				}
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+		for i, h := range hist {
+			t.Logf("sim %d waiting-queue samples (length: count): %v", i, h)
+		}
+	}
 }
 
 // dispatchedTokens returns the prompt tokens the admission queue has

@@ -288,15 +288,18 @@ const (
 )
 
 // Thresholds is the scraped-metrics saturation rule: the pool is saturated
-// when every candidate's queue, counting the requests this picker sent it
-// and saw finish since its last scrape (see waitingNow), is at least Queue, or its KV
-// cache use at least KV. An endpoint with stale metrics (scrapes failing
-// or too old) counts as saturated, unless every candidate is stale: then
-// the metrics path is broken, not the servers, and the rule does not
-// judge (as HealthFilter keeps them all), so broken scraping degrades
-// scheduling instead of shedding or queueing every request. An endpoint
-// never scraped is not judged either, so a pool without metrics is never
-// saturated by this rule.
+// when every candidate has a queue of at least Queue requests, or its KV
+// cache use is at least KV. Once a server's batch is learned, the queue
+// counted is the one it would have if sent one more request now (see
+// waitingIfSent), so with Queue 1 an endpoint has room exactly when a
+// request sent now starts at once; before that, it is the queue it has
+// now, counting what the picker sent since the scrape. An endpoint with
+// stale metrics (scrapes failing or too old) counts as saturated, unless
+// every candidate is stale: then the metrics path is broken, not the
+// servers, and the rule does not judge (as HealthFilter keeps them all),
+// so broken scraping degrades scheduling instead of shedding or queueing
+// every request. An endpoint never scraped is not judged either, so a
+// pool without metrics is never saturated by this rule.
 type Thresholds struct {
 	Queue int
 	KV    float64
@@ -314,7 +317,7 @@ func (t Thresholds) Saturated(now time.Time, eps []*Endpoint) bool {
 		case Unscraped:
 			return false
 		case Fresh:
-			if waitingNow(e, s, now) < float64(t.Queue) && s.KVUsage < t.KV {
+			if n, _ := waitingIfSent(e, s, now); n < float64(t.Queue) && s.KVUsage < t.KV {
 				return false
 			}
 		default:

@@ -36,7 +36,7 @@ type Load struct {
 	cacheBlocks atomic.Int64
 	// mark is the in-flight count when the latest scrape was taken, and
 	// batch the server's learned batch size (0: not learned yet); see
-	// MarkScrape and waitingNow.
+	// MarkScrape and waitingIfSent.
 	mark  atomic.Pointer[scrapeMark]
 	batch atomic.Int64
 	// batchSeen is when a scrape last showed requests waiting (Unix ns):

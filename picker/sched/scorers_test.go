@@ -508,17 +508,21 @@ func TestHealthFilterJudgesThePool(t *testing.T) {
 	}
 }
 
-// The saturation rule sees the server's queue as it is now: requests sent
-// and finished since the scrape count, and once the batch size is learned
-// (a scrape with requests waiting) a finished request frees its slot at
-// once instead of at the next scrape.
-func TestWaitingNow(t *testing.T) {
+// The saturation rule sees the server's queue as it would be with one
+// more request: requests sent and finished since the scrape count, and
+// once the batch size is learned (a scrape with requests waiting) a
+// finished request frees its slot at once instead of at the next scrape.
+func TestWaitingIfSent(t *testing.T) {
 	t.Parallel()
 	th := Thresholds{Queue: 1, KV: 1}
+	wait := func(e *Endpoint, s *metrics.Snapshot, at time.Time) float64 {
+		n, _ := waitingIfSent(e, s, at)
+		return n
+	}
 	t.Run("no mark: what the scrape and the excess in flight say", func(t *testing.T) {
 		e := mkEps(m{waiting: 0, running: 3, inflight: 4})
-		if got := waitingNow(e[0], e[0].Snapshot(), now); got != 1 {
-			t.Errorf("waiting %v, want 1 (one sent beyond the scrape's 3)", got)
+		if n, exact := waitingIfSent(e[0], e[0].Snapshot(), now); n != 1 || exact {
+			t.Errorf("waiting %v (exact %v), want 1 now (one sent beyond the scrape's 3)", n, exact)
 		}
 	})
 	t.Run("batch not learned: the server has taken everything so far", func(t *testing.T) {
@@ -529,24 +533,26 @@ func TestWaitingNow(t *testing.T) {
 			t.Fatal("saturated before the server ever had a request waiting")
 		}
 	})
-	t.Run("batch full, nothing waiting: one probe beyond it", func(t *testing.T) {
-		e := mkEps(m{waiting: 1, running: 8, inflight: 9})
-		e[0].Load.MarkScrape(e[0].Snapshot()) // learns 8
-		snap := *e[0].Snapshot()
-		snap.Waiting, snap.LastSuccess = 0, snap.LastSuccess.Add(time.Millisecond)
-		e[0].Load.InFlightRequests.Store(8)
-		e[0].Load.MarkScrape(&snap)
-		e[0].Load.InFlightRequests.Add(1)
-		if got := waitingNow(e[0], &snap, now); got != 1 {
-			t.Errorf("batch confirmed just now: waiting %v, want 1 (no probe yet)", got)
+	t.Run("batch learned: room only for a request that starts at once", func(t *testing.T) {
+		e := mkEps(m{waiting: 2, running: 8, inflight: 10})
+		e[0].Load.MarkScrape(e[0].Snapshot())
+		if got := wait(e[0], e[0].Snapshot(), now); got != 3 {
+			t.Fatalf("two waiting: one more would be the third, got %v", got)
 		}
-		later := now.Add(probeAfter + time.Second)
-		if got := waitingNow(e[0], &snap, later); got != 0 {
-			t.Errorf("with the probe sent: waiting %v, want 0", got)
+		e[0].Load.InFlightRequests.Add(-2) // two finish: the waiting two run
+		if !th.Saturated(now, e) {
+			t.Fatal("the batch is full again: want saturated")
 		}
-		e[0].Load.InFlightRequests.Add(1)
-		if got := waitingNow(e[0], &snap, later); got != 1 {
-			t.Errorf("beyond the probe: waiting %v, want 1", got)
+		e[0].Load.InFlightRequests.Add(-1) // one more finishes: a free slot
+		if th.Saturated(now, e) {
+			t.Fatal("a slot is free: want room")
+		}
+		if got := wait(e[0], e[0].Snapshot(), now); got != 0 {
+			t.Errorf("with a free slot: waiting %v, want 0", got)
+		}
+		e[0].Load.InFlightRequests.Add(1) // the slot is taken
+		if got := wait(e[0], e[0].Snapshot(), now); got != 1 {
+			t.Errorf("batch full: one more would wait, got %v", got)
 		}
 	})
 	t.Run("requests in the server's front end count", func(t *testing.T) {
@@ -554,31 +560,27 @@ func TestWaitingNow(t *testing.T) {
 		// flight: 3 were not queued yet and will wait too.
 		e := mkEps(m{waiting: 1, running: 8, inflight: 12})
 		e[0].Load.MarkScrape(e[0].Snapshot())
-		if got := waitingNow(e[0], e[0].Snapshot(), now); got != 4 {
-			t.Errorf("waiting %v, want 4", got)
+		if got := wait(e[0], e[0].Snapshot(), now); got != 5 {
+			t.Errorf("waiting if sent %v, want 5", got)
 		}
 	})
-	t.Run("batch learned: a finished request frees a slot at once", func(t *testing.T) {
-		e := mkEps(m{waiting: 2, running: 8, inflight: 10})
-		e[0].Load.MarkScrape(e[0].Snapshot())
-		if !th.Saturated(now, e) {
-			t.Fatal("two waiting: want saturated")
+	t.Run("batch full, nothing waiting: one probe beyond it, now and then", func(t *testing.T) {
+		e := mkEps(m{waiting: 1, running: 8, inflight: 9})
+		e[0].Load.MarkScrape(e[0].Snapshot()) // learns 8
+		snap := *e[0].Snapshot()
+		snap.Waiting, snap.LastSuccess = 0, snap.LastSuccess.Add(time.Millisecond)
+		e[0].Load.InFlightRequests.Store(8)
+		e[0].Load.MarkScrape(&snap)
+		if got := wait(e[0], &snap, now); got != 1 {
+			t.Errorf("batch confirmed just now: waiting if sent %v, want 1 (no probe yet)", got)
 		}
-		e[0].Load.InFlightRequests.Add(-2) // two finish: the waiting two run
-		if th.Saturated(now, e) {
-			t.Fatal("two finished, two waiting ran: the queue is empty, want room")
-		}
-		if got := waitingNow(e[0], e[0].Snapshot(), now); got != 0 {
-			t.Errorf("waiting %v, want 0", got)
-		}
-		e[0].Load.InFlightRequests.Add(-1) // a slot frees: one may go
-		e[0].Load.InFlightRequests.Add(1)  // and goes
-		if got := waitingNow(e[0], e[0].Snapshot(), now); got != 0 {
-			t.Errorf("after filling the freed slot: waiting %v, want 0", got)
+		later := now.Add(probeAfter + time.Second)
+		if got := wait(e[0], &snap, later); got != 0 {
+			t.Errorf("probe due: waiting if sent %v, want 0", got)
 		}
 		e[0].Load.InFlightRequests.Add(1)
-		if got := waitingNow(e[0], e[0].Snapshot(), now); got != 1 {
-			t.Errorf("one more than the batch: waiting %v, want 1", got)
+		if got := wait(e[0], &snap, later); got != 1 {
+			t.Errorf("with the probe sent: waiting if sent %v, want 1", got)
 		}
 	})
 	t.Run("a mark of an older scrape is ignored", func(t *testing.T) {
@@ -587,8 +589,8 @@ func TestWaitingNow(t *testing.T) {
 		old.LastSuccess = old.LastSuccess.Add(-time.Second)
 		e[0].Load.MarkScrape(&old)
 		e[0].Load.InFlightRequests.Add(-5)
-		if got := waitingNow(e[0], e[0].Snapshot(), now); got != 2 {
-			t.Errorf("waiting %v, want the scrape's 2", got)
+		if n, exact := waitingIfSent(e[0], e[0].Snapshot(), now); n != 2 || exact {
+			t.Errorf("waiting %v (exact %v), want the scrape's 2", n, exact)
 		}
 	})
 }
