@@ -310,6 +310,9 @@ type status struct {
 			Picked           int64  `json:"picked"`
 			Served           int64  `json:"served"`
 		} `json:"endpoints"`
+		Admission *struct {
+			Queued int `json:"queued"`
+		} `json:"admission"`
 	} `json:"pools"`
 	Picker struct {
 		Requests       int64            `json:"requests"`
