@@ -1,0 +1,346 @@
+// Package tracing owns the picker's OpenTelemetry tracing: the tracer
+// provider and its OTLP/gRPC exporter, the sampling rule, reading the
+// W3C trace context Envoy (or the client) sent, and the one span per
+// request the picker records, with its attributes and events (parsing,
+// admission wait, filters, scores, pick, served endpoint, status).
+//
+// The picker calls a handful of Span methods; every method is a no-op on
+// a nil *Span, so an untraced request costs a nil check.
+package tracing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// DefaultServiceName names switchyard's spans when Config.ServiceName is
+// empty.
+const DefaultServiceName = "switchyard"
+
+// Config says where switchyard sends its spans and which requests it
+// traces.
+type Config struct {
+	// Endpoint is the OTLP/gRPC collector: "host:port" or
+	// "http://host:port" for plaintext, "https://host:port" for TLS (the
+	// system's roots). Empty turns tracing off.
+	Endpoint string
+	// ServiceName is the spans' service.name (default "switchyard").
+	ServiceName string
+	// SampleRatio is the share of requests traced when no sampled parent
+	// says otherwise, in [0, 1]. A request whose traceparent carries a
+	// sampling decision follows it, so Envoy's decision holds end to end.
+	SampleRatio float64
+	// Version and Instance become service.version and
+	// service.instance.id (the replica).
+	Version, Instance string
+}
+
+// Validate checks c (an empty Endpoint is valid: tracing off).
+func (c Config) Validate() error {
+	if c.SampleRatio < 0 || c.SampleRatio > 1 {
+		return fmt.Errorf("tracing sample ratio %v: want a number from 0 to 1", c.SampleRatio)
+	}
+	if c.Endpoint == "" {
+		return nil
+	}
+	_, _, err := collectorURL(c.Endpoint)
+	return err
+}
+
+// collectorURL normalises an endpoint to a URL with a scheme and returns
+// its host:port.
+func collectorURL(ep string) (string, string, error) {
+	if !strings.Contains(ep, "://") {
+		ep = "http://" + ep
+	}
+	u, err := url.Parse(ep)
+	if err != nil {
+		return "", "", fmt.Errorf("tracing endpoint %q: %w", ep, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", "", fmt.Errorf("tracing endpoint %q: scheme must be http (plaintext) or https (TLS)", ep)
+	}
+	if _, port, err := net.SplitHostPort(u.Host); err != nil || port == "" {
+		return "", "", fmt.Errorf("tracing endpoint %q: want host:port", ep)
+	}
+	return u.String(), u.Host, nil
+}
+
+// CollectorHostPort returns the host:port of an endpoint as Config takes
+// it (for configuring Envoy's exporter to the same collector).
+func CollectorHostPort(ep string) (string, error) {
+	_, hp, err := collectorURL(ep)
+	return hp, err
+}
+
+// Tracer starts the picker's spans. A nil *Tracer traces nothing.
+type Tracer struct {
+	tp    *sdktrace.TracerProvider
+	tr    trace.Tracer
+	prop  propagation.TraceContext
+	ratio float64
+}
+
+// New returns a Tracer exporting to cfg.Endpoint over OTLP/gRPC, or nil
+// when cfg.Endpoint is empty. The exporter connects lazily and retries:
+// a collector that is down loses spans, never requests. Call Shutdown to
+// flush.
+func New(cfg Config) (*Tracer, error) {
+	if cfg.Endpoint == "" {
+		return nil, nil
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	u, _, _ := collectorURL(cfg.Endpoint)
+	exp, err := otlptracegrpc.New(context.Background(), otlptracegrpc.WithEndpointURL(u), otlptracegrpc.WithTimeout(5*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("tracing exporter: %w", err)
+	}
+	return NewWithExporter(cfg, exp), nil
+}
+
+// NewWithExporter is New with a given exporter (tests, benchmarks).
+func NewWithExporter(cfg Config, exp sdktrace.SpanExporter) *Tracer {
+	name := cfg.ServiceName
+	if name == "" {
+		name = DefaultServiceName
+	}
+	attrs := []attribute.KeyValue{attribute.String("service.name", name)}
+	if cfg.Version != "" {
+		attrs = append(attrs, attribute.String("service.version", cfg.Version))
+	}
+	if cfg.Instance != "" {
+		attrs = append(attrs, attribute.String("service.instance.id", cfg.Instance))
+	}
+	tp := sdktrace.NewTracerProvider(
+		sdktrace.WithBatcher(exp, sdktrace.WithBatchTimeout(time.Second)),
+		sdktrace.WithResource(resource.NewSchemaless(attrs...)),
+		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(cfg.SampleRatio))),
+	)
+	return &Tracer{tp: tp, tr: tp.Tracer("github.com/switchyard/switchyard/picker"), ratio: cfg.SampleRatio}
+}
+
+// Shutdown exports what is buffered and stops the exporter.
+func (t *Tracer) Shutdown(ctx context.Context) error {
+	if t == nil {
+		return nil
+	}
+	if err := t.tp.Shutdown(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("tracing shutdown: %w", err)
+	}
+	return nil
+}
+
+// ForceFlush exports every ended span now (tests).
+func (t *Tracer) ForceFlush(ctx context.Context) error {
+	if t == nil {
+		return nil
+	}
+	return t.tp.ForceFlush(ctx)
+}
+
+// headerCarrier reads trace context headers through a lookup function.
+type headerCarrier func(string) string
+
+func (h headerCarrier) Get(k string) string { return h(k) }
+func (h headerCarrier) Set(string, string)  {}
+func (h headerCarrier) Keys() []string      { return []string{"traceparent", "tracestate"} }
+
+// Start begins the span of one request at start, as a child of the trace
+// context header returns (traceparent/tracestate, e.g. from the ext_proc
+// stream's gRPC metadata, where Envoy puts its own span, or the request's
+// headers), or of a new trace. It returns nil when the request is not
+// sampled.
+func (t *Tracer) Start(ctx context.Context, header func(name string) string, start time.Time) *Span {
+	if t == nil {
+		return nil
+	}
+	if header != nil {
+		ctx = t.prop.Extract(ctx, headerCarrier(header))
+	}
+	if psc := trace.SpanContextFromContext(ctx); !psc.IsValid() && t.ratio <= 0 {
+		return nil
+	}
+	_, s := t.tr.Start(ctx, "switchyard.pick", trace.WithTimestamp(start), trace.WithSpanKind(trace.SpanKindServer))
+	if !s.IsRecording() {
+		return nil
+	}
+	return &Span{s: s}
+}
+
+// Span is one request's span. Its methods are no-ops on nil.
+type Span struct {
+	s trace.Span
+}
+
+// TraceID returns the span's trace ID in hex ("" for nil).
+func (sp *Span) TraceID() string {
+	if sp == nil {
+		return ""
+	}
+	return sp.s.SpanContext().TraceID().String()
+}
+
+// Attribute keys of the picker's span. Model names follow the OpenTelemetry
+// GenAI conventions; the rest are switchyard's own.
+const (
+	keyModel        = "gen_ai.request.model"
+	keyTarget       = "switchyard.target_model"
+	keyPool         = "switchyard.pool"
+	keyTenant       = "switchyard.tenant"
+	keyPromptTokens = "switchyard.prompt_tokens"
+	keyBodyBytes    = "switchyard.body_bytes"
+	keyPath         = "url.path"
+	keyRequestID    = "switchyard.request_id"
+	keyPicked       = "switchyard.endpoint.picked"
+	keyFallbacks    = "switchyard.endpoint.fallbacks"
+	keyServed       = "switchyard.endpoint.served"
+	keyStatus       = "http.response.status_code"
+	keyQueued       = "switchyard.admission.queued"
+	keyWaitMS       = "switchyard.admission.waited_ms"
+	keyOutcome      = "switchyard.admission.outcome"
+	keyOutputTokens = "switchyard.output_tokens"
+	keyTTFTMS       = "switchyard.ttft_ms"
+)
+
+// Parsed records the parsed request: its model, the target it is sent as,
+// the pool, and its size.
+func (sp *Span) Parsed(path, requestID, model, target, pool, tenant string, promptTokens int64, bodyBytes int) {
+	if sp == nil {
+		return
+	}
+	attrs := []attribute.KeyValue{
+		attribute.String(keyPath, path), attribute.String(keyModel, model), attribute.String(keyTarget, target),
+		attribute.String(keyPool, pool), attribute.Int64(keyPromptTokens, promptTokens), attribute.Int(keyBodyBytes, bodyBytes),
+	}
+	if requestID != "" {
+		attrs = append(attrs, attribute.String(keyRequestID, requestID))
+	}
+	if tenant != "" {
+		attrs = append(attrs, attribute.String(keyTenant, tenant))
+	}
+	sp.s.SetAttributes(attrs...)
+	sp.s.AddEvent("parsed", trace.WithAttributes(attribute.String(keyModel, model), attribute.Int(keyBodyBytes, bodyBytes)))
+}
+
+// Queued records that the request waits in its pool's admission queue.
+func (sp *Span) Queued(priority int, flow string) {
+	if sp == nil {
+		return
+	}
+	sp.s.SetAttributes(attribute.Bool(keyQueued, true))
+	sp.s.AddEvent("admission.queued", trace.WithAttributes(attribute.Int("switchyard.priority", priority), attribute.String("switchyard.flow", flow)))
+}
+
+// Admitted records how the admission wait ended: "dispatched", or the
+// reason it was turned away.
+func (sp *Span) Admitted(waited time.Duration, outcome string) {
+	if sp == nil {
+		return
+	}
+	ms := float64(waited.Microseconds()) / 1000
+	sp.s.SetAttributes(attribute.Float64(keyWaitMS, ms), attribute.String(keyOutcome, outcome))
+	sp.s.AddEvent("admission.released", trace.WithAttributes(attribute.Float64(keyWaitMS, ms), attribute.String(keyOutcome, outcome)))
+}
+
+// Filter records one filter and the candidates it left.
+func (sp *Span) Filter(name string, left int) {
+	if sp == nil {
+		return
+	}
+	sp.s.AddEvent("filter", trace.WithAttributes(attribute.String("switchyard.filter", name), attribute.Int("switchyard.candidates", left)))
+}
+
+// Scores records the scoring: the candidates shown (best first, at most a
+// handful), their weighted totals, and each scorer's scores of them.
+type Scores struct {
+	// Count is how many candidates were scored in all.
+	Count      int
+	Candidates []string
+	Totals     []float64
+	// Scorers name the scorers; PerScorer[j][i] is scorer j's score of
+	// Candidates[i], and Weights[j] its weight.
+	Scorers   []string
+	Weights   []float64
+	PerScorer [][]float64
+}
+
+// Scored records the scores event.
+func (sp *Span) Scored(sc Scores) {
+	if sp == nil {
+		return
+	}
+	attrs := make([]attribute.KeyValue, 0, 3+len(sc.Scorers))
+	attrs = append(attrs, attribute.Int("switchyard.candidates.count", sc.Count),
+		attribute.StringSlice("switchyard.candidates", sc.Candidates), attribute.Float64Slice("switchyard.score.total", sc.Totals))
+	for j, name := range sc.Scorers {
+		attrs = append(attrs, attribute.Float64Slice("switchyard.score."+name, sc.PerScorer[j]))
+	}
+	sp.s.AddEvent("scored", trace.WithAttributes(attrs...))
+}
+
+// Picked records the destination: the primary and its fallbacks.
+func (sp *Span) Picked(primary string, fallbacks []string) {
+	if sp == nil {
+		return
+	}
+	sp.s.SetAttributes(attribute.String(keyPicked, primary), attribute.StringSlice(keyFallbacks, fallbacks))
+	sp.s.AddEvent("picked", trace.WithAttributes(attribute.String(keyPicked, primary), attribute.StringSlice(keyFallbacks, fallbacks)))
+}
+
+// Rejected records a local reply.
+func (sp *Span) Rejected(code int, msg string) {
+	if sp == nil {
+		return
+	}
+	sp.s.SetAttributes(attribute.Int(keyStatus, code))
+	sp.s.SetStatus(codes.Error, msg)
+	sp.s.AddEvent("rejected", trace.WithAttributes(attribute.Int(keyStatus, code), attribute.String("switchyard.reason", msg)))
+}
+
+// Served records the endpoint Envoy reports as having served the
+// request.
+func (sp *Span) Served(addr string) {
+	if sp == nil {
+		return
+	}
+	sp.s.SetAttributes(attribute.String(keyServed, addr))
+	sp.s.AddEvent("served", trace.WithAttributes(attribute.String(keyServed, addr)))
+}
+
+// Responded records the model server's response status.
+func (sp *Span) Responded(code int) {
+	if sp == nil {
+		return
+	}
+	sp.s.SetAttributes(attribute.Int(keyStatus, code))
+	if code >= 500 {
+		sp.s.SetStatus(codes.Error, fmt.Sprintf("HTTP %d", code))
+	}
+}
+
+// End finishes the span at end with what the response measured (ttft 0:
+// no body was seen).
+func (sp *Span) End(end time.Time, ttft time.Duration, outputTokens int) {
+	if sp == nil {
+		return
+	}
+	if ttft > 0 {
+		sp.s.SetAttributes(attribute.Float64(keyTTFTMS, float64(ttft.Microseconds())/1000), attribute.Int(keyOutputTokens, outputTokens))
+	}
+	sp.s.End(trace.WithTimestamp(end))
+}
