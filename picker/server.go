@@ -27,9 +27,11 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/switchyard/switchyard/picker/decisions"
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/picker/sched"
+	"github.com/switchyard/switchyard/picker/tracing"
 	"github.com/switchyard/switchyard/registry"
 )
 
@@ -71,6 +73,12 @@ type Options struct {
 	ResponseBodyMode extprocfilterv3.ProcessingMode_BodySendMode
 	// StreamChunkBytes bounds each streamed body response (default 64 KiB).
 	StreamChunkBytes int
+	// Tracer traces requests (nil: none); Decisions records them (nil:
+	// none). Tenant names a request's tenant from its headers for both
+	// (nil: none).
+	Tracer    *tracing.Tracer
+	Decisions *decisions.Recorder
+	Tenant    func(header func(name string) string) string
 }
 
 func (o Options) withDefaults() Options {
@@ -109,11 +117,14 @@ type Server struct {
 	// (OpenAI's field; clients do not rely on it).
 	started time.Time
 
-	snap    atomic.Pointer[snapshot]
-	loads   loads
-	scratch sync.Pool
-	stats   counters
-	warm    warmCache
+	snap  atomic.Pointer[snapshot]
+	loads loads
+	// epLatency holds each endpoint's router-measured latency
+	// (loadKey -> *latencyHists; see latency.go).
+	epLatency sync.Map
+	scratch   sync.Pool
+	stats     counters
+	warm      warmCache
 
 	active   atomic.Int64 // open ext_proc streams
 	draining atomic.Bool
@@ -310,6 +321,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	defer s.active.Add(-1)
 	ctx := srv.Context()
 	st := s.newStream(ctx)
+	defer st.finish()
 	defer st.release()
 	for {
 		req, err := srv.Recv()

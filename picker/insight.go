@@ -1,0 +1,297 @@
+package picker
+
+import (
+	"bytes"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc/metadata"
+
+	"github.com/switchyard/switchyard/picker/admission"
+	"github.com/switchyard/switchyard/picker/decisions"
+	"github.com/switchyard/switchyard/picker/sched"
+	"github.com/switchyard/switchyard/picker/tracing"
+)
+
+// What the picker notes about each request beyond routing it: its trace
+// span (Options.Tracer), its decision record (Options.Decisions) and its
+// latency as the router measures it (latency.go). stream.go calls the
+// note* hooks below at a few points; a request that is neither traced
+// nor recorded only pays for the latency measurement.
+
+// maxSpanCandidates bounds the candidates a span's scores event lists.
+const maxSpanCandidates = 8
+
+// observation is one stream's notes.
+type observation struct {
+	start    time.Time // request headers reached the picker
+	span     *tracing.Span
+	rec      *decisions.Record
+	queuedAt time.Time
+	lat      respLatency
+	parsed   bool // the span has its parsed event
+	finished bool
+}
+
+// detailed reports whether the decision's breakdown is wanted (the
+// request is traced or recorded).
+func (o *observation) detailed() bool { return o.span != nil || o.rec != nil }
+
+// noteRequest starts a request's notes when its headers arrive: the clock,
+// and, if sampled, its span (a child of the trace context Envoy put in the
+// stream's gRPC metadata, else of the request's own traceparent) and its
+// record.
+func (st *stream) noteRequest() {
+	o, s := &st.obs, st.s
+	o.start = time.Now()
+	if s.opts.Tracer != nil {
+		o.span = s.opts.Tracer.Start(st.ctx, st.traceHeader, o.start)
+	}
+	if s.opts.Decisions.Sample() {
+		o.rec = &decisions.Record{Time: o.start, RequestID: st.header("x-request-id"), TraceID: o.span.TraceID()}
+	}
+}
+
+// traceHeader returns a trace context header: from the ext_proc stream's
+// gRPC metadata (Envoy's span for the ext_proc call) when it has one,
+// else from the request.
+func (st *stream) traceHeader(name string) string {
+	if md, ok := metadata.FromIncomingContext(st.ctx); ok && len(md.Get("traceparent")) > 0 {
+		if v := md.Get(name); len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}
+	return st.header(name)
+}
+
+// tenant names the request's tenant ("" without Options.Tenant).
+func (st *stream) tenant() string {
+	if st.s.opts.Tenant == nil {
+		return ""
+	}
+	return st.s.opts.Tenant(st.header)
+}
+
+// notePick notes a decision: the parsed request and, when the scheduler
+// ran, its breakdown and the pick. code and msg are pick's answer.
+func (st *stream) notePick(pv *poolView, target string, req *sched.Request, sc *sched.Scratch, code int, dest []byte) {
+	o := &st.obs
+	pool := poolName(pv)
+	tenant := st.tenant()
+	if o.span != nil && !o.parsed {
+		o.parsed = true
+		o.span.Parsed(string(st.path), st.header("x-request-id"), st.clientModel, target, pool, tenant, req.Tokens, len(st.body))
+	}
+	b := sc.Breakdown()
+	var picked string
+	var fallbacks []string
+	if code == 0 && len(dest) > 0 {
+		for i, part := range bytes.Split(dest, []byte(",")) {
+			if i == 0 {
+				picked = string(part)
+			} else {
+				fallbacks = append(fallbacks, string(part))
+			}
+		}
+	}
+	if o.span != nil {
+		for _, f := range b.Filters {
+			o.span.Filter(f.Name, f.Left)
+		}
+		if b.Ranked {
+			o.span.Scored(spanScores(b))
+		}
+		if picked != "" {
+			o.span.Picked(picked, fallbacks)
+		}
+	}
+	if r := o.rec; r != nil {
+		r.Model, r.Target, r.Pool, r.Tenant, r.Priority, r.PromptTokens = st.clientModel, target, pool, tenant, req.Priority, req.Tokens
+		r.PoolSize = b.Pool
+		r.Filters = r.Filters[:0]
+		for _, f := range b.Filters {
+			r.Filters = append(r.Filters, decisions.FilterStep{Name: f.Name, Left: f.Left})
+		}
+		if b.Ranked {
+			recordScores(r, b, st.s.opts.Decisions.MaxCandidates())
+		}
+		if picked != "" {
+			r.Picked, r.Fallbacks = picked, fallbacks
+		}
+	}
+}
+
+// spanScores is the scores event of a span: the best candidates only.
+func spanScores(b sched.Breakdown) tracing.Scores {
+	order := bestFirst(b.Totals, maxSpanCandidates)
+	sc := tracing.Scores{Count: len(b.Candidates), Candidates: make([]string, len(order)), Totals: make([]float64, len(order)),
+		Scorers: make([]string, len(b.Scorers)), Weights: make([]float64, len(b.Scorers)), PerScorer: make([][]float64, len(b.Scorers))}
+	for k, i := range order {
+		sc.Candidates[k], sc.Totals[k] = b.Candidates[i].Address, b.Totals[i]
+	}
+	for j, ws := range b.Scorers {
+		sc.Scorers[j], sc.Weights[j] = ws.Scorer.Name(), ws.Weight
+		row := make([]float64, len(order))
+		for k, i := range order {
+			row[k] = b.Scores[j][i]
+		}
+		sc.PerScorer[j] = row
+	}
+	return sc
+}
+
+// recordScores copies the candidates and their scores into r: every
+// candidate up to max, else the max best totals.
+func recordScores(r *decisions.Record, b sched.Breakdown, max int) {
+	n := len(b.Candidates)
+	var order []int
+	if n > max {
+		order = bestFirst(b.Totals, max)
+		r.Omitted = n - max
+		n = max
+	}
+	k := len(b.Scorers)
+	r.Scorers = make([]decisions.Scorer, k)
+	for j, ws := range b.Scorers {
+		r.Scorers[j] = decisions.Scorer{Name: ws.Scorer.Name(), Weight: ws.Weight}
+	}
+	r.Candidates = make([]decisions.Candidate, n)
+	flat := make([]float32, n*k)
+	for c := 0; c < n; c++ {
+		i := c
+		if order != nil {
+			i = order[c]
+		}
+		scores := flat[c*k : (c+1)*k : (c+1)*k]
+		for j := range k {
+			scores[j] = float32(b.Scores[j][i])
+		}
+		r.Candidates[c] = decisions.Candidate{Endpoint: b.Candidates[i].Address, Total: float32(b.Totals[i]), Scores: scores}
+	}
+}
+
+// bestFirst returns the indexes of the n largest totals, largest first.
+func bestFirst(totals []float64, n int) []int {
+	n = min(n, len(totals))
+	top := make([]int, 0, n+1)
+	for i, t := range totals {
+		// Insert i into top (descending), keeping at most n.
+		j := len(top)
+		for j > 0 && totals[top[j-1]] < t {
+			j--
+		}
+		if j >= n {
+			continue
+		}
+		top = append(top, 0)
+		copy(top[j+1:], top[j:])
+		top[j] = i
+		if len(top) > n {
+			top = top[:n]
+		}
+	}
+	return top
+}
+
+// noteDecisionTime notes how long the decision took.
+func (st *stream) noteDecisionTime(d time.Duration) {
+	if r := st.obs.rec; r != nil {
+		r.DecisionTime += d
+	}
+}
+
+// noteQueued notes that the request waits in its pool's admission queue.
+func (st *stream) noteQueued() {
+	o := &st.obs
+	o.queuedAt = time.Now()
+	o.span.Queued(st.waiting.Priority, st.waiting.Flow)
+	if o.rec != nil {
+		o.rec.Queued = true
+	}
+}
+
+// noteAdmitted notes how the admission wait ended (err: the queue's).
+func (st *stream) noteAdmitted(err error) {
+	o := &st.obs
+	waited := time.Since(o.queuedAt)
+	outcome := admission.OutcomeDispatched
+	var rej *admission.Rejection
+	switch {
+	case errors.As(err, &rej):
+		outcome = rej.Reason
+	case errors.Is(err, admission.ErrCancelled):
+		outcome = "cancelled"
+	case err != nil:
+		outcome = "error"
+	}
+	o.span.Admitted(waited, outcome)
+	if o.rec != nil {
+		o.rec.QueueWait, o.rec.QueueOutcome = waited, outcome
+	}
+}
+
+// noteReject notes a local reply.
+func (st *stream) noteReject(code int, msg string) {
+	o := &st.obs
+	o.span.Rejected(code, msg)
+	if o.rec != nil {
+		o.rec.Status, o.rec.Error = code, msg
+		if o.rec.Model == "" {
+			o.rec.Model, o.rec.Target = st.clientModel, st.clientModel
+		}
+	}
+}
+
+// noteServed notes the endpoint Envoy reports as having served the
+// request.
+func (st *stream) noteServed(addr string) {
+	o := &st.obs
+	o.span.Served(addr)
+	if o.rec != nil {
+		o.rec.Served = addr
+	}
+}
+
+// finish closes the request's notes when its stream ends: the latency
+// histograms, the record and the span.
+func (st *stream) finish() {
+	o := &st.obs
+	if o.finished {
+		return
+	}
+	o.finished = true
+	now := time.Now()
+	m, ok := o.lat.measure(o.start, now)
+	if ok && st.primary != nil {
+		if st.obj != nil {
+			st.obj.latency.observe(m)
+		}
+		st.s.endpointLatency(st.primary.Pool, st.primary.Address).observe(m)
+	}
+	end := o.lat.end
+	if end.IsZero() {
+		end = now
+	}
+	if st.obs.lat.status != 0 {
+		o.span.Responded(o.lat.status)
+	}
+	if r := o.rec; r != nil {
+		if r.Status == 0 {
+			r.Status = o.lat.status
+		}
+		if !o.lat.first.IsZero() {
+			r.TTFT = o.lat.first.Sub(o.start)
+			r.OutputTokens = o.lat.tokens()
+		}
+		r.Duration = end.Sub(o.start)
+		st.s.opts.Decisions.Add(r)
+	}
+	if o.span != nil {
+		ttft := time.Duration(0)
+		if !o.lat.first.IsZero() {
+			ttft = o.lat.first.Sub(o.start)
+		}
+		o.span.End(end, ttft, o.lat.tokens())
+	}
+}
