@@ -2,7 +2,10 @@ package picker
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
+	"slices"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/metadata"
@@ -84,20 +87,14 @@ func (st *stream) notePick(pv *poolView, target string, req *sched.Request, sc *
 		o.span.Parsed(string(st.path), st.header("x-request-id"), st.clientModel, target, pool, tenant, req.Tokens, len(st.body))
 	}
 	b := sc.Breakdown()
-	var picked string
-	var fallbacks []string
-	if code == 0 && len(dest) > 0 {
-		for i, part := range bytes.Split(dest, []byte(",")) {
-			if i == 0 {
-				picked = string(part)
-			} else {
-				fallbacks = append(fallbacks, string(part))
-			}
-		}
-	}
+	picked, fallbacks := destination(pv, dest, code)
 	if o.span != nil {
-		for _, f := range b.Filters {
-			o.span.Filter(f.Name, f.Left)
+		if len(b.Filters) > 0 {
+			names, left := make([]string, len(b.Filters)), make([]int64, len(b.Filters))
+			for i, f := range b.Filters {
+				names[i], left[i] = f.Name, int64(f.Left)
+			}
+			o.span.Filtered(b.Pool, names, left)
 		}
 		if b.Ranked {
 			o.span.Scored(spanScores(b))
@@ -114,12 +111,42 @@ func (st *stream) notePick(pv *poolView, target string, req *sched.Request, sc *
 			r.Filters = append(r.Filters, decisions.FilterStep{Name: f.Name, Left: f.Left})
 		}
 		if b.Ranked {
-			recordScores(r, b, st.s.opts.Decisions.MaxCandidates())
+			recordScores(r, pv, b, st.s.opts.Decisions.MaxCandidates())
 		}
 		if picked != "" {
 			r.Picked, r.Fallbacks = picked, fallbacks
 		}
 	}
+}
+
+// destination splits a decision's destination list into the primary and
+// the fallbacks, with the pool's own address strings (no copies).
+func destination(pv *poolView, dest []byte, code int) (string, []string) {
+	if code != 0 || len(dest) == 0 || pv == nil {
+		return "", nil
+	}
+	var picked string
+	var fallbacks []string
+	for len(dest) > 0 {
+		part := dest
+		if i := bytes.IndexByte(dest, ','); i >= 0 {
+			part, dest = dest[:i], dest[i+1:]
+		} else {
+			dest = nil
+		}
+		var addr string
+		if e := pv.byAddr[string(part)]; e != nil {
+			addr = e.Address
+		} else {
+			addr = string(part)
+		}
+		if picked == "" {
+			picked = addr
+		} else {
+			fallbacks = append(fallbacks, addr)
+		}
+	}
+	return picked, fallbacks
 }
 
 // spanScores is the scores event of a span: the best candidates only.
@@ -141,57 +168,100 @@ func spanScores(b sched.Breakdown) tracing.Scores {
 	return sc
 }
 
+// recordTables are a pool view's tables that its decision records
+// share: the endpoints' addresses (candidates are indexes into it) and
+// the profile's scorers that run.
+type recordTables struct {
+	once    sync.Once
+	addrs   []string
+	scorers []decisions.Scorer
+}
+
+func (pv *poolView) recordTables() *recordTables {
+	t := &pv.tables
+	t.once.Do(func() {
+		t.addrs = make([]string, len(pv.eps))
+		for i, e := range pv.eps {
+			t.addrs[i] = e.Address
+		}
+		for _, ws := range pv.profile.Scorers {
+			if ws.Weight != 0 {
+				t.scorers = append(t.scorers, decisions.Scorer{Name: ws.Scorer.Name(), Weight: ws.Weight})
+			}
+		}
+	})
+	return t
+}
+
 // recordScores copies the candidates and their scores into r: every
 // candidate up to max, else the max best totals.
-func recordScores(r *decisions.Record, b sched.Breakdown, max int) {
-	n := len(b.Candidates)
+func recordScores(r *decisions.Record, pv *poolView, b sched.Breakdown, max int) {
+	t := pv.recordTables()
+	n, k := len(b.Candidates), len(b.Scorers)
+	if len(t.scorers) == k {
+		r.Scorers = t.scorers
+	} else { // a profile whose scorers changed: describe them afresh
+		r.Scorers = make([]decisions.Scorer, k)
+		for j, ws := range b.Scorers {
+			r.Scorers[j] = decisions.Scorer{Name: ws.Scorer.Name(), Weight: ws.Weight}
+		}
+	}
+	r.Endpoints = t.addrs
 	var order []int
 	if n > max {
-		order = bestFirst(b.Totals, max)
+		// A large pool: keep the best. Sorting is rare (pools over max).
+		order = make([]int, n)
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortStableFunc(order, func(x, y int) int { return cmp.Compare(b.Totals[y], b.Totals[x]) })
+		order = order[:max]
 		r.Omitted = n - max
 		n = max
 	}
-	k := len(b.Scorers)
-	r.Scorers = make([]decisions.Scorer, k)
-	for j, ws := range b.Scorers {
-		r.Scorers[j] = decisions.Scorer{Name: ws.Scorer.Name(), Weight: ws.Weight}
-	}
-	r.Candidates = make([]decisions.Candidate, n)
-	flat := make([]float32, n*k)
-	for c := 0; c < n; c++ {
-		i := c
-		if order != nil {
-			i = order[c]
+	r.Candidates = make([]int32, n)
+	r.Totals = make([]float32, n)
+	r.Scores = make([]uint16, n*k)
+	if order == nil {
+		indexIn(r.Candidates, b.Candidates, pv.eps)
+		for i, v := range b.Totals[:n] {
+			r.Totals[i] = float32(v)
 		}
-		scores := flat[c*k : (c+1)*k : (c+1)*k]
 		for j := range k {
-			scores[j] = float32(b.Scores[j][i])
+			row := r.Scores[j*n : (j+1)*n]
+			for i, v := range b.Scores[j][:n] {
+				row[i] = decisions.QuantizeScore(v)
+			}
 		}
-		r.Candidates[c] = decisions.Candidate{Endpoint: b.Candidates[i].Address, Total: float32(b.Totals[i]), Scores: scores}
+		return
 	}
+	picked := make([]*sched.Endpoint, n)
+	for c, i := range order {
+		picked[c], r.Totals[c] = b.Candidates[i], float32(b.Totals[i])
+		for j := range k {
+			r.Scores[j*n+c] = decisions.QuantizeScore(b.Scores[j][i])
+		}
+	}
+	indexIn(r.Candidates, picked, pv.eps)
 }
 
-// bestFirst returns the indexes of the n largest totals, largest first.
-func bestFirst(totals []float64, n int) []int {
-	n = min(n, len(totals))
-	top := make([]int, 0, n+1)
-	for i, t := range totals {
-		// Insert i into top (descending), keeping at most n.
-		j := len(top)
-		for j > 0 && totals[top[j-1]] < t {
-			j--
+// indexIn writes each candidate's index in pool into dst. Filters keep
+// the pool's order, so one walk finds them all; a candidate out of order
+// is looked up from the start.
+func indexIn(dst []int32, cands, pool []*sched.Endpoint) {
+	j := 0
+	for c, e := range cands {
+		for j < len(pool) && pool[j] != e {
+			j++
 		}
-		if j >= n {
-			continue
+		if j == len(pool) {
+			j = slices.Index(pool, e)
+			if j < 0 {
+				j = 0 // not in the pool (cannot happen): the first
+			}
 		}
-		top = append(top, 0)
-		copy(top[j+1:], top[j:])
-		top[j] = i
-		if len(top) > n {
-			top = top[:n]
-		}
+		dst[c] = int32(j)
 	}
-	return top
 }
 
 // noteDecisionTime notes how long the decision took.
@@ -294,4 +364,27 @@ func (st *stream) finish() {
 		}
 		o.span.End(end, ttft, o.lat.tokens())
 	}
+}
+
+// bestFirst returns the indexes of the n largest totals, largest first
+// (n is small: a span's handful).
+func bestFirst(totals []float64, n int) []int {
+	n = min(n, len(totals))
+	top := make([]int, 0, n+1)
+	for i, t := range totals {
+		j := len(top)
+		for j > 0 && totals[top[j-1]] < t {
+			j--
+		}
+		if j >= n {
+			continue
+		}
+		top = append(top, 0)
+		copy(top[j+1:], top[j:])
+		top[j] = i
+		if len(top) > n {
+			top = top[:n]
+		}
+	}
+	return top
 }

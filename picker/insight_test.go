@@ -89,16 +89,16 @@ func TestDecisionRecords(t *testing.T) {
 	if r.PoolSize != 3 || len(r.Candidates) != 3 || len(r.Scorers) == 0 || len(r.Filters) == 0 {
 		t.Fatalf("breakdown: pool %d, %d candidates, %d scorers, %d filters", r.PoolSize, len(r.Candidates), len(r.Scorers), len(r.Filters))
 	}
-	for _, c := range r.Candidates {
-		if len(c.Scores) != len(r.Scorers) {
-			t.Errorf("%s has %d scores for %d scorers", c.Endpoint, len(c.Scores), len(r.Scorers))
-		}
+	if len(r.Scores) != len(r.Candidates)*len(r.Scorers) {
+		t.Fatalf("%d scores for %d candidates and %d scorers", len(r.Scores), len(r.Candidates), len(r.Scorers))
+	}
+	for ci := range r.Candidates {
 		sum := 0.0
-		for j, s := range c.Scores {
-			sum += r.Scorers[j].Weight * float64(s)
+		for j := range r.Scorers {
+			sum += r.Scorers[j].Weight * r.Score(ci, j)
 		}
-		if d := sum - float64(c.Total); d > 1e-3 || d < -1e-3 {
-			t.Errorf("%s total %v, weighted scores %v", c.Endpoint, c.Total, sum)
+		if d := sum - float64(r.Totals[ci]); d > 1e-3 || d < -1e-3 {
+			t.Errorf("%s total %v, weighted scores %v", r.Candidate(ci), r.Totals[ci], sum)
 		}
 	}
 	if r.Status != 200 || r.Served != "10.0.0.3:8000" || r.OutputTokens != 3 {
@@ -225,7 +225,7 @@ func TestTracedRequest(t *testing.T) {
 	if got := sp.Attr("switchyard.endpoint.served"); got != "10.0.0.1:8000" {
 		t.Errorf("served %q", got)
 	}
-	if sp.Event("filter") == nil || sp.Event("scored") == nil || sp.Event("parsed") == nil {
+	if sp.Event("filtered") == nil || sp.Event("scored") == nil || sp.Attr("gen_ai.request.model") != "llama" {
 		t.Errorf("events %v", sp.Span.GetEvents())
 	}
 	if got := sp.EventAttr("scored", "switchyard.candidates.count"); got != "3" {

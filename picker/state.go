@@ -41,6 +41,8 @@ type poolView struct {
 	sessionHeader string
 	// admission is the pool's admission block (zero: the defaults).
 	admission registry.Admission
+	// tables are what decision records share (insight.go).
+	tables recordTables
 }
 
 // poolState is a pool's scheduling memory that survives rebuilds: the

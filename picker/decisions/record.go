@@ -42,10 +42,18 @@ type Record struct {
 	// Scorers are the profile's scorers that ran; each candidate's
 	// Scores follow their order.
 	Scorers []Scorer
-	// Candidates are the filtered endpoints, each with its weighted total
-	// and per-scorer scores; at most the recorder's MaxCandidates of the
-	// best totals, Omitted counting the rest.
-	Candidates []Candidate
+	// Candidates are the filtered endpoints, as indexes into Endpoints
+	// (the pool's addresses, shared by every record of the pool), and
+	// Totals their weighted totals: at most the recorder's MaxCandidates
+	// of the best totals, Omitted counting the rest. Scores holds every
+	// candidate's scores, scorer by scorer: Scores[j*len(Candidates)+c] is
+	// scorer j's score of candidate c, in [0, 1] before its weight, in
+	// units of 1/ScoreUnit (see Score). None of them holds a pointer, so
+	// a full ring costs the garbage collector little.
+	Endpoints  []string
+	Candidates []int32
+	Totals     []float32
+	Scores     []uint16
 	Omitted    int
 	// Picked is the primary endpoint, Fallbacks the others in the
 	// destination list, in order.
@@ -88,13 +96,27 @@ type Scorer struct {
 	Weight float64 `json:"weight"`
 }
 
-// Candidate is one endpoint a decision scored.
-type Candidate struct {
-	Endpoint string
-	Total    float32
-	// Scores are the scorers' scores in [0, 1], before weights, in the
-	// order of Record.Scorers.
-	Scores []float32
+// Candidate returns candidate c's address.
+func (r *Record) Candidate(c int) string { return r.Endpoints[r.Candidates[c]] }
+
+// ScoreUnit is the resolution of Record.Scores: a score s in [0, 1] is
+// kept as round(s * ScoreUnit).
+const ScoreUnit = 65535
+
+// QuantizeScore converts a score in [0, 1] for Record.Scores.
+func QuantizeScore(s float64) uint16 {
+	switch {
+	case s <= 0:
+		return 0
+	case s >= 1:
+		return ScoreUnit
+	}
+	return uint16(s*ScoreUnit + 0.5)
+}
+
+// Score returns scorer j's score of candidate c.
+func (r *Record) Score(c, j int) float64 {
+	return float64(r.Scores[j*len(r.Candidates)+c]) / ScoreUnit
 }
 
 // recordJSON is a Record's wire shape (see MarshalJSON).
@@ -162,11 +184,18 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 	if out.Fallbacks == nil {
 		out.Fallbacks = []string{}
 	}
-	for _, c := range r.Candidates {
-		cj := candidateJSON{Endpoint: c.Endpoint, Total: round(float64(c.Total)), Scores: make(map[string]float64, len(c.Scores))}
-		for j, s := range c.Scores {
-			if j < len(r.Scorers) {
-				cj.Scores[r.Scorers[j].Name] = round(float64(s))
+	k := len(r.Scorers)
+	for c, ep := range r.Candidates {
+		cj := candidateJSON{Scores: make(map[string]float64, k)}
+		if int(ep) < len(r.Endpoints) {
+			cj.Endpoint = r.Endpoints[ep]
+		}
+		if c < len(r.Totals) {
+			cj.Total = round(float64(r.Totals[c]))
+		}
+		if len(r.Scores) == len(r.Candidates)*k {
+			for j := range k {
+				cj.Scores[r.Scorers[j].Name] = round(r.Score(c, j))
 			}
 		}
 		out.Candidates = append(out.Candidates, cj)

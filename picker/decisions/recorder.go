@@ -20,7 +20,7 @@ import (
 // Defaults of Options.
 const (
 	DefaultSize          = 1000
-	DefaultMaxCandidates = 64
+	DefaultMaxCandidates = 256
 	// fileQueue bounds the records waiting for the file writer; when it
 	// is full (the disk is slower than the requests) records skip the
 	// file and are counted as dropped.
@@ -37,7 +37,7 @@ type Options struct {
 	Sample   float64
 	Disabled bool
 	// MaxCandidates bounds the candidates kept per record, best totals
-	// first (default 64).
+	// first (default 256).
 	MaxCandidates int
 }
 

@@ -135,9 +135,9 @@ func TestSample(t *testing.T) {
 func TestRecordJSON(t *testing.T) {
 	r := &Record{Seq: 3, Time: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Model: "chat", Target: "llama", Pool: "p",
 		PoolSize: 3, Filters: []FilterStep{{Name: "not-draining", Left: 2}},
-		Scorers:    []Scorer{{Name: "queue", Weight: 2}, {Name: "prefix", Weight: 3}},
-		Candidates: []Candidate{{Endpoint: "b", Total: 1, Scores: []float32{0.5, 0}}, {Endpoint: "a", Total: 5, Scores: []float32{1, 1}}},
-		Picked:     "a", Fallbacks: []string{"b"}, Queued: true, QueueWait: 12500 * time.Microsecond, QueueOutcome: "dispatched",
+		Scorers:   []Scorer{{Name: "queue", Weight: 2}, {Name: "prefix", Weight: 3}},
+		Endpoints: []string{"a", "b"}, Candidates: []int32{1, 0}, Totals: []float32{1, 5}, Scores: []uint16{QuantizeScore(0.5), ScoreUnit, 0, ScoreUnit},
+		Picked: "a", Fallbacks: []string{"b"}, Queued: true, QueueWait: 12500 * time.Microsecond, QueueOutcome: "dispatched",
 		Status: 200, Served: "a", TTFT: 30 * time.Millisecond, Duration: time.Second, OutputTokens: 64, DecisionTime: 35 * time.Microsecond}
 	b, err := json.Marshal(r)
 	if err != nil {

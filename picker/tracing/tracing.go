@@ -234,7 +234,6 @@ func (sp *Span) Parsed(path, requestID, model, target, pool, tenant string, prom
 		attrs = append(attrs, attribute.String(keyTenant, tenant))
 	}
 	sp.s.SetAttributes(attrs...)
-	sp.s.AddEvent("parsed", trace.WithAttributes(attribute.String(keyModel, model), attribute.Int(keyBodyBytes, bodyBytes)))
 }
 
 // Queued records that the request waits in its pool's admission queue.
@@ -257,12 +256,14 @@ func (sp *Span) Admitted(waited time.Duration, outcome string) {
 	sp.s.AddEvent("admission.released", trace.WithAttributes(attribute.Float64(keyWaitMS, ms), attribute.String(keyOutcome, outcome)))
 }
 
-// Filter records one filter and the candidates it left.
-func (sp *Span) Filter(name string, left int) {
+// Filtered records the filters that ran, in order, with the candidates
+// each left, out of pool endpoints.
+func (sp *Span) Filtered(pool int, names []string, left []int64) {
 	if sp == nil {
 		return
 	}
-	sp.s.AddEvent("filter", trace.WithAttributes(attribute.String("switchyard.filter", name), attribute.Int("switchyard.candidates", left)))
+	sp.s.AddEvent("filtered", trace.WithAttributes(attribute.Int("switchyard.pool_size", pool),
+		attribute.StringSlice("switchyard.filters", names), attribute.Int64Slice("switchyard.filters.left", left)))
 }
 
 // Scores records the scoring: the candidates shown (best first, at most a
@@ -299,7 +300,6 @@ func (sp *Span) Picked(primary string, fallbacks []string) {
 		return
 	}
 	sp.s.SetAttributes(attribute.String(keyPicked, primary), attribute.StringSlice(keyFallbacks, fallbacks))
-	sp.s.AddEvent("picked", trace.WithAttributes(attribute.String(keyPicked, primary), attribute.StringSlice(keyFallbacks, fallbacks)))
 }
 
 // Rejected records a local reply.
@@ -319,7 +319,6 @@ func (sp *Span) Served(addr string) {
 		return
 	}
 	sp.s.SetAttributes(attribute.String(keyServed, addr))
-	sp.s.AddEvent("served", trace.WithAttributes(attribute.String(keyServed, addr)))
 }
 
 // Responded records the model server's response status.
