@@ -5,6 +5,8 @@ import (
 	"cmp"
 	"errors"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,8 +24,9 @@ import (
 // note* hooks below at a few points; a request that is neither traced
 // nor recorded only pays for the latency measurement.
 
-// maxSpanCandidates bounds the candidates a span's scores event lists.
-const maxSpanCandidates = 8
+// maxSpanCandidates bounds the candidates a span's scores event lists
+// (a decision record lists them all).
+const maxSpanCandidates = 5
 
 // observation is one stream's notes.
 type observation struct {
@@ -90,17 +93,20 @@ func (st *stream) notePick(pv *poolView, target string, req *sched.Request, sc *
 	picked, fallbacks := destination(pv, dest, code)
 	if o.span != nil {
 		if len(b.Filters) > 0 {
-			names, left := make([]string, len(b.Filters)), make([]int64, len(b.Filters))
+			buf := make([]byte, 0, 64)
 			for i, f := range b.Filters {
-				names[i], left[i] = f.Name, int64(f.Left)
+				if i > 0 {
+					buf = append(buf, ' ')
+				}
+				buf = strconv.AppendInt(append(append(buf, f.Name...), '='), int64(f.Left), 10)
 			}
-			o.span.Filtered(b.Pool, names, left)
+			o.span.Filtered(b.Pool, string(buf))
 		}
 		if b.Ranked {
 			o.span.Scored(spanScores(b))
 		}
 		if picked != "" {
-			o.span.Picked(picked, fallbacks)
+			o.span.Picked(picked, strings.Join(fallbacks, ","))
 		}
 	}
 	if r := o.rec; r != nil {
@@ -152,18 +158,17 @@ func destination(pv *poolView, dest []byte, code int) (string, []string) {
 // spanScores is the scores event of a span: the best candidates only.
 func spanScores(b sched.Breakdown) tracing.Scores {
 	order := bestFirst(b.Totals, maxSpanCandidates)
+	k := len(b.Scorers)
 	sc := tracing.Scores{Count: len(b.Candidates), Candidates: make([]string, len(order)), Totals: make([]float64, len(order)),
-		Scorers: make([]string, len(b.Scorers)), Weights: make([]float64, len(b.Scorers)), PerScorer: make([][]float64, len(b.Scorers))}
-	for k, i := range order {
-		sc.Candidates[k], sc.Totals[k] = b.Candidates[i].Address, b.Totals[i]
-	}
+		Scorers: make([]string, k), Scores: make([]float64, len(order)*k)}
 	for j, ws := range b.Scorers {
-		sc.Scorers[j], sc.Weights[j] = ws.Scorer.Name(), ws.Weight
-		row := make([]float64, len(order))
-		for k, i := range order {
-			row[k] = b.Scores[j][i]
+		sc.Scorers[j] = ws.Scorer.Name() + "*" + strconv.FormatFloat(ws.Weight, 'g', -1, 64)
+	}
+	for c, i := range order {
+		sc.Candidates[c], sc.Totals[c] = b.Candidates[i].Address, b.Totals[i]
+		for j := range k {
+			sc.Scores[c*k+j] = b.Scores[j][i]
 		}
-		sc.PerScorer[j] = row
 	}
 	return sc
 }

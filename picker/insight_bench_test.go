@@ -124,3 +124,28 @@ func BenchmarkRecordDecision(b *testing.B) {
 		st.finish()
 	}
 }
+
+// BenchmarkTraceDecision measures a traced request's span alone at 100 %
+// sampling: start, the breakdown's events and attributes for a
+// 100-candidate decision, end, batched to an exporter that drops it. Run:
+//
+//	go test -run '^$' -bench TraceDecision -benchmem ./picker/
+func BenchmarkTraceDecision(b *testing.B) {
+	tr := tracing.NewWithExporter(tracing.Config{SampleRatio: 1}, tracetest.NewNoopExporter())
+	b.Cleanup(func() { _ = tr.Shutdown(context.Background()) })
+	srv := decisionServer(b, Options{Tracer: tr})
+	pv := srv.snap.Load().pools["big"]
+	sc := new(sched.Scratch)
+	req := &sched.Request{Model: "llama", TargetModel: "llama", Record: true, Now: time.Now()}
+	pv.profile.Schedule(req, pv.eps, 3, sc)
+	dest := []byte("10.1.0.1:8000,10.1.0.2:8000,10.1.0.3:8000")
+	b.ReportAllocs()
+	b.ResetTimer()
+	for n := 0; n < b.N; n++ {
+		st := srv.newStream(context.Background())
+		st.noteRequest()
+		st.clientModel = "llama"
+		st.notePick(pv, "llama", req, sc, 0, dest)
+		st.finish()
+	}
+}

@@ -257,27 +257,28 @@ func (sp *Span) Admitted(waited time.Duration, outcome string) {
 }
 
 // Filtered records the filters that ran, in order, with the candidates
-// each left, out of pool endpoints.
-func (sp *Span) Filtered(pool int, names []string, left []int64) {
+// each left, as "name=left" words (e.g. "not-draining=3 model=2"), out of
+// pool endpoints.
+func (sp *Span) Filtered(pool int, filters string) {
 	if sp == nil {
 		return
 	}
 	sp.s.AddEvent("filtered", trace.WithAttributes(attribute.Int("switchyard.pool_size", pool),
-		attribute.StringSlice("switchyard.filters", names), attribute.Int64Slice("switchyard.filters.left", left)))
+		attribute.String("switchyard.filters", filters)))
 }
 
-// Scores records the scoring: the candidates shown (best first, at most a
+// Scores records the scoring: the candidates shown (best first, a
 // handful), their weighted totals, and each scorer's scores of them.
 type Scores struct {
 	// Count is how many candidates were scored in all.
 	Count      int
 	Candidates []string
 	Totals     []float64
-	// Scorers name the scorers; PerScorer[j][i] is scorer j's score of
-	// Candidates[i], and Weights[j] its weight.
-	Scorers   []string
-	Weights   []float64
-	PerScorer [][]float64
+	// Scorers name the scorers as "name*weight"; Scores holds each shown
+	// candidate's scores in turn: Scores[i*len(Scorers)+j] is scorer j's
+	// score, before its weight, of Candidates[i].
+	Scorers []string
+	Scores  []float64
 }
 
 // Scored records the scores event.
@@ -285,21 +286,18 @@ func (sp *Span) Scored(sc Scores) {
 	if sp == nil {
 		return
 	}
-	attrs := make([]attribute.KeyValue, 0, 3+len(sc.Scorers))
-	attrs = append(attrs, attribute.Int("switchyard.candidates.count", sc.Count),
-		attribute.StringSlice("switchyard.candidates", sc.Candidates), attribute.Float64Slice("switchyard.score.total", sc.Totals))
-	for j, name := range sc.Scorers {
-		attrs = append(attrs, attribute.Float64Slice("switchyard.score."+name, sc.PerScorer[j]))
-	}
-	sp.s.AddEvent("scored", trace.WithAttributes(attrs...))
+	sp.s.AddEvent("scored", trace.WithAttributes(attribute.Int("switchyard.candidates.count", sc.Count),
+		attribute.StringSlice("switchyard.candidates", sc.Candidates), attribute.Float64Slice("switchyard.totals", sc.Totals),
+		attribute.StringSlice("switchyard.scorers", sc.Scorers), attribute.Float64Slice("switchyard.scores", sc.Scores)))
 }
 
-// Picked records the destination: the primary and its fallbacks.
-func (sp *Span) Picked(primary string, fallbacks []string) {
+// Picked records the destination: the primary and its fallbacks (comma
+// separated).
+func (sp *Span) Picked(primary, fallbacks string) {
 	if sp == nil {
 		return
 	}
-	sp.s.SetAttributes(attribute.String(keyPicked, primary), attribute.StringSlice(keyFallbacks, fallbacks))
+	sp.s.SetAttributes(attribute.String(keyPicked, primary), attribute.String(keyFallbacks, fallbacks))
 }
 
 // Rejected records a local reply.

@@ -40,10 +40,10 @@ func TestSpansReachCollector(t *testing.T) {
 	sp.Parsed("/v1/chat/completions", "req-1", "chat", "llama", "pool-a", "", 120, 480)
 	sp.Queued(0, "tenant-a")
 	sp.Admitted(12*time.Millisecond, "dispatched")
-	sp.Filtered(3, []string{"not-draining", "model"}, []int64{2, 2})
+	sp.Filtered(3, "not-draining=2 model=2")
 	sp.Scored(Scores{Count: 2, Candidates: []string{"10.0.0.1:8000", "10.0.0.2:8000"}, Totals: []float64{3, 1},
-		Scorers: []string{"queue"}, Weights: []float64{2}, PerScorer: [][]float64{{1, 0.5}}})
-	sp.Picked("10.0.0.1:8000", []string{"10.0.0.2:8000"})
+		Scorers: []string{"queue*2"}, Scores: []float64{1, 0.5}})
+	sp.Picked("10.0.0.1:8000", "10.0.0.2:8000")
 	sp.Served("10.0.0.2:8000")
 	sp.Responded(200)
 	sp.End(start.Add(50*time.Millisecond), 20*time.Millisecond, 8)
@@ -59,20 +59,20 @@ func TestSpansReachCollector(t *testing.T) {
 		return fmt.Errorf("no span yet")
 	})
 	checks := map[string][2]string{
-		"service":       {got.Service, "sy-test"},
-		"trace":         {got.TraceID(), traceID},
-		"parent":        {got.ParentID(), parentID},
-		"model":         {got.Attr("gen_ai.request.model"), "chat"},
-		"pool":          {got.Attr("switchyard.pool"), "pool-a"},
-		"picked":        {got.Attr("switchyard.endpoint.picked"), "10.0.0.1:8000"},
-		"served":        {got.Attr("switchyard.endpoint.served"), "10.0.0.2:8000"},
-		"status":        {got.Attr("http.response.status_code"), "200"},
-		"waited":        {got.Attr("switchyard.admission.waited_ms"), "12"},
-		"filter event":  {got.EventAttr("filtered", "switchyard.filters"), "not-draining,model"},
-		"filter counts": {got.EventAttr("filtered", "switchyard.filters.left"), "2,2"},
-		"queue score":   {got.EventAttr("scored", "switchyard.score.queue"), "1,0.5"},
-		"scored order":  {got.EventAttr("scored", "switchyard.candidates"), "10.0.0.1:8000,10.0.0.2:8000"},
-		"fallbacks":     {got.Attr("switchyard.endpoint.fallbacks"), "10.0.0.2:8000"},
+		"service":      {got.Service, "sy-test"},
+		"trace":        {got.TraceID(), traceID},
+		"parent":       {got.ParentID(), parentID},
+		"model":        {got.Attr("gen_ai.request.model"), "chat"},
+		"pool":         {got.Attr("switchyard.pool"), "pool-a"},
+		"picked":       {got.Attr("switchyard.endpoint.picked"), "10.0.0.1:8000"},
+		"served":       {got.Attr("switchyard.endpoint.served"), "10.0.0.2:8000"},
+		"status":       {got.Attr("http.response.status_code"), "200"},
+		"waited":       {got.Attr("switchyard.admission.waited_ms"), "12"},
+		"filter event": {got.EventAttr("filtered", "switchyard.filters"), "not-draining=2 model=2"},
+		"scorers":      {got.EventAttr("scored", "switchyard.scorers"), "queue*2"},
+		"queue score":  {got.EventAttr("scored", "switchyard.scores"), "1,0.5"},
+		"scored order": {got.EventAttr("scored", "switchyard.candidates"), "10.0.0.1:8000,10.0.0.2:8000"},
+		"fallbacks":    {got.Attr("switchyard.endpoint.fallbacks"), "10.0.0.2:8000"},
 	}
 	for what, c := range checks {
 		if c[0] != c[1] {
