@@ -29,6 +29,7 @@ var rootSchema = &hcl.BodySchema{
 		{Type: "model", LabelNames: []string{"name"}},
 		{Type: "consul"},
 		{Type: "tls"},
+		{Type: "tracing"},
 	},
 }
 
@@ -253,6 +254,7 @@ type decoder struct {
 	replicas  *replicasBlock
 	agent     *ConsulAgent
 	tls       *TLS
+	tracing   *Tracing
 	// first declaration of each object, for "already defined at" details.
 	declared map[loc]hcl.Range
 	// per pool: canonical endpoint address -> where it was declared.
@@ -346,6 +348,8 @@ func (d *decoder) file(body hcl.Body) {
 			d.agentBlock(b)
 		case "tls":
 			d.tlsBlock(b)
+		case "tracing":
+			d.tracingBlock(b)
 		}
 	}
 }

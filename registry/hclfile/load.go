@@ -40,6 +40,9 @@ type Config struct {
 	// TLS is the top-level tls block (nil when there is none), read once
 	// at start like Consul.
 	TLS *TLS
+	// Tracing is the top-level tracing block (nil when there is none),
+	// read once at start.
+	Tracing *Tracing
 }
 
 // Load reads the configuration at path: one HCL file, or every *.hcl file
@@ -151,6 +154,7 @@ func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
 	cfg.State = s
 	cfg.Consul = d.agent
 	cfg.TLS = d.tls
+	cfg.Tracing = d.tracing
 	sortDiagnostics(d.diags)
 	return cfg, d.diags
 }
