@@ -31,6 +31,7 @@ func (a *app) statusSources() *adminstatus.Sources {
 		View: a.view, Registry: a.manager, Picker: a.picker, XDS: a.xds, Consul: a.consul, Mesh: a.mesh,
 		TLS: a.tls, AllowedSANs: a.flags.tls.sans(),
 		Store: a.store, StorePath: a.flags.storePath, Warm: a.warm,
-		Draining: a.drain.Draining,
+		Draining:  a.drain.Draining,
+		Decisions: a.obs.decisions, History: a.history,
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/switchyard/switchyard/internal/drain"
 	"github.com/switchyard/switchyard/internal/mtls"
 	"github.com/switchyard/switchyard/internal/persist"
+	adminstatus "github.com/switchyard/switchyard/internal/status"
 	"github.com/switchyard/switchyard/picker"
 	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/registry"
@@ -57,6 +58,7 @@ type serveFlags struct {
 	logLevel         string
 	logFormat        string
 	tls              tlsFlags
+	obs              obsFlags
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
@@ -75,6 +77,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log `format`: text or json")
 	f.tls.register(fs)
+	f.obs.register(fs)
 }
 
 func serveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -172,6 +175,10 @@ type app struct {
 	mesh         *peers.Mesh
 	consulClient *api.Client
 	adminAuth    adminauth.Options
+	// obs is tracing and decision records; history the status page's
+	// charts.
+	obs     *observability
+	history *adminstatus.History
 }
 
 // newApp builds every component. With -store, the state persisted by the
@@ -189,6 +196,11 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	if err := a.replicaSetup(cfg, advertise); err != nil {
 		return nil, err
 	}
+	obs, err := observabilityFrom(f.obs, cfg.Tracing, versionString(), a.replicaID)
+	if err != nil {
+		return nil, err
+	}
+	a.obs = obs
 	var (
 		initial *registry.State
 		snap    *store.Snapshot
@@ -223,7 +235,8 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	// AddSource cannot fail on a fresh manager.
 	_ = a.manager.AddSource(hclfile.SourceName, a.files)
 	_ = a.manager.AddSource(consul.SourceName, a.consul)
-	a.picker = picker.New(a.pub, picker.Options{}, logger.With("component", "picker"))
+	a.picker = picker.New(a.pub, picker.Options{Tracer: obs.tracer, Decisions: obs.decisions}, logger.With("component", "picker"))
+	a.history = adminstatus.NewHistory(a.picker, 0, 0)
 	// The picker's scrape results are the registry's health input: xDS
 	// and the discovery guard read endpoint health from published states.
 	_ = a.manager.AddSource(healthSourceName, a.picker.EndpointHealth())
@@ -240,7 +253,8 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 		a.states = persist.NewStateSaver(a.store, a.pub, a.consul.Indexes, storeLog)
 	}
 	a.xds = xds.NewServer(a.pub, xds.Options{
-		Translation: ir.Options{PickerAddr: advertise, PickerTLS: a.pickerTLS(), PickerMaxStreams: uint32(min(f.pickerMaxStreams, 1<<32-1))},
+		Translation: ir.Options{PickerAddr: advertise, PickerTLS: a.pickerTLS(), PickerMaxStreams: uint32(min(f.pickerMaxStreams, 1<<32-1)),
+			Tracing: obs.envoy},
 	}, logger)
 	// On shutdown, the picker's and ADS's gRPC health and /readyz report
 	// not ready (the Consul registration ends too: registerReplica).
@@ -347,6 +361,13 @@ func (a *app) components() []component {
 	}
 	if a.store != nil {
 		comps = append(comps, component{"persist", a.states.Run}, component{"persist-warm", a.warm.Run})
+	}
+	comps = append(comps, component{"status-history", a.history.Run})
+	if a.obs.tracer != nil {
+		comps = append(comps, component{"tracing", a.runTracing})
+	}
+	if a.obs.file != "" {
+		comps = append(comps, component{"decisions-file", a.runDecisionsFile})
 	}
 	return comps
 }
