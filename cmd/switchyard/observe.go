@@ -75,7 +75,7 @@ func observabilityFrom(f obsFlags, block *hclfile.Tracing, version, instance str
 	if f.decisionsSample < 0 || f.decisionsSample > 1 {
 		return nil, fmt.Errorf("-decisions-sample %v: want a number from 0 to 1", f.decisionsSample)
 	}
-	if f.decisionsBuffer <= 0 {
+	if f.decisionsBuffer < 0 {
 		return nil, fmt.Errorf("-decisions-buffer %d: want a positive count", f.decisionsBuffer)
 	}
 	o := &observability{
