@@ -4,7 +4,8 @@
 // (status.html) renders that JSON, and the Prometheus collector behind
 // /metrics exports the same Report, so an endpoint's health or a pool's
 // load is computed once for all three. The package also serves the
-// liveness and readiness probes.
+// liveness and readiness probes, the picker's decision records
+// (/api/decisions) and a 15-minute history the page charts (/api/history).
 //
 // The JSON field names and metric names are a contract: the status page,
 // the end-to-end tests and the Grafana dashboard in examples/grafana read
