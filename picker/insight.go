@@ -26,7 +26,7 @@ import (
 
 // maxSpanCandidates bounds the candidates a span's scores event lists
 // (a decision record lists them all).
-const maxSpanCandidates = 5
+const maxSpanCandidates = 3
 
 // observation is one stream's notes.
 type observation struct {
@@ -92,18 +92,17 @@ func (st *stream) notePick(pv *poolView, target string, req *sched.Request, sc *
 	b := sc.Breakdown()
 	picked, fallbacks := destination(pv, dest, code)
 	if o.span != nil {
-		if len(b.Filters) > 0 {
-			buf := make([]byte, 0, 64)
-			for i, f := range b.Filters {
-				if i > 0 {
-					buf = append(buf, ' ')
-				}
-				buf = strconv.AppendInt(append(append(buf, f.Name...), '='), int64(f.Left), 10)
+		buf := make([]byte, 0, 64)
+		for i, f := range b.Filters {
+			if i > 0 {
+				buf = append(buf, ' ')
 			}
-			o.span.Filtered(b.Pool, string(buf))
+			buf = strconv.AppendInt(append(append(buf, f.Name...), '='), int64(f.Left), 10)
 		}
 		if b.Ranked {
-			o.span.Scored(spanScores(b))
+			o.span.Scheduled(b.Pool, string(buf), len(b.Candidates), pv.recordTables().scorerList, spanScores(b))
+		} else {
+			o.span.Scheduled(b.Pool, string(buf), 0, "", "")
 		}
 		if picked != "" {
 			o.span.Picked(picked, strings.Join(fallbacks, ","))
@@ -155,22 +154,23 @@ func destination(pv *poolView, dest []byte, code int) (string, []string) {
 	return picked, fallbacks
 }
 
-// spanScores is the scores event of a span: the best candidates only.
-func spanScores(b sched.Breakdown) tracing.Scores {
+// spanScores renders a span's scores event: the best candidates, each
+// with its total and every scorer's score.
+func spanScores(b sched.Breakdown) string {
 	order := bestFirst(b.Totals, maxSpanCandidates)
-	k := len(b.Scorers)
-	sc := tracing.Scores{Count: len(b.Candidates), Candidates: make([]string, len(order)), Totals: make([]float64, len(order)),
-		Scorers: make([]string, k), Scores: make([]float64, len(order)*k)}
-	for j, ws := range b.Scorers {
-		sc.Scorers[j] = ws.Scorer.Name() + "*" + strconv.FormatFloat(ws.Weight, 'g', -1, 64)
-	}
+	buf := make([]byte, 0, 64*len(order)*(1+len(b.Scorers))/4+64)
 	for c, i := range order {
-		sc.Candidates[c], sc.Totals[c] = b.Candidates[i].Address, b.Totals[i]
-		for j := range k {
-			sc.Scores[c*k+j] = b.Scores[j][i]
+		if c > 0 {
+			buf = append(buf, "; "...)
+		}
+		buf = append(append(buf, b.Candidates[i].Address...), " total="...)
+		buf = strconv.AppendFloat(buf, b.Totals[i], 'f', 3, 64)
+		for j, ws := range b.Scorers {
+			buf = append(append(append(buf, ' '), ws.Scorer.Name()...), '=')
+			buf = strconv.AppendFloat(buf, b.Scores[j][i], 'f', 3, 64)
 		}
 	}
-	return sc
+	return string(buf)
 }
 
 // recordTables are a pool view's tables that its decision records
@@ -180,6 +180,8 @@ type recordTables struct {
 	once    sync.Once
 	addrs   []string
 	scorers []decisions.Scorer
+	// scorerList is the scorers as a span names them: "prefix*3 queue*2".
+	scorerList string
 }
 
 func (pv *poolView) recordTables() *recordTables {
@@ -189,11 +191,14 @@ func (pv *poolView) recordTables() *recordTables {
 		for i, e := range pv.eps {
 			t.addrs[i] = e.Address
 		}
+		var list []string
 		for _, ws := range pv.profile.Scorers {
 			if ws.Weight != 0 {
 				t.scorers = append(t.scorers, decisions.Scorer{Name: ws.Scorer.Name(), Weight: ws.Weight})
+				list = append(list, ws.Scorer.Name()+"*"+strconv.FormatFloat(ws.Weight, 'g', -1, 64))
 			}
 		}
+		t.scorerList = strings.Join(list, " ")
 	})
 	return t
 }

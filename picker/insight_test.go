@@ -225,11 +225,14 @@ func TestTracedRequest(t *testing.T) {
 	if got := sp.Attr("switchyard.endpoint.served"); got != "10.0.0.1:8000" {
 		t.Errorf("served %q", got)
 	}
-	if sp.Event("filtered") == nil || sp.Event("scored") == nil || sp.Attr("gen_ai.request.model") != "llama" {
+	if sp.Event("scheduled") == nil || sp.Attr("gen_ai.request.model") != "llama" {
 		t.Errorf("events %v", sp.Span.GetEvents())
 	}
-	if got := sp.EventAttr("scored", "switchyard.candidates.count"); got != "3" {
+	if got := sp.EventAttr("scheduled", "switchyard.candidates.count"); got != "3" {
 		t.Errorf("scored %s candidates, want 3", got)
+	}
+	if got := sp.EventAttr("scheduled", "switchyard.scores"); !strings.Contains(got, strings.Split(dest, ",")[0]+" total=") || strings.Count(got, ";") != 2 || !strings.Contains(got, " queue=") {
+		t.Errorf("scores %q: want the 3 candidates with every scorer's score", got)
 	}
 	// The record names the trace.
 	if r := rec.Query(decisions.Filter{Limit: 2}); r[1].TraceID != traceID || r[0].TraceID != "" {

@@ -128,7 +128,7 @@ model "m-a" { pool = "llama" }
 		if got := p.Attr("switchyard.endpoint.picked"); got != tap.Addr {
 			t.Errorf("span says picked %q", got)
 		}
-		if p.Attr("http.response.status_code") != "200" || p.Event("scored") == nil || p.Event("filtered") == nil {
+		if p.Attr("http.response.status_code") != "200" || p.Event("scheduled") == nil || p.Attr("switchyard.endpoint.served") == "" {
 			t.Errorf("span attributes/events: status %q events %d", p.Attr("http.response.status_code"), len(p.Span.GetEvents()))
 		}
 		traces[p.TraceID()] = true

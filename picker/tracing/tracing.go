@@ -179,12 +179,18 @@ func (t *Tracer) Start(ctx context.Context, header func(name string) string, sta
 	if !s.IsRecording() {
 		return nil
 	}
-	return &Span{s: s}
+	sp := &Span{s: s}
+	sp.attrs = sp.buf[:0]
+	return sp
 }
 
-// Span is one request's span. Its methods are no-ops on nil.
+// Span is one request's span. Its methods are no-ops on nil. Attributes
+// are gathered and set once, at End (one copy into the span, not one per
+// call).
 type Span struct {
-	s trace.Span
+	s     trace.Span
+	attrs []attribute.KeyValue
+	buf   [16]attribute.KeyValue
 }
 
 // TraceID returns the span's trace ID in hex ("" for nil).
@@ -223,17 +229,15 @@ func (sp *Span) Parsed(path, requestID, model, target, pool, tenant string, prom
 	if sp == nil {
 		return
 	}
-	attrs := []attribute.KeyValue{
+	sp.attrs = append(sp.attrs,
 		attribute.String(keyPath, path), attribute.String(keyModel, model), attribute.String(keyTarget, target),
-		attribute.String(keyPool, pool), attribute.Int64(keyPromptTokens, promptTokens), attribute.Int(keyBodyBytes, bodyBytes),
-	}
+		attribute.String(keyPool, pool), attribute.Int64(keyPromptTokens, promptTokens), attribute.Int(keyBodyBytes, bodyBytes))
 	if requestID != "" {
-		attrs = append(attrs, attribute.String(keyRequestID, requestID))
+		sp.attrs = append(sp.attrs, attribute.String(keyRequestID, requestID))
 	}
 	if tenant != "" {
-		attrs = append(attrs, attribute.String(keyTenant, tenant))
+		sp.attrs = append(sp.attrs, attribute.String(keyTenant, tenant))
 	}
-	sp.s.SetAttributes(attrs...)
 }
 
 // Queued records that the request waits in its pool's admission queue.
@@ -241,7 +245,7 @@ func (sp *Span) Queued(priority int, flow string) {
 	if sp == nil {
 		return
 	}
-	sp.s.SetAttributes(attribute.Bool(keyQueued, true))
+	sp.attrs = append(sp.attrs, attribute.Bool(keyQueued, true))
 	sp.s.AddEvent("admission.queued", trace.WithAttributes(attribute.Int("switchyard.priority", priority), attribute.String("switchyard.flow", flow)))
 }
 
@@ -252,43 +256,29 @@ func (sp *Span) Admitted(waited time.Duration, outcome string) {
 		return
 	}
 	ms := float64(waited.Microseconds()) / 1000
-	sp.s.SetAttributes(attribute.Float64(keyWaitMS, ms), attribute.String(keyOutcome, outcome))
+	sp.attrs = append(sp.attrs, attribute.Float64(keyWaitMS, ms), attribute.String(keyOutcome, outcome))
 	sp.s.AddEvent("admission.released", trace.WithAttributes(attribute.Float64(keyWaitMS, ms), attribute.String(keyOutcome, outcome)))
 }
 
-// Filtered records the filters that ran, in order, with the candidates
-// each left, as "name=left" words (e.g. "not-draining=3 model=2"), out of
-// pool endpoints.
-func (sp *Span) Filtered(pool int, filters string) {
+// Scheduled records the scheduling in one event: the filters that ran,
+// in order, with the candidates each left, as "name=left" words (e.g.
+// "not-draining=3 model=2") out of pool endpoints; and, when candidates
+// were scored (count of them), the scorers with their weights ("prefix*3
+// queue*2 ...") and the best candidates, best first, each with its
+// weighted total and every scorer's score before its weight
+// ("10.0.0.1:8000 total=4.600 prefix=0.900 queue=0.950; ...").
+func (sp *Span) Scheduled(pool int, filters string, count int, scorers, best string) {
 	if sp == nil {
 		return
 	}
-	sp.s.AddEvent("filtered", trace.WithAttributes(attribute.Int("switchyard.pool_size", pool),
-		attribute.String("switchyard.filters", filters)))
-}
-
-// Scores records the scoring: the candidates shown (best first, a
-// handful), their weighted totals, and each scorer's scores of them.
-type Scores struct {
-	// Count is how many candidates were scored in all.
-	Count      int
-	Candidates []string
-	Totals     []float64
-	// Scorers name the scorers as "name*weight"; Scores holds each shown
-	// candidate's scores in turn: Scores[i*len(Scorers)+j] is scorer j's
-	// score, before its weight, of Candidates[i].
-	Scorers []string
-	Scores  []float64
-}
-
-// Scored records the scores event.
-func (sp *Span) Scored(sc Scores) {
-	if sp == nil {
+	if count == 0 {
+		sp.s.AddEvent("scheduled", trace.WithAttributes(attribute.Int("switchyard.pool_size", pool),
+			attribute.String("switchyard.filters", filters), attribute.Int("switchyard.candidates.count", 0)))
 		return
 	}
-	sp.s.AddEvent("scored", trace.WithAttributes(attribute.Int("switchyard.candidates.count", sc.Count),
-		attribute.StringSlice("switchyard.candidates", sc.Candidates), attribute.Float64Slice("switchyard.totals", sc.Totals),
-		attribute.StringSlice("switchyard.scorers", sc.Scorers), attribute.Float64Slice("switchyard.scores", sc.Scores)))
+	sp.s.AddEvent("scheduled", trace.WithAttributes(attribute.Int("switchyard.pool_size", pool),
+		attribute.String("switchyard.filters", filters), attribute.Int("switchyard.candidates.count", count),
+		attribute.String("switchyard.scorers", scorers), attribute.String("switchyard.scores", best)))
 }
 
 // Picked records the destination: the primary and its fallbacks (comma
@@ -297,7 +287,7 @@ func (sp *Span) Picked(primary, fallbacks string) {
 	if sp == nil {
 		return
 	}
-	sp.s.SetAttributes(attribute.String(keyPicked, primary), attribute.String(keyFallbacks, fallbacks))
+	sp.attrs = append(sp.attrs, attribute.String(keyPicked, primary), attribute.String(keyFallbacks, fallbacks))
 }
 
 // Rejected records a local reply.
@@ -305,7 +295,7 @@ func (sp *Span) Rejected(code int, msg string) {
 	if sp == nil {
 		return
 	}
-	sp.s.SetAttributes(attribute.Int(keyStatus, code))
+	sp.attrs = append(sp.attrs, attribute.Int(keyStatus, code))
 	sp.s.SetStatus(codes.Error, msg)
 	sp.s.AddEvent("rejected", trace.WithAttributes(attribute.Int(keyStatus, code), attribute.String("switchyard.reason", msg)))
 }
@@ -316,7 +306,7 @@ func (sp *Span) Served(addr string) {
 	if sp == nil {
 		return
 	}
-	sp.s.SetAttributes(attribute.String(keyServed, addr))
+	sp.attrs = append(sp.attrs, attribute.String(keyServed, addr))
 }
 
 // Responded records the model server's response status.
@@ -324,7 +314,7 @@ func (sp *Span) Responded(code int) {
 	if sp == nil {
 		return
 	}
-	sp.s.SetAttributes(attribute.Int(keyStatus, code))
+	sp.attrs = append(sp.attrs, attribute.Int(keyStatus, code))
 	if code >= 500 {
 		sp.s.SetStatus(codes.Error, fmt.Sprintf("HTTP %d", code))
 	}
@@ -337,7 +327,8 @@ func (sp *Span) End(end time.Time, ttft time.Duration, outputTokens int) {
 		return
 	}
 	if ttft > 0 {
-		sp.s.SetAttributes(attribute.Float64(keyTTFTMS, float64(ttft.Microseconds())/1000), attribute.Int(keyOutputTokens, outputTokens))
+		sp.attrs = append(sp.attrs, attribute.Float64(keyTTFTMS, float64(ttft.Microseconds())/1000), attribute.Int(keyOutputTokens, outputTokens))
 	}
+	sp.s.SetAttributes(sp.attrs...)
 	sp.s.End(trace.WithTimestamp(end))
 }

@@ -40,9 +40,7 @@ func TestSpansReachCollector(t *testing.T) {
 	sp.Parsed("/v1/chat/completions", "req-1", "chat", "llama", "pool-a", "", 120, 480)
 	sp.Queued(0, "tenant-a")
 	sp.Admitted(12*time.Millisecond, "dispatched")
-	sp.Filtered(3, "not-draining=2 model=2")
-	sp.Scored(Scores{Count: 2, Candidates: []string{"10.0.0.1:8000", "10.0.0.2:8000"}, Totals: []float64{3, 1},
-		Scorers: []string{"queue*2"}, Scores: []float64{1, 0.5}})
+	sp.Scheduled(3, "not-draining=2 model=2", 2, "queue*2", "10.0.0.1:8000 total=2.000 queue=1.000; 10.0.0.2:8000 total=1.000 queue=0.500")
 	sp.Picked("10.0.0.1:8000", "10.0.0.2:8000")
 	sp.Served("10.0.0.2:8000")
 	sp.Responded(200)
@@ -68,10 +66,9 @@ func TestSpansReachCollector(t *testing.T) {
 		"served":       {got.Attr("switchyard.endpoint.served"), "10.0.0.2:8000"},
 		"status":       {got.Attr("http.response.status_code"), "200"},
 		"waited":       {got.Attr("switchyard.admission.waited_ms"), "12"},
-		"filter event": {got.EventAttr("filtered", "switchyard.filters"), "not-draining=2 model=2"},
-		"scorers":      {got.EventAttr("scored", "switchyard.scorers"), "queue*2"},
-		"queue score":  {got.EventAttr("scored", "switchyard.scores"), "1,0.5"},
-		"scored order": {got.EventAttr("scored", "switchyard.candidates"), "10.0.0.1:8000,10.0.0.2:8000"},
+		"filter event": {got.EventAttr("scheduled", "switchyard.filters"), "not-draining=2 model=2"},
+		"scorers":      {got.EventAttr("scheduled", "switchyard.scorers"), "queue*2"},
+		"scores":       {got.EventAttr("scheduled", "switchyard.scores"), "10.0.0.1:8000 total=2.000 queue=1.000; 10.0.0.2:8000 total=1.000 queue=0.500"},
 		"fallbacks":    {got.Attr("switchyard.endpoint.fallbacks"), "10.0.0.2:8000"},
 	}
 	for what, c := range checks {
