@@ -164,13 +164,25 @@ func spanScores(b sched.Breakdown) string {
 			buf = append(buf, "; "...)
 		}
 		buf = append(append(buf, b.Candidates[i].Address...), " total="...)
-		buf = strconv.AppendFloat(buf, b.Totals[i], 'f', 3, 64)
+		buf = appendFixed3(buf, b.Totals[i])
 		for j, ws := range b.Scorers {
 			buf = append(append(append(buf, ' '), ws.Scorer.Name()...), '=')
-			buf = strconv.AppendFloat(buf, b.Scores[j][i], 'f', 3, 64)
+			buf = appendFixed3(buf, b.Scores[j][i])
 		}
 	}
 	return string(buf)
+}
+
+// appendFixed3 appends v with 3 decimals (v >= 0; scores and totals),
+// without the general float formatter.
+func appendFixed3(buf []byte, v float64) []byte {
+	if !(v >= 0) || v > 1e12 {
+		return strconv.AppendFloat(buf, v, 'f', 3, 64)
+	}
+	n := int64(v*1000 + 0.5)
+	buf = strconv.AppendInt(buf, n/1000, 10)
+	f := n % 1000
+	return append(buf, '.', byte('0'+f/100), byte('0'+f/10%10), byte('0'+f%10))
 }
 
 // recordTables are a pool view's tables that its decision records

@@ -239,3 +239,11 @@ func TestTracedRequest(t *testing.T) {
 		t.Errorf("record trace IDs %q %q", r[1].TraceID, r[0].TraceID)
 	}
 }
+
+func TestAppendFixed3(t *testing.T) {
+	for v, want := range map[float64]string{0: "0.000", 1: "1.000", 0.5: "0.500", 4.6: "4.600", 0.0004: "0.000", 0.0005: "0.001", 12.3456: "12.346", -1: "-1.000"} {
+		if got := string(appendFixed3(nil, v)); got != want {
+			t.Errorf("%v: %q, want %q", v, got, want)
+		}
+	}
+}
