@@ -51,33 +51,33 @@ func (st *stream) noteRequest() {
 	o, s := &st.obs, st.s
 	o.start = time.Now()
 	if s.opts.Tracer != nil {
-		o.span = s.opts.Tracer.Start(st.ctx, st.traceHeader, o.start)
+		parent, state := st.traceContext()
+		o.span = s.opts.Tracer.Start(st.ctx, parent, state, o.start)
 	}
 	if s.opts.Decisions.Sample() {
 		o.rec = &decisions.Record{Time: o.start, RequestID: st.header("x-request-id"), TraceID: o.span.TraceID()}
 	}
 }
 
-// traceHeader returns a trace context header: from the ext_proc stream's
-// gRPC metadata (Envoy's span for the ext_proc call) when it has one,
-// else from the request.
-func (st *stream) traceHeader(name string) string {
-	if md, ok := metadata.FromIncomingContext(st.ctx); ok && len(md.Get("traceparent")) > 0 {
-		if v := md.Get(name); len(v) > 0 {
-			return v[0]
+// traceContext returns the request's W3C trace context (traceparent,
+// tracestate): from the ext_proc stream's gRPC metadata (Envoy's span for
+// the ext_proc call) when it has one, else from the request's headers.
+func (st *stream) traceContext() (string, string) {
+	if md, ok := metadata.FromIncomingContext(st.ctx); ok {
+		if p := md.Get("traceparent"); len(p) > 0 {
+			state := ""
+			if s := md.Get("tracestate"); len(s) > 0 {
+				state = s[0]
+			}
+			return p[0], state
 		}
-		return ""
 	}
-	return st.header(name)
+	return st.header("traceparent"), st.header("tracestate")
 }
 
-// tenant names the request's tenant ("" without Options.Tenant).
-func (st *stream) tenant() string {
-	if st.s.opts.Tenant == nil {
-		return ""
-	}
-	return st.s.opts.Tenant(st.header)
-}
+// tenant names the request's tenant for its span and record: the hook
+// the tenants feature fills; "" until then.
+func (st *stream) tenant() string { return "" }
 
 // notePick notes a decision: the parsed request and, when the scheduler
 // ran, its breakdown and the pick. code and msg are pick's answer.

@@ -68,7 +68,7 @@ func streamedExchange(t *testing.T, h *harness, md metadata.MD, model, served st
 // endpoint and the outcome measured from the response stream.
 func TestDecisionRecords(t *testing.T) {
 	rec := decisions.New(decisions.Options{})
-	h := newHarness(t, testState(), Options{Decisions: rec, Tenant: func(header func(string) string) string { return header("x-tenant") }})
+	h := newHarness(t, testState(), Options{Decisions: rec})
 	dest := streamedExchange(t, h, nil, "chat", "10.0.0.3:8000", 2*time.Millisecond)
 
 	var r *decisions.Record

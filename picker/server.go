@@ -74,11 +74,9 @@ type Options struct {
 	// StreamChunkBytes bounds each streamed body response (default 64 KiB).
 	StreamChunkBytes int
 	// Tracer traces requests (nil: none); Decisions records them (nil:
-	// none). Tenant names a request's tenant from its headers for both
-	// (nil: none).
+	// none).
 	Tracer    *tracing.Tracer
 	Decisions *decisions.Recorder
-	Tenant    func(header func(name string) string) string
 }
 
 func (o Options) withDefaults() Options {

@@ -153,24 +153,32 @@ func (t *Tracer) ForceFlush(ctx context.Context) error {
 	return t.tp.ForceFlush(ctx)
 }
 
-// headerCarrier reads trace context headers through a lookup function.
-type headerCarrier func(string) string
+// traceContext carries the two W3C trace context headers.
+type traceContext struct{ parent, state string }
 
-func (h headerCarrier) Get(k string) string { return h(k) }
-func (h headerCarrier) Set(string, string)  {}
-func (h headerCarrier) Keys() []string      { return []string{"traceparent", "tracestate"} }
+func (c *traceContext) Get(k string) string {
+	switch k {
+	case "traceparent":
+		return c.parent
+	case "tracestate":
+		return c.state
+	}
+	return ""
+}
+func (c *traceContext) Set(string, string) {}
+func (c *traceContext) Keys() []string     { return []string{"traceparent", "tracestate"} }
 
-// Start begins the span of one request at start, as a child of the trace
-// context header returns (traceparent/tracestate, e.g. from the ext_proc
+// Start begins the span of one request at start, as a child of the W3C
+// trace context traceparent and tracestate carry (e.g. from the ext_proc
 // stream's gRPC metadata, where Envoy puts its own span, or the request's
-// headers), or of a new trace. It returns nil when the request is not
-// sampled.
-func (t *Tracer) Start(ctx context.Context, header func(name string) string, start time.Time) *Span {
+// headers), or of a new trace when traceparent is empty. It returns nil
+// when the request is not sampled.
+func (t *Tracer) Start(ctx context.Context, traceparent, tracestate string, start time.Time) *Span {
 	if t == nil {
 		return nil
 	}
-	if header != nil {
-		ctx = t.prop.Extract(ctx, headerCarrier(header))
+	if traceparent != "" {
+		ctx = t.prop.Extract(ctx, &traceContext{parent: traceparent, state: tracestate})
 	}
 	if psc := trace.SpanContextFromContext(ctx); !psc.IsValid() && t.ratio <= 0 {
 		return nil
