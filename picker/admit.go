@@ -212,7 +212,10 @@ func (st *stream) queueWait(pv *poolView, send sendFunc) (admission.Ticket, erro
 		}
 	}
 	st.s.stats.queued.Add(1)
-	return q.Wait(st.ctx, st.waiting)
+	st.noteQueued()
+	tk, err := q.Wait(st.ctx, st.waiting)
+	st.noteAdmitted(err)
+	return tk, err
 }
 
 // rejectAdmission answers a request the queue turned away.

@@ -12,6 +12,7 @@ import (
 type objectiveCounters struct {
 	requests atomic.Int64
 	errors   [len(rejectCodes)]atomic.Int64 // by rejectIndex
+	latency  latencyHists                   // router-measured (latency.go)
 }
 
 // objKey names one model/target pair ("" target: no rewrite).
@@ -69,6 +70,9 @@ type ObjectiveStats struct {
 	Model, Target string // Target is the model itself when not rewritten
 	Requests      int64
 	Errors        map[int]int64 // local replies by HTTP status
+	// Latency is what the router measured of the pair's successful
+	// responses (nil: none yet).
+	Latency *Latency
 }
 
 // PoolStats describe one pool's scheduling state.
@@ -104,7 +108,7 @@ func (s *Server) Observe(now time.Time) Observability {
 	snap := s.snap.Load()
 	s.loads.mu.Lock()
 	for k, c := range s.loads.objectives {
-		os := ObjectiveStats{Model: k.model, Target: k.target, Requests: c.requests.Load(), Errors: map[int]int64{}}
+		os := ObjectiveStats{Model: k.model, Target: k.target, Requests: c.requests.Load(), Errors: map[int]int64{}, Latency: c.latency.snapshot()}
 		if os.Target == "" {
 			os.Target = os.Model
 		}

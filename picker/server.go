@@ -27,10 +27,12 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/switchyard/switchyard/picker/decisions"
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/picker/sched"
 	"github.com/switchyard/switchyard/picker/tenant"
+	"github.com/switchyard/switchyard/picker/tracing"
 	"github.com/switchyard/switchyard/registry"
 )
 
@@ -74,6 +76,10 @@ type Options struct {
 	StreamChunkBytes int
 	// Usage, if set, receives the usage of every request of a tenant.
 	Usage tenant.Recorder
+	// Tracer traces requests (nil: none); Decisions records them (nil:
+	// none).
+	Tracer    *tracing.Tracer
+	Decisions *decisions.Recorder
 }
 
 func (o Options) withDefaults() Options {
@@ -112,11 +118,14 @@ type Server struct {
 	// (OpenAI's field; clients do not rely on it).
 	started time.Time
 
-	snap    atomic.Pointer[snapshot]
-	loads   loads
-	scratch sync.Pool
-	stats   counters
-	warm    warmCache
+	snap  atomic.Pointer[snapshot]
+	loads loads
+	// epLatency holds each endpoint's router-measured latency
+	// (loadKey -> *latencyHists; see latency.go).
+	epLatency sync.Map
+	scratch   sync.Pool
+	stats     counters
+	warm      warmCache
 
 	active   atomic.Int64 // open ext_proc streams
 	draining atomic.Bool
@@ -317,6 +326,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	defer s.active.Add(-1)
 	ctx := srv.Context()
 	st := s.newStream(ctx)
+	defer st.finish()
 	defer st.release()
 	for {
 		req, err := srv.Recv()

@@ -46,6 +46,8 @@ type poolView struct {
 	admission registry.Admission
 	// upstreamKey is the API key sent to the pool's servers ("" none).
 	upstreamKey string
+	// tables are what decision records share (insight.go).
+	tables recordTables
 }
 
 // poolState is a pool's scheduling memory that survives rebuilds: the

@@ -91,6 +91,10 @@ type stream struct {
 	// Response side.
 	servedSeen bool
 	rw         *openai.ResponseRewriter
+
+	// obs is what the picker notes for traces, decision records and
+	// latency (insight.go, latency.go).
+	obs observation
 }
 
 func (s *Server) newStream(ctx context.Context) *stream {
@@ -139,10 +143,12 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest, send sendFunc) (bool,
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		return st.onRequestTrailers(send)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		st.obs.lat.headers(v.ResponseHeaders, time.Now())
 		st.recordServed(req)
 		return false, st.onResponseHeaders(v.ResponseHeaders, send)
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		st.s.stats.responseBodies.Add(1)
+		st.obs.lat.body(v.ResponseBody.GetBody(), v.ResponseBody.GetEndOfStream(), time.Now())
 		st.recordServed(req)
 		return false, st.onResponseBody(v.ResponseBody, send)
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
@@ -193,6 +199,7 @@ func isProtocolHeader(k string) bool {
 func (st *stream) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders, send sendFunc) (bool, error) {
 	st.readSubset(req)
 	st.headers = h.GetHeaders().GetHeaders()
+	st.noteRequest()
 	for _, hv := range st.headers {
 		k := hv.GetKey()
 		switch {
@@ -307,6 +314,7 @@ func (st *stream) reject(code int, msg string, send sendFunc) (bool, error) {
 // retry-after hint (when reason is set).
 func (st *stream) rejectWith(code int, msg string, send sendFunc, reason string, after time.Duration) (bool, error) {
 	st.decided = true
+	st.noteReject(code, msg)
 	i := rejectIndex(code)
 	st.s.stats.rejected[i].Add(1)
 	if st.obj != nil {
@@ -335,6 +343,7 @@ func (st *stream) decide(send sendFunc) (bool, error) {
 	t0 := time.Now()
 	code, msg, body, dest := st.pick()
 	st.s.stats.decision.observe(time.Since(t0))
+	st.noteDecisionTime(time.Since(t0))
 	if code == codeQueue {
 		// Saturated: wait in the pool's admission queue, then pick again
 		// with what the dispatcher saw free (the pool view may be newer).
@@ -345,7 +354,9 @@ func (st *stream) decide(send sendFunc) (bool, error) {
 			return st.rejectAdmission(err, send)
 		}
 		st.admitted = true
+		t1 := time.Now()
 		code, msg, body, dest = st.pick()
+		st.noteDecisionTime(time.Since(t1))
 		tk.Done()
 	}
 	if code != 0 {
@@ -486,9 +497,12 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	*sreq = sched.Request{
 		Model: st.clientModel, TargetModel: target,
 		Tokens: openai.EstimateTokens(body), Subset: st.subset, HasSubset: st.hasSubset, Body: body,
-		Now: time.Now(), Explain: s.debug,
+		Now: time.Now(), Explain: s.debug, Record: st.obs.detailed(),
 	}
 	defer func() { *sreq = sched.Request{} }() // drop references to this request's body
+	if sreq.Record {
+		defer func() { st.notePick(pv, target, sreq, sc, code, dest) }()
+	}
 	if mv != nil {
 		sreq.Priority = mv.model.Priority
 	}
@@ -639,6 +653,7 @@ func (st *stream) recordServed(req *extprocv3.ProcessingRequest) {
 	if l := v.GetListValue(); l != nil && len(l.GetValues()) > 0 {
 		addr = l.GetValues()[0].GetStringValue()
 	}
+	st.noteServed(addr)
 	if st.s.debug {
 		st.s.log.Debug("served endpoint reported", "served", addr, "pool", poolName(st.pool))
 	}

@@ -34,9 +34,10 @@ func (a *app) statusSources() *adminstatus.Sources {
 		View: a.view, Registry: a.manager, Picker: a.picker, XDS: a.xds, Consul: a.consul, Mesh: a.mesh,
 		TLS: a.tls, AllowedSANs: a.flags.tls.sans(),
 		Store: a.store, StorePath: a.flags.storePath, Warm: a.warm,
-		Draining: a.drain.Draining,
-		Usage:    a.usage,
-		Peers:    a.replicaStatus,
+		Draining:  a.drain.Draining,
+		Usage:     a.usage,
+		Peers:     a.replicaStatus,
+		Decisions: a.obs.decisions, History: a.history,
 	}
 }
 

@@ -59,6 +59,7 @@ type serveFlags struct {
 	logLevel         string
 	logFormat        string
 	tls              tlsFlags
+	obs              obsFlags
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
@@ -77,6 +78,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log `format`: text or json")
 	f.tls.register(fs)
+	f.obs.register(fs)
 }
 
 func serveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -179,6 +181,10 @@ type app struct {
 	adminAuth     adminauth.Options
 	// usage counts the tenants' usage (internal/usage).
 	usage *tenantusage.Ledger
+	// obs is tracing and decision records; history the status page's
+	// charts.
+	obs     *observability
+	history *adminstatus.History
 }
 
 // newApp builds every component. With -store, the state persisted by the
@@ -196,6 +202,11 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	if err := a.replicaSetup(cfg, advertise); err != nil {
 		return nil, err
 	}
+	obs, err := observabilityFrom(f.obs, cfg.Tracing, versionString(), a.replicaID)
+	if err != nil {
+		return nil, err
+	}
+	a.obs = obs
 	var (
 		initial *registry.State
 		snap    *store.Snapshot
@@ -234,7 +245,8 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	_ = a.manager.AddSource(hclfile.SourceName, a.files)
 	_ = a.manager.AddSource(consul.SourceName, a.consul)
 	a.usage = tenantusage.New(a.store, logger.With("component", "usage"))
-	a.picker = picker.New(a.pub, picker.Options{Usage: a.usage}, logger.With("component", "picker"))
+	a.picker = picker.New(a.pub, picker.Options{Usage: a.usage, Tracer: obs.tracer, Decisions: obs.decisions}, logger.With("component", "picker"))
+	a.history = adminstatus.NewHistory(a.picker, 0, 0)
 	// The picker's scrape results are the registry's health input: xDS
 	// and the discovery guard read endpoint health from published states.
 	_ = a.manager.AddSource(healthSourceName, a.picker.EndpointHealth())
@@ -252,7 +264,8 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 		a.states = persist.NewStateSaver(a.store, a.pub, a.consul.Indexes, storeLog)
 	}
 	a.xds = xds.NewServer(a.pub, xds.Options{
-		Translation: ir.Options{PickerAddr: advertise, PickerTLS: a.pickerTLS(), PickerMaxStreams: uint32(min(f.pickerMaxStreams, 1<<32-1))},
+		Translation: ir.Options{PickerAddr: advertise, PickerTLS: a.pickerTLS(), PickerMaxStreams: uint32(min(f.pickerMaxStreams, 1<<32-1)),
+			Tracing: obs.envoy},
 	}, logger)
 	// On shutdown, the picker's and ADS's gRPC health and /readyz report
 	// not ready (the Consul registration ends too: registerReplica).
@@ -362,6 +375,13 @@ func (a *app) components() []component {
 	}
 	if a.store != nil {
 		comps = append(comps, component{"persist", a.states.Run}, component{"persist-warm", a.warm.Run})
+	}
+	comps = append(comps, component{"status-history", a.history.Run})
+	if a.obs.tracer != nil {
+		comps = append(comps, component{"tracing", a.runTracing})
+	}
+	if a.obs.file != "" {
+		comps = append(comps, component{"decisions-file", a.runDecisionsFile})
 	}
 	return comps
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard/switchyard/internal/mtls"
+	"github.com/switchyard/switchyard/picker"
 	"github.com/switchyard/switchyard/picker/admission"
 )
 
@@ -72,6 +73,16 @@ var (
 	mTLSRejected    = desc("switchyard_tls_rejected_connections_total", "TLS handshakes refused, by server (xds, extproc) and reason (no_certificate, unknown_ca, expired, not_yet_valid, san_not_allowed, bad_certificate, not_tls, aborted, other).", "server", "reason")
 	mTLSExpiry      = desc("switchyard_tls_certificate_expiry_timestamp_seconds", "When the serving certificate expires (Unix time).")
 	mTLSReloads     = desc("switchyard_tls_certificate_reloads_total", "Serving certificate or client CA replacements since start (file rotation, Consul renewal).")
+	// Latency the router measures from the response stream (2xx responses).
+	mObjTTFT       = desc("inference_objective_request_ttft_seconds", "Time from the request reaching the picker to the first response body bytes, per declared model and target, as the router measures it.", "model_name", "target_model_name")
+	mObjTPOT       = desc("inference_objective_request_tpot_seconds", "Time per output token after the first, of streamed responses, per declared model and target, as the router measures it.", "model_name", "target_model_name")
+	mObjDuration   = desc("inference_objective_request_duration_seconds", "Time from the request reaching the picker to the end of its response, per declared model and target.", "model_name", "target_model_name")
+	mObjNTPOT      = desc("inference_objective_normalized_time_per_output_token_seconds", "Whole request time divided by its output tokens, per declared model and target.", "model_name", "target_model_name")
+	mEpTTFT        = desc("switchyard_endpoint_ttft_seconds", "Time to first token of the responses the endpoint served, as the router measures it.", "pool", "endpoint")
+	mEpTPOT        = desc("switchyard_endpoint_tpot_seconds", "Time per output token of the streamed responses the endpoint served, as the router measures it.", "pool", "endpoint")
+	mEpDuration    = desc("switchyard_endpoint_request_duration_seconds", "Whole request time of the responses the endpoint served, as the router measures it.", "pool", "endpoint")
+	mDecisionRecs  = desc("switchyard_decision_records_total", "Decision records made (sampled requests).")
+	mDecisionDrops = desc("switchyard_decision_records_file_dropped_total", "Decision records the JSON-lines file missed because its writer fell behind.")
 )
 
 var allDescs = []*prometheus.Desc{mBuild, mRegVersion, mConfigError, mPoolReady, mPoolQueue, mPoolKV, mPodQueue,
@@ -80,7 +91,8 @@ var allDescs = []*prometheus.Desc{mBuild, mRegVersion, mConfigError, mPoolReady,
 	mConsulUp, mConsulInst, mConsulLastSync, mObjRequests, mObjErrors, mObjRunning, mDecision,
 	mPrefixSize, mPrefixBytes, mPrefixPrompt, mPrefixMatched, mPoolSaturated, mGuardHeld, mGuardStarts,
 	mReplicas, mPeerSharing, mPeerDropped, mPeerLag, mPeerPicks, mTLSRejected, mTLSExpiry, mTLSReloads,
-	mFCSaturation, mFCQueueSize, mFCQueueBytes, mFCQueueWait, mAdmDispatched, mAdmRejected, mAdmCancelled}
+	mFCSaturation, mFCQueueSize, mFCQueueBytes, mFCQueueWait, mAdmDispatched, mAdmRejected, mAdmCancelled,
+	mObjTTFT, mObjTPOT, mObjDuration, mObjNTPOT, mEpTTFT, mEpTPOT, mEpDuration, mDecisionRecs, mDecisionDrops}
 
 // tlsZeroReasons are the rejection reasons exported as 0 before any
 // happens, so alerts on rate() see the counter from the start.
@@ -178,6 +190,30 @@ func collect(r *Report, now time.Time, ch chan<- prometheus.Metric) {
 	}
 	for m, n := range r.Running {
 		gauge(mObjRunning, float64(n), m)
+	}
+	hist := func(d *prometheus.Desc, h picker.Histogram, labels ...string) {
+		buckets := make(map[float64]uint64, len(h.Bounds))
+		for i, b := range h.Bounds {
+			buckets[b] = h.Cumulative[i]
+		}
+		ch <- prometheus.MustNewConstHistogram(d, h.Count, h.SumSeconds, buckets, labels...)
+	}
+	for _, o := range r.Objectives {
+		if l := o.Latency; l != nil {
+			hist(mObjTTFT, l.TTFT, o.Model, o.Target)
+			hist(mObjTPOT, l.TPOT, o.Model, o.Target)
+			hist(mObjDuration, l.Duration, o.Model, o.Target)
+			hist(mObjNTPOT, l.NTPOT, o.Model, o.Target)
+		}
+	}
+	for _, e := range r.EndpointLatency {
+		hist(mEpTTFT, e.TTFT, e.Pool, e.Address)
+		hist(mEpTPOT, e.TPOT, e.Pool, e.Address)
+		hist(mEpDuration, e.Duration, e.Pool, e.Address)
+	}
+	if d := r.Decisions; d != nil {
+		counter(mDecisionRecs, float64(d.Recorded))
+		counter(mDecisionDrops, float64(d.FileDropped))
 	}
 	if h := r.Decision; h != nil {
 		buckets := make(map[float64]uint64, len(h.Bounds))

@@ -1,6 +1,7 @@
 package status
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/switchyard/switchyard/internal/mtls"
@@ -8,6 +9,7 @@ import (
 	tenantusage "github.com/switchyard/switchyard/internal/usage"
 	"github.com/switchyard/switchyard/picker"
 	"github.com/switchyard/switchyard/picker/admission"
+	"github.com/switchyard/switchyard/picker/decisions"
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/registry"
@@ -51,6 +53,11 @@ type Sources struct {
 	Usage *tenantusage.Ledger
 	// Peers reads the other replicas' reports (nil: one switchyard).
 	Peers *Peers
+	// Decisions are the picker's decision records (/api/decisions), and
+	// History the samples behind the status page's charts
+	// (/api/history); nil without them.
+	Decisions *decisions.Recorder
+	History   *History
 }
 
 // Read returns the Report at now. It leaves out the picker's per-model
@@ -75,6 +82,8 @@ type inputs struct {
 	tenants                        []Tenant
 	peers                          map[string]PeerView
 	observed                       *picker.Observability // nil unless asked for
+	endpointLatency                []picker.EndpointLatency
+	decisions                      *decisions.Stats
 	xds                            xds.Stats
 	nodes                          []xds.NodeStatus
 	mesh                           peers.Stats
@@ -114,6 +123,11 @@ func (s *Sources) gather(now time.Time, observe bool) *inputs {
 	if observe {
 		obs := s.Picker.Observe(now)
 		in.observed = &obs
+		in.endpointLatency = s.Picker.EndpointLatency()
+	}
+	if s.Decisions != nil {
+		ds := s.Decisions.Stats()
+		in.decisions = &ds
 	}
 	if s.Mesh != nil {
 		in.mesh = s.Mesh.Stats()
@@ -180,11 +194,16 @@ func build(in *inputs) *Report {
 		ms := Model{Name: name, Pool: m.Pool, Priority: m.Priority}
 		for _, t := range m.Targets {
 			ms.Targets = append(ms.Targets, t.Name)
+			ms.TargetWeights = append(ms.TargetWeights, TargetWeight{Target: t.Name, Weight: t.Weight})
 		}
 		r.Models = append(r.Models, ms)
 	}
 	if obs := in.observed; obs != nil {
 		r.Objectives, r.Running, r.Decision = obs.Objectives, obs.Running, &obs.Decision
+		r.EndpointLatency = in.endpointLatency
+	}
+	if d := in.decisions; d != nil {
+		r.Decisions = &Decisions{Sample: d.Sample, Kept: d.Size, Recorded: d.Recorded, FileDropped: d.FileDropped}
 	}
 	for _, c := range in.consul {
 		r.Consul = append(r.Consul, ConsulSelector{Selector: c.Selector, Up: c.Up, Instances: c.Instances, LastSuccess: c.LastSuccess})
@@ -233,6 +252,9 @@ func pools(in *inputs) []Pool {
 			es.MaxLoras, es.RunningAdapters, es.WaitingAdapters = v.MaxLoras, v.RunningAdapters, v.WaitingAdapters
 			es.ScrapedAt = m.LastSuccess
 			es.Healthy = es.Healthy && !m.Failing
+		}
+		if !es.Healthy {
+			es.UnhealthyReason = unhealthyReason(e.Metrics, in.now)
 		}
 		byPool[e.Pool] = append(byPool[e.Pool], es)
 	}
@@ -348,4 +370,21 @@ func replicas(rs []registry.Replica, self string, mesh peers.Stats, nodes []xds.
 		out = append(out, rep)
 	}
 	return out
+}
+
+// unhealthyReason says why an endpoint is unhealthy, from its latest
+// scrape (m may be nil: never scraped).
+func unhealthyReason(m *metrics.Snapshot, now time.Time) string {
+	switch {
+	case m == nil:
+		return "no successful metrics scrape yet; withheld while others of its pool answer"
+	case m.Err != nil && m.LastSuccess.IsZero():
+		return fmt.Sprintf("metrics scrapes failing (%d in a row, none succeeded yet): %v", m.ConsecutiveFailures, m.Err)
+	case m.Err != nil:
+		return fmt.Sprintf("metrics scrapes failing (%d in a row, last success %s ago): %v", m.ConsecutiveFailures,
+			now.Sub(m.LastSuccess).Round(time.Second), m.Err)
+	case m.Failing:
+		return "metrics scrapes failing"
+	}
+	return "metrics scrapes failing; withheld while others of its pool answer"
 }

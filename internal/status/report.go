@@ -4,7 +4,8 @@
 // (status.html) renders that JSON, and the Prometheus collector behind
 // /metrics exports the same Report, so an endpoint's health or a pool's
 // load is computed once for all three. The package also serves the
-// liveness and readiness probes.
+// liveness and readiness probes, the picker's decision records
+// (/api/decisions) and a 15-minute history the page charts (/api/history).
 //
 // The JSON field names and metric names are a contract: the status page,
 // the end-to-end tests and the Grafana dashboard in examples/grafana read
@@ -56,10 +57,25 @@ type Report struct {
 	Consul []ConsulSelector `json:"-"`
 	// Objectives, Running and Decision are the picker's per-model counters
 	// and decision-latency histogram; nil unless the Report was read with
-	// them (see Sources.Read).
-	Objectives []picker.ObjectiveStats `json:"-"`
-	Running    map[string]int64        `json:"-"`
-	Decision   *picker.Histogram       `json:"-"`
+	// them (see Sources.Read). EndpointLatency is the latency the router
+	// measured per endpoint, read with them.
+	Objectives      []picker.ObjectiveStats  `json:"-"`
+	Running         map[string]int64         `json:"-"`
+	Decision        *picker.Histogram        `json:"-"`
+	EndpointLatency []picker.EndpointLatency `json:"-"`
+	// Decisions describes the decision records (nil without a recorder).
+	Decisions *Decisions `json:"decision_records,omitempty"`
+}
+
+// Decisions describes the picker's decision records (/api/decisions).
+type Decisions struct {
+	// Sample is the share of requests recorded; Kept how many records the
+	// ring holds; Recorded counts records since start, FileDropped those
+	// the JSON-lines file missed.
+	Sample      float64 `json:"sample"`
+	Kept        int     `json:"kept"`
+	Recorded    uint64  `json:"recorded"`
+	FileDropped uint64  `json:"file_dropped"`
 }
 
 // Pool is one pool of the registry state in force.
@@ -148,8 +164,10 @@ type Endpoint struct {
 	Picked           int64 `json:"picked"`
 	Served           int64 `json:"served"`
 	// Healthy is false while the endpoint's metrics scrapes fail (it is
-	// then withheld from Envoy if its pool has healthy endpoints).
-	Healthy bool `json:"healthy"`
+	// then withheld from Envoy if its pool has healthy endpoints), and
+	// UnhealthyReason then says why.
+	Healthy         bool   `json:"healthy"`
+	UnhealthyReason string `json:"unhealthy_reason,omitempty"`
 	// Scraped load; absent until the first successful scrape.
 	Waiting      *int     `json:"waiting,omitempty"`
 	Running      *int     `json:"running,omitempty"`
@@ -181,8 +199,16 @@ type Model struct {
 	Name     string `json:"name"`
 	Pool     string `json:"pool"`
 	Priority int    `json:"priority"`
-	// Targets are the models it is rewritten to, if any.
-	Targets []string `json:"targets,omitempty"`
+	// Targets are the models it is rewritten to, if any, and
+	// TargetWeights each one's weight (its share is weight / sum).
+	Targets       []string       `json:"targets,omitempty"`
+	TargetWeights []TargetWeight `json:"target_weights,omitempty"`
+}
+
+// TargetWeight is one rewrite target of a model and its weight.
+type TargetWeight struct {
+	Target string `json:"target"`
+	Weight int    `json:"weight"`
 }
 
 // Picker holds the picker's process-wide request counters.

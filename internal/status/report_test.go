@@ -15,6 +15,7 @@ import (
 	"github.com/switchyard/switchyard/internal/mtls"
 	"github.com/switchyard/switchyard/picker"
 	"github.com/switchyard/switchyard/picker/admission"
+	"github.com/switchyard/switchyard/picker/decisions"
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/registry"
@@ -75,6 +76,12 @@ func sample() *inputs {
 		},
 	}
 	hist := picker.Histogram{Bounds: []float64{0.0001, 0.001}, Cumulative: []uint64{80, 99}, Count: 100, SumSeconds: 0.02}
+	lat := picker.Latency{
+		TTFT:     picker.Histogram{Bounds: []float64{0.05, 0.1}, Cumulative: []uint64{30, 40}, Count: 40, SumSeconds: 2},
+		TPOT:     picker.Histogram{Bounds: []float64{0.01, 0.02}, Cumulative: []uint64{10, 20}, Count: 20, SumSeconds: 0.3},
+		Duration: picker.Histogram{Bounds: []float64{1, 2}, Cumulative: []uint64{35, 40}, Count: 40, SumSeconds: 45},
+		NTPOT:    picker.Histogram{Bounds: []float64{0.01, 0.02}, Cumulative: []uint64{25, 40}, Count: 40, SumSeconds: 0.5},
+	}
 	return &inputs{
 		now: t0, version: "v1.2.3", replicaID: "sy-1", pickerAddr: "10.0.1.1:9002",
 		state:     st,
@@ -97,11 +104,13 @@ func sample() *inputs {
 			}}},
 		observed: &picker.Observability{
 			Decision:   hist,
-			Objectives: []picker.ObjectiveStats{{Model: "chat", Target: "m", Requests: 9, Errors: map[int]int64{429: 1}}, {Model: "m", Target: "m", Requests: 80, Errors: map[int]int64{}}},
+			Objectives: []picker.ObjectiveStats{{Model: "chat", Target: "m", Requests: 9, Errors: map[int]int64{429: 1}}, {Model: "m", Target: "m", Requests: 80, Errors: map[int]int64{}, Latency: &lat}},
 			Running:    map[string]int64{"m": 2},
 			Pools: []picker.PoolStats{{Name: "llama", Saturated: true, SaturatedShare: 1, PrefixEntries: 12, PrefixBlocks: 10, PrefixBytes: 4096, PromptBlocks: 200, MatchedBlocks: 150},
 				{Name: "gone", PrefixEntries: 1}},
 		},
+		endpointLatency: []picker.EndpointLatency{{Pool: "llama", Address: "10.0.0.1:8000", Latency: lat}},
+		decisions:       &decisions.Stats{Recorded: 120, FileDropped: 3, Size: 1000, Sample: 0.5},
 		xds: xds.Stats{Version: "c1-e2-l3-r4", Versions: map[string]string{"Cluster": "c1", "ClusterLoadAssignment": "e2", "Listener": "l3", "RouteConfiguration": "r4"},
 			RegistryVersion: 7, Snapshots: 4, Failures: 1, LastError: "", ACKs: 8, NACKs: 1, Warnings: []string{"a warning"}},
 		nodes: []xds.NodeStatus{{ID: "envoy-1", Cluster: "edge", Streams: 1, FirstSeen: t0.Add(-time.Hour), LastSeen: t0,

@@ -65,6 +65,9 @@ type dialect struct {
 	loraInfo  []selector // vLLM only
 	blockSize []source
 	numBlocks []source
+	// ttft is the engine's own time-to-first-token histogram (shown next
+	// to what the router measures); none for the TensorRT-LLM engines.
+	ttft []selector
 }
 
 func builtinDialect(e registry.Engine) (dialect, bool) {
@@ -80,6 +83,7 @@ func builtinDialect(e registry.Engine) (dialect, bool) {
 			loraInfo:  []selector{{name: "vllm:lora_requests_info"}},
 			blockSize: []source{{sel: info, fromLabel: "block_size"}},
 			numBlocks: []source{{sel: info, fromLabel: "num_gpu_blocks"}},
+			ttft:      []selector{{name: "vllm:time_to_first_token_seconds"}},
 		}, true
 	case registry.EngineSGLang:
 		info := selector{name: "sglang:cache_config_info"}
@@ -89,6 +93,7 @@ func builtinDialect(e registry.Engine) (dialect, bool) {
 			kvUsage:   []selector{{name: "sglang:token_usage"}},
 			blockSize: []source{{sel: info, fromLabel: "page_size"}},
 			numBlocks: []source{{sel: info, fromLabel: "num_pages"}},
+			ttft:      []selector{{name: "sglang:time_to_first_token_seconds"}},
 		}, true
 	case registry.EngineTRTLLM:
 		return dialect{

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -35,6 +36,17 @@ type Values struct {
 	// Missing lists the required logical metrics (waiting, running,
 	// kv_usage) the page did not have; their fields are zero.
 	Missing []string
+	// TTFT is the engine's own time-to-first-token histogram, summed over
+	// its series (nil when the engine exports none).
+	TTFT *Histogram
+}
+
+// Histogram is a cumulative Prometheus histogram: Cumulative[i] counts
+// observations <= Bounds[i] (seconds); the +Inf bucket is Count.
+type Histogram struct {
+	Bounds     []float64
+	Cumulative []float64
+	Count      float64
 }
 
 // Parser turns one engine's metrics page into Values. It filters the page
@@ -46,6 +58,11 @@ type Parser struct {
 	wanted map[string]struct{}
 	tp     expfmt.TextParser
 	buf    bytes.Buffer
+	// The engine's TTFT histogram's sample names, and what this page had
+	// of it (bounds in page order, summed over series).
+	ttftBucket, ttftCount []byte
+	ttft                  Histogram
+	ttftSeen              bool
 }
 
 // NewParser returns a parser for engine ("" means vLLM) with per-pool
@@ -63,6 +80,11 @@ func NewParser(engine registry.Engine, overrides map[string]string) (*Parser, er
 	for _, n := range d.families() {
 		p.wanted[n] = struct{}{}
 	}
+	if len(d.ttft) > 0 {
+		// Read by readTTFTLine as the page is filtered: the text parser
+		// would cost more than every other family together.
+		p.ttftBucket, p.ttftCount = []byte(d.ttft[0].name+"_bucket"), []byte(d.ttft[0].name+"_count")
+	}
 	return p, nil
 }
 
@@ -70,6 +92,7 @@ func NewParser(engine registry.Engine, overrides map[string]string) (*Parser, er
 // a page lacking some metrics is not (see Values.Missing).
 func (p *Parser) Parse(page []byte) (Values, error) {
 	p.buf.Reset()
+	p.ttft.Bounds, p.ttft.Cumulative, p.ttft.Count, p.ttftSeen = p.ttft.Bounds[:0], p.ttft.Cumulative[:0], 0, false
 	p.filter(page)
 	fams, err := p.tp.TextToMetricFamilies(&p.buf)
 	if err != nil {
@@ -95,7 +118,67 @@ func (p *Parser) Parse(page []byte) (Values, error) {
 	v.BlockSize = readSource(fams, d.blockSize)
 	v.NumBlocks = readSource(fams, d.numBlocks)
 	readLora(fams, d.loraInfo, &v)
+	if p.ttftSeen && len(p.ttft.Bounds) > 0 {
+		v.TTFT = &Histogram{Bounds: slices.Clone(p.ttft.Bounds), Cumulative: slices.Clone(p.ttft.Cumulative), Count: p.ttft.Count}
+	}
 	return v, nil
+}
+
+// readTTFTLine reads one sample line of the engine's TTFT histogram into
+// p.ttft, summing series bucket by bucket; it reports whether the line
+// was one. Buckets are matched by their bound, in the order first seen.
+func (p *Parser) readTTFTLine(l []byte) bool {
+	if len(p.ttftBucket) == 0 || len(l) == 0 || l[0] == '#' {
+		return false
+	}
+	name := l[:nameEnd(l)]
+	isBucket, isCount := bytes.Equal(name, p.ttftBucket), bytes.Equal(name, p.ttftCount)
+	if !isBucket && !isCount {
+		// The _sum series is not needed; anything else is not ours.
+		return bytes.HasPrefix(name, p.ttftCount[:len(p.ttftCount)-len("count")]) && bytes.HasSuffix(name, []byte("_sum"))
+	}
+	end := bytes.LastIndexByte(l, '}')
+	rest := l
+	if end >= 0 {
+		rest = l[end+1:]
+	} else {
+		rest = l[bytes.IndexByte(l, ' ')+1:]
+	}
+	rest = bytes.TrimLeft(rest, " \t")
+	if k := bytes.IndexAny(rest, " \t\r\n"); k >= 0 {
+		rest = rest[:k]
+	}
+	val, err := strconv.ParseFloat(string(rest), 64)
+	if err != nil {
+		return true
+	}
+	p.ttftSeen = true
+	if isCount {
+		p.ttft.Count += val
+		return true
+	}
+	i := bytes.Index(l, []byte(`le="`))
+	if i < 0 {
+		return true
+	}
+	le := l[i+4:]
+	j := bytes.IndexByte(le, '"')
+	if j < 0 {
+		return true
+	}
+	bound, err := strconv.ParseFloat(string(le[:j]), 64)
+	if err != nil || math.IsInf(bound, 1) {
+		return true
+	}
+	for k, b := range p.ttft.Bounds {
+		if b == bound {
+			p.ttft.Cumulative[k] += val
+			return true
+		}
+	}
+	p.ttft.Bounds = append(p.ttft.Bounds, bound)
+	p.ttft.Cumulative = append(p.ttft.Cumulative, val)
+	return true
 }
 
 // filter copies into p.buf only the lines (samples, HELP and TYPE) of the
@@ -107,6 +190,9 @@ func (p *Parser) filter(page []byte) {
 			line, page = page[:i+1], page[i+1:]
 		} else {
 			page = nil
+		}
+		if p.readTTFTLine(skipBlank(line)) {
+			continue
 		}
 		if p.keep(line) {
 			p.buf.Write(line)

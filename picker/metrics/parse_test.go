@@ -75,12 +75,14 @@ func TestParseDialects(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			got.TTFT = nil // TestEngineTTFT
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Fatalf("got  %+v\nwant %+v", got, tc.want)
 			}
 			// A parser is reused across scrapes: a second parse of the same
 			// page gives the same answer.
 			again, err := p.Parse(fixture(t, tc.fixture))
+			again.TTFT = nil
 			if err != nil || !reflect.DeepEqual(again, tc.want) {
 				t.Fatalf("second parse: %+v, %v", again, err)
 			}
@@ -263,5 +265,35 @@ func TestParseRealVLLM032(t *testing.T) {
 		if len(v.RunningAdapters) != 0 || len(v.WaitingAdapters) != 0 {
 			t.Fatalf("adapters running %v waiting %v: an older series won", v.RunningAdapters, v.WaitingAdapters)
 		}
+	}
+}
+
+// The engine's own TTFT histogram is read (summed over its series), for
+// the status page to show beside the router's measurement.
+func TestEngineTTFT(t *testing.T) {
+	page, err := os.ReadFile("testdata/vllm.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewParser(registry.EngineVLLM, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := p.Parse(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := v.TTFT
+	if h == nil {
+		t.Fatal("no TTFT histogram")
+	}
+	if h.Count != 2279 || len(h.Bounds) != 16 || h.Bounds[0] != 0.001 || h.Cumulative[0] != 298 || h.Cumulative[15] != 2279 {
+		t.Fatalf("histogram %+v", h)
+	}
+	// Engines without one have none.
+	tp, _ := NewParser(registry.EngineTRTLLM, nil)
+	page2, _ := os.ReadFile("testdata/trtllm.txt")
+	if v, err := tp.Parse(page2); err != nil || v.TTFT != nil {
+		t.Fatalf("trtllm: %+v %v", v.TTFT, err)
 	}
 }

@@ -209,6 +209,12 @@ type Request struct {
 	// Explain asks Rank to record a per-scorer explanation of the top
 	// candidates in the Scratch (debug logging only: it allocates).
 	Explain bool
+	// Record asks Filter and Rank to keep the decision's breakdown in the
+	// Scratch (see Scratch.Breakdown): what each filter left and every
+	// scorer's score of every candidate. Once the Scratch has grown to the
+	// pool it allocates nothing; set it only for requests whose decision
+	// is traced or recorded.
+	Record bool
 
 	scratch *Scratch
 }
@@ -286,6 +292,8 @@ type Scratch struct {
 	names     []string
 	matchedOK bool
 	per       [][]float64
+	// What Record keeps (see Breakdown).
+	rec recorded
 }
 
 // PrefixMatch returns how many of the request's blocks the prefix scorer
@@ -318,12 +326,16 @@ func (p *Profile) Filter(req *Request, pool []*Endpoint, sc *Scratch) []*Endpoin
 	sc.cands = append(sc.cands[:0], pool...)
 	cands := sc.cands
 	sc.EmptiedBy = ""
+	sc.rec.reset(req.Record, len(cands))
 	for _, f := range p.Filters {
 		if len(cands) == 0 {
 			break
 		}
 		if cands = f.Filter(req, cands); len(cands) == 0 {
 			sc.EmptiedBy = f.Name()
+		}
+		if req.Record {
+			sc.rec.filters = append(sc.rec.filters, FilterCount{Name: f.Name(), Left: len(cands)})
 		}
 	}
 	return cands
@@ -356,8 +368,10 @@ func (p *Profile) Rank(req *Request, cands []*Endpoint, n int, sc *Scratch) []*E
 	sc.scores = grow(sc.scores, len(cands))
 	sc.tmp = grow(sc.tmp, len(cands))
 	clear(sc.scores)
-	if req.Explain {
+	keep := req.Explain || req.Record
+	if keep {
 		sc.per = sc.per[:0]
+		sc.rec.scorers = sc.rec.scorers[:0]
 	}
 	for _, ws := range p.Scorers {
 		if ws.Weight == 0 {
@@ -368,12 +382,18 @@ func (p *Profile) Rank(req *Request, cands []*Endpoint, n int, sc *Scratch) []*E
 		for i, s := range sc.tmp {
 			sc.scores[i] += ws.Weight * s
 		}
-		if req.Explain {
-			sc.per = append(sc.per, append([]float64(nil), sc.tmp...))
+		if keep {
+			sc.keepScores(ws)
 		}
 	}
 	if req.Explain {
 		sc.Explanation = p.explain(cands, sc)
+	}
+	if req.Record {
+		// The picker may reorder cands and scores: keep them as scored.
+		sc.rec.cands = append(sc.rec.cands[:0], cands...)
+		sc.rec.totals = append(sc.rec.totals[:0], sc.scores...)
+		sc.rec.ranked = true
 	}
 	sc.picked = p.Picker.Pick(cands, sc.scores, n, sc.picked[:0])
 	return sc.picked

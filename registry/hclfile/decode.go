@@ -31,6 +31,7 @@ var rootSchema = &hcl.BodySchema{
 		{Type: "tls"},
 		{Type: "tenant", LabelNames: []string{"name"}},
 		{Type: "tenants"},
+		{Type: "tracing"},
 	},
 }
 
@@ -265,6 +266,7 @@ type decoder struct {
 	// keyFiles are the files holding API keys or their hashes that the
 	// configuration names (watched besides the configuration itself).
 	keyFiles []string
+	tracing  *Tracing
 	// first declaration of each object, for "already defined at" details.
 	declared map[loc]hcl.Range
 	// per pool: canonical endpoint address -> where it was declared.
@@ -364,6 +366,8 @@ func (d *decoder) file(body hcl.Body) {
 			d.tenant(b)
 		case "tenants":
 			d.tenantsBlock(b)
+		case "tracing":
+			d.tracingBlock(b)
 		}
 	}
 }

@@ -7,9 +7,9 @@
 // # Schema
 //
 // Top level: any number of listener, pool, model and tenant blocks, and at
-// most one routing block, one consul block, one tls block and one tenants
-// block, spread over any number of files. Names must be unique across all
-// files.
+// most one routing block, one consul block, one tls block, one tenants
+// block and one tracing block, spread over any number of files. Names must
+// be unique across all files.
 //
 //	consul {                      # optional, at most one: how to reach the
 //	                              # Consul agent; each set attribute wins
@@ -45,6 +45,22 @@
 //	                              # state-changing admin requests
 //	  admin_tls        = false    # admin over HTTPS; a client certificate
 //	                              # of the CA also authorises changes
+//	}
+//
+//	tracing {                     # optional, at most one: OpenTelemetry
+//	                              # traces; read once at start; serve's
+//	                              # -tracing-* flags win over it
+//	  endpoint       = "127.0.0.1:4317" # required: OTLP/gRPC collector for
+//	                              # switchyard's spans (http:// plaintext,
+//	                              # the default, or https:// for TLS)
+//	  sample_ratio   = 1          # share of requests traced, 0 to 1
+//	                              # (default 1); a sampled traceparent wins
+//	  service_name   = "switchyard" # default
+//	  envoy          = true       # Envoy traces too (default true): it
+//	                              # starts the trace and passes it on
+//	  envoy_endpoint = "10.0.0.9:4317" # the collector as Envoy hosts reach
+//	                              # it (default: endpoint's host:port)
+//	  envoy_service_name = "envoy" # default
 //	}
 //
 //	listener "NAME" {

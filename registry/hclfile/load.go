@@ -43,6 +43,9 @@ type Config struct {
 	// KeyFiles are the files the configuration reads keys or key hashes
 	// from (api_key_file, upstream_api_key_file): Source watches them too.
 	KeyFiles []string
+	// Tracing is the top-level tracing block (nil when there is none),
+	// read once at start.
+	Tracing *Tracing
 }
 
 // Load reads the configuration at path: one HCL file, or every *.hcl file
@@ -158,6 +161,7 @@ func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
 	cfg.Consul = d.agent
 	cfg.TLS = d.tls
 	cfg.KeyFiles = d.keyFiles
+	cfg.Tracing = d.tracing
 	sortDiagnostics(d.diags)
 	return cfg, d.diags
 }
