@@ -27,7 +27,7 @@ pool "llama" {
     profile         = "default"
     picker          = "max-score"
     scrape_interval = "50ms"
-    queue_threshold = 1
+    queue_threshold = 2
     kv_threshold    = 0.8
     session_header  = "x-session-id"
     scorers         = { queue = 1, kv_cache = 1, prefix = 2 }

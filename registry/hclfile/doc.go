@@ -116,7 +116,7 @@
 //	                                  # least-queue | least-request
 //	    picker          = "max-score" # max-score | weighted-random
 //	    scrape_interval = "50ms"      # Go duration, at least 1ms
-//	    queue_threshold = 1           # whole number >= 0: queue length at
+//	    queue_threshold = 2           # whole number >= 0: queue length at
 //	                                  # which an endpoint counts as saturated
 //	                                  # (counting sends since the scrape)
 //	    kv_threshold    = 0.8         # 0..1: KV-cache use at which an
