@@ -422,16 +422,4 @@ func (s *Server) Stats() Stats {
 	return out
 }
 
-// InFlight sums in-flight requests over every endpoint (handy in tests and
-// status pages).
-func (s *Server) InFlight() (requests, tokens int64) {
-	for _, pv := range s.snap.Load().pools {
-		for _, e := range pv.eps {
-			requests += e.Load.InFlightRequests.Load()
-			tokens += e.Load.InFlightTokens.Load()
-		}
-	}
-	return requests, tokens
-}
-
 func randN(n int) int { return rand.IntN(n) }

@@ -112,9 +112,6 @@ func (m *Manager) AddSource(name string, s Source) error {
 	return nil
 }
 
-// View returns the view consumers read published states from.
-func (m *Manager) View() View { return m.pub }
-
 // Reload asks every source that implements Reloader to re-read its input
 // (SIGHUP).
 func (m *Manager) Reload() {

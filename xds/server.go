@@ -54,7 +54,6 @@ type Server struct {
 	mu       sync.Mutex
 	stats    Stats
 	last     translator.Resources
-	synced   chan struct{} // closed and replaced on every snapshot attempt
 	nodeKey  string
 	health   *health.Server
 	draining bool
@@ -103,7 +102,6 @@ func NewServer(view registry.View, opts Options, logger *slog.Logger) *Server {
 		view:    view,
 		opts:    opts,
 		log:     logger,
-		synced:  make(chan struct{}),
 		nodeKey: DefaultNodeKey,
 		health:  health.NewServer(),
 	}
@@ -182,14 +180,6 @@ func (s *Server) Stats() Stats {
 // Nodes returns every Envoy node seen since start, sorted by ID.
 func (s *Server) Nodes() []NodeStatus { return s.tracker.snapshot() }
 
-// Synced returns a channel closed after the next snapshot attempt, so
-// callers can wait for a registry change to be translated.
-func (s *Server) Synced() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.synced
-}
-
 // sync translates state and, if it differs from what is served, sets a new
 // snapshot. On any failure the previous snapshot stays in place.
 func (s *Server) sync(ctx context.Context, state *registry.State) {
@@ -206,8 +196,6 @@ func (s *Server) sync(ctx context.Context, state *registry.State) {
 	} else {
 		s.stats.LastError = ""
 	}
-	close(s.synced)
-	s.synced = make(chan struct{})
 }
 
 func (s *Server) trySync(ctx context.Context, state *registry.State) error {

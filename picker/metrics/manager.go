@@ -299,16 +299,6 @@ func (m *Manager) normalize(t Target) Target {
 	return t
 }
 
-// Get returns the latest Snapshot for k, or nil if k is not scraped or has
-// not been attempted yet. It takes no lock.
-func (m *Manager) Get(k Key) *Snapshot {
-	w := (*m.view.Load())[k]
-	if w == nil {
-		return nil
-	}
-	return w.h.Load()
-}
-
 // Handle is a stable reference to one endpoint's latest Snapshot, for hot
 // paths that resolve endpoints once (when their pool view is rebuilt) and
 // then read on every request with a single atomic load. It stays valid
@@ -327,22 +317,6 @@ func (m *Manager) Handle(k Key) *Handle {
 		return w.h
 	}
 	return nil
-}
-
-// All returns the latest Snapshot of every endpoint that has one, sorted by
-// pool then address.
-func (m *Manager) All() []*Snapshot {
-	view := *m.view.Load()
-	keys := slices.SortedFunc(maps.Keys(view), func(a, b Key) int {
-		return strings.Compare(a.name(), b.name())
-	})
-	out := make([]*Snapshot, 0, len(keys))
-	for _, k := range keys {
-		if s := view[k].h.Load(); s != nil {
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 // Stop ends every scrape and waits for the goroutines to exit.

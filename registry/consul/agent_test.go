@@ -154,7 +154,7 @@ func TestAgent(t *testing.T) {
 		}
 	})
 
-	v := m.View()
+	var v registry.View = pub
 	h1 := newModelServer(t)
 	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer wcancel()

@@ -116,13 +116,6 @@ func (s *Source) LastError() error {
 	return s.lastErr
 }
 
-// Loads returns how many loads have completed, good or bad.
-func (s *Source) Loads() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.loads
-}
-
 // Run implements registry.Source.
 func (s *Source) Run(ctx context.Context, up chan<- registry.Update) {
 	var events <-chan fsnotify.Event
