@@ -1,9 +1,10 @@
 package picker
 
 import (
+	"encoding/json"
 	"strconv"
 
-	"encoding/json"
+	"github.com/switchyard/switchyard/internal/contract"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -11,17 +12,17 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-// Wire names of the Endpoint Picker Protocol.
+// Wire names of the Endpoint Picker Protocol (defined in internal/contract).
 const (
-	HeaderDestination       = "x-gateway-destination-endpoint"
-	HeaderDestinationSubset = "x-gateway-destination-endpoint-subset"
-	HeaderDestinationServed = "x-gateway-destination-endpoint-served"
-	HeaderPool              = "x-switchyard-pool"
-	MetadataNamespace       = "envoy.lb"
-	SubsetNamespace         = "envoy.lb.subset_hint"
-	MetadataDestination     = "x-gateway-destination-endpoint"
-	MetadataServed          = "x-gateway-destination-endpoint-served"
-	MetadataSubset          = "x-gateway-destination-endpoint-subset"
+	HeaderDestination       = contract.DestinationHeader
+	HeaderDestinationSubset = contract.SubsetHeader
+	HeaderDestinationServed = contract.ServedHeader
+	HeaderPool              = contract.PoolHeader
+	MetadataNamespace       = contract.LBNamespace
+	SubsetNamespace         = contract.SubsetHintNamespace
+	MetadataDestination     = contract.DestinationKey
+	MetadataServed          = contract.ServedKey
+	MetadataSubset          = contract.SubsetKey
 )
 
 // rejectCodes indexes counters.rejected.

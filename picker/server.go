@@ -27,6 +27,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/switchyard/switchyard/internal/contract"
 	"github.com/switchyard/switchyard/picker/decisions"
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/peers"
@@ -40,7 +41,7 @@ import (
 const (
 	HealthLiveness  = "liveness"
 	HealthReadiness = "readiness"
-	HealthExtProc   = "envoy.service.ext_proc.v3.ExternalProcessor"
+	HealthExtProc   = contract.PickerHealthService
 )
 
 // Options tunes the picker. The zero value is usable.

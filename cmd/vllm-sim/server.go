@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/switchyard/switchyard/cmd/vllm-sim/sim"
+	"github.com/switchyard/switchyard/internal/contract"
 )
 
 // maxBody caps request bodies.
@@ -68,7 +69,7 @@ func (s *server) routes() http.Handler {
 		w.Header().Set("x-served-by", s.servedBy)
 		// Echo the picker's destination list, so tests can check that
 		// the server that answered is the one the picker chose.
-		if d := r.Header.Get("x-gateway-destination-endpoint"); d != "" {
+		if d := r.Header.Get(contract.DestinationHeader); d != "" {
 			w.Header().Set("x-destination-seen", d)
 		}
 		if time.Now().Before(s.readyAt) {

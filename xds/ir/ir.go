@@ -15,36 +15,37 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/switchyard/switchyard/internal/contract"
 	"github.com/switchyard/switchyard/registry"
 )
 
-// Well-known names shared with the picker (the wire contract in the team
-// brief). Changing any of them breaks the picker <-> Envoy contract.
+// Well-known names shared with the picker, defined once in
+// internal/contract.
 const (
 	// PoolHeader is the request header the picker sets to the chosen pool.
-	PoolHeader = "x-switchyard-pool"
+	PoolHeader = contract.PoolHeader
 	// LBNamespace is the dynamic metadata namespace override_host reads.
-	LBNamespace = "envoy.lb"
+	LBNamespace = contract.LBNamespace
 	// SubsetHintNamespace carries the subset hint to the picker.
-	SubsetHintNamespace = "envoy.lb.subset_hint"
+	SubsetHintNamespace = contract.SubsetHintNamespace
 	// DestinationKey is the metadata key holding the picked "ip:port" list.
-	DestinationKey = "x-gateway-destination-endpoint"
+	DestinationKey = contract.DestinationKey
 	// ServedKey is the metadata key Envoy fills with the host it served from.
-	ServedKey = "x-gateway-destination-endpoint-served"
+	ServedKey = contract.ServedKey
 	// PickerCluster is the Envoy cluster name of the picker's gRPC server.
-	PickerCluster = "switchyard/picker"
+	PickerCluster = contract.PickerCluster
 	// TracingCluster is the OTLP collector Envoy sends its spans to.
-	TracingCluster = "switchyard/otlp"
+	TracingCluster = contract.TracingCluster
 	// PickerHealthService is the gRPC health service Envoy checks on the
 	// picker; it turns SERVING once the picker has pool state.
-	PickerHealthService = "envoy.service.ext_proc.v3.ExternalProcessor"
+	PickerHealthService = contract.PickerHealthService
 	// ModelNamespace and ModelKey name the dynamic metadata Envoy fills
 	// itself, without the picker, with the request body's top-level
 	// "model" (the client's name, before any rewrite): routes for requests
 	// the picker did not process match on it, so a request reaches only
 	// its own model's pool when the picker is unavailable.
-	ModelNamespace = "switchyard"
-	ModelKey       = "model"
+	ModelNamespace = contract.ModelNamespace
+	ModelKey       = contract.ModelKey
 )
 
 // Sentinel errors returned (wrapped, joined) by Build and Validate.
