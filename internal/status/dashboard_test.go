@@ -11,12 +11,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard/switchyard/internal/testutil"
+	tenantusage "github.com/switchyard/switchyard/internal/usage"
 )
 
-// describedNames lists every metric family the collector can emit.
+// describedNames lists every metric family the collectors (the status
+// report's and the tenant usage ledger's) can emit.
 func describedNames() map[string]bool {
 	ch := make(chan *prometheus.Desc, 64)
-	go func() { collector{}.Describe(ch); close(ch) }()
+	go func() {
+		collector{}.Describe(ch)
+		new(tenantusage.Ledger).Collector().Describe(ch)
+		close(ch)
+	}()
 	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
 	names := map[string]bool{}
 	for d := range ch {
@@ -49,13 +55,15 @@ func TestGrafanaDashboardUsesExportedMetrics(t *testing.T) {
 		t.Fatalf("collector describes only %d metrics", len(names))
 	}
 	ident := regexp.MustCompile(`\b(switchyard|inference)_[a-z_]+\b`)
+	// Label names (in "by (...)" and "{...}") are not metric names.
+	labels := regexp.MustCompile(`\b(by|without) *\([^)]*\)|\{[^}]*\}`)
 	queried := 0
 	for _, p := range dash.Panels {
 		if len(p.Targets) == 0 {
 			t.Errorf("panel %q has no queries", p.Title)
 		}
 		for _, tg := range p.Targets {
-			for _, name := range ident.FindAllString(tg.Expr, -1) {
+			for _, name := range ident.FindAllString(labels.ReplaceAllString(tg.Expr, " "), -1) {
 				queried++
 				if base := strings.TrimSuffix(name, "_bucket"); base != name && names[base] {
 					name = base // a histogram's series
