@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,11 +23,20 @@ import (
 )
 
 // freeOffset finds a port offset at which every port of a demo with
-// maxReplicas replicas is free.
+// maxReplicas replicas is free. The demo's ports (8001-18004 plus the
+// offset) stay below the kernel's ephemeral range, as testutil.FreePort's
+// do: a port in that range can be taken by any outgoing connection on the
+// machine between this probe and the demo binding it.
 func freeOffset(t *testing.T) int {
 	t.Helper()
 	all := demoPorts(maxReplicas)
-	for off := 20000 + testutil.FreePort(t)%20000; off < 47000; off += 97 {
+	lo, hi := 10000-slices.Min(all), testutil.EphemeralStart()-slices.Max(all)
+	if hi <= lo {
+		t.Fatalf("no room for the demo's ports below the ephemeral range (%d)", testutil.EphemeralStart())
+	}
+	start := testutil.FreePort(t) % (hi - lo)
+	for i := 0; i < hi-lo; i += 97 {
+		off := lo + (start+i)%(hi-lo)
 		ok := true
 		for _, p := range all {
 			if portFree(p+off) != nil {

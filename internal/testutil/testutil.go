@@ -82,6 +82,13 @@ func portRange() (lo, hi int) {
 	return lo, hi
 }
 
+// EphemeralStart returns the first port of the kernel's ephemeral range
+// (32768 when it cannot be read): ports a test binds itself stay below it.
+func EphemeralStart() int {
+	_, hi := portRange()
+	return hi
+}
+
 // FreeAddr returns "127.0.0.1:<free port>".
 func FreeAddr(t testing.TB) string {
 	return fmt.Sprintf("127.0.0.1:%d", FreePort(t))
