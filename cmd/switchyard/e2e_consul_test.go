@@ -1048,8 +1048,13 @@ func TestE2EConsulAgentRestartKeepsPool(t *testing.T) {
 		p, _ := strconv.Atoi(port)
 		def := map[string]any{"service": map[string]any{
 			"id": fmt.Sprintf("sim-%d", i+1), "name": "vllm", "tags": []string{"llama-8b"}, "address": host, "port": p,
-			"meta":  map[string]string{"models": strings.Join(e2eModels, ","), "engine": "vllm"},
-			"check": map[string]any{"http": "http://" + s.Addr + "/health", "interval": "2s", "timeout": "300ms"},
+			"meta": map[string]string{"models": strings.Join(e2eModels, ","), "engine": "vllm"},
+			// A TTL check, so the test decides when each passes: after a
+			// restart every check is critical until it first passes, and
+			// HTTP checks (first run staggered at random within their
+			// interval) pass one by one, often before switchyard's first
+			// query, so the guard would be exercised only by chance.
+			"check": map[string]any{"ttl": "10m"},
 		}}
 		b, err := json.Marshal(def)
 		if err != nil {
@@ -1058,6 +1063,15 @@ func TestE2EConsulAgentRestartKeepsPool(t *testing.T) {
 		testutil.WriteFile(t, dir, fmt.Sprintf("sim-%d.json", i+1), string(b))
 	}
 	c := testutil.StartConsulArgs(t, "-config-dir", dir)
+	passAll := func() {
+		t.Helper()
+		for i := range sims {
+			if err := c.Client().Agent().UpdateTTL(fmt.Sprintf("service:sim-%d", i+1), "", "pass"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	passAll()
 	f, _ := newConsulFleet(t, c, consulPool)
 	testutil.Eventually(t, 30*time.Second, "every simulator is a member", func() error {
 		return members(f, "llama", sims[0].Addr, sims[1].Addr, sims[2].Addr)
@@ -1070,7 +1084,25 @@ func TestE2EConsulAgentRestartKeepsPool(t *testing.T) {
 	restart := time.Now()
 	c.Restart()
 	cl := c.Client()
-	// Until each check first passes, Consul lists the instances critical.
+	// Until each check first passes, Consul lists every instance critical
+	// at once: the discovery guard holds the pool, and load keeps flowing.
+	guardHeld := func(want string) func() error {
+		return func() error {
+			metrics, err := httpGetString("http://" + f.admin + "/metrics")
+			if err != nil {
+				return err
+			}
+			for _, l := range grepLines(metrics, `switchyard_discovery_guard_held_endpoints{pool="llama"}`) {
+				if strings.HasSuffix(l, " "+want) {
+					return nil
+				}
+			}
+			return fmt.Errorf("guard holds not %s endpoints: %q", want, grepLines(metrics, "discovery_guard"))
+		}
+	}
+	testutil.Eventually(t, 30*time.Second, "the guard holds all 3 endpoints while their checks are critical", guardHeld("3"))
+	l.waitFor(t, 100, time.Now(), 20*time.Second, "load while the guard holds")
+	passAll()
 	testutil.Eventually(t, 30*time.Second, "every re-registered check passes again", func() error {
 		entries, _, err := cl.Health().Service("vllm", "llama-8b", true, nil)
 		if err != nil {
@@ -1085,6 +1117,7 @@ func TestE2EConsulAgentRestartKeepsPool(t *testing.T) {
 	testutil.Eventually(t, settle, "every simulator is a member", func() error {
 		return members(f, "llama", sims[0].Addr, sims[1].Addr, sims[2].Addr)
 	})
+	testutil.Eventually(t, settle, "the guard lets go once the checks pass", guardHeld("0"))
 	l.waitFor(t, 200, passing, 20*time.Second, "load after the checks pass")
 	l.stopLoad()
 
