@@ -619,3 +619,44 @@ func TestEOSModelAndMinTokens(t *testing.T) {
 		t.Fatalf("min_tokens=20: %d tokens, finish %s", c.Usage.CompletionTokens, *c.Choices[0].FinishReason)
 	}
 }
+
+// A chat stream's first bytes (the role chunk) come with the first token,
+// as vLLM's do: not before the frontend latency and the prompt's prefill
+// step have passed (a lower bound, so a busy machine cannot break it).
+// The request's phases then show in vLLM's prefill, running and
+// computed-token histograms.
+func TestStreamStartsWithFirstToken(t *testing.T) {
+	s := startSim(t, "-time-scale", "1", "-frontend-latency", "50ms")
+	const promptTokens = 2000
+	// Frontend 50 ms + one step of 7 ms + 0.04 ms x 2,000 prompt tokens.
+	const minFirst = 50*time.Millisecond + 7*time.Millisecond + promptTokens*40*time.Microsecond
+	body, _ := json.Marshal(map[string]any{"model": baseModel, "max_tokens": 2, "stream": true,
+		"messages": []map[string]string{{"role": "user", "content": words("w", promptTokens)}}})
+	start := time.Now()
+	resp, err := http.Post(s.url("/v1/chat/completions"), "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 1)
+	if _, err := io.ReadFull(resp.Body, buf); err != nil {
+		t.Fatal(err)
+	}
+	if first := time.Since(start); first < minFirst {
+		t.Errorf("first body byte after %v, before the first token could exist (%v)", first, minFirst)
+	}
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	fams := s.metrics(t)
+	for _, name := range []string{"vllm:request_prefill_time_seconds", "vllm:request_inference_time_seconds"} {
+		h := fams[name].GetMetric()[0].GetHistogram()
+		if h.GetSampleCount() != 1 || h.GetSampleSum() < (7*time.Millisecond+promptTokens*40*time.Microsecond).Seconds() {
+			t.Errorf("%s: count %d sum %g; want one request that prefilled for at least one step", name, h.GetSampleCount(), h.GetSampleSum())
+		}
+	}
+	h := fams["vllm:request_prefill_kv_computed_tokens"].GetMetric()[0].GetHistogram()
+	if h.GetSampleCount() != 1 || h.GetSampleSum() < promptTokens {
+		t.Errorf("computed tokens: count %d sum %g; want one request of at least %d", h.GetSampleCount(), h.GetSampleSum(), promptTokens)
+	}
+}
