@@ -65,6 +65,9 @@ type dialect struct {
 	loraInfo  []selector // vLLM only
 	blockSize []source
 	numBlocks []source
+	// hists are histogram family names by HistKind, alternatives in
+	// order; their _sum and _count samples are read.
+	hists [NumHists][]string
 }
 
 func builtinDialect(e registry.Engine) (dialect, bool) {
@@ -80,6 +83,13 @@ func builtinDialect(e registry.Engine) (dialect, bool) {
 			loraInfo:  []selector{{name: "vllm:lora_requests_info"}},
 			blockSize: []source{{sel: info, fromLabel: "block_size"}},
 			numBlocks: []source{{sel: info, fromLabel: "num_gpu_blocks"}},
+			hists: [NumHists][]string{
+				HistTTFT:          {"vllm:time_to_first_token_seconds"},
+				HistQueue:         {"vllm:request_queue_time_seconds"},
+				HistPrefill:       {"vllm:request_prefill_time_seconds"},
+				HistInference:     {"vllm:request_inference_time_seconds"},
+				HistPrefillTokens: {"vllm:request_prefill_kv_computed_tokens"},
+			},
 		}, true
 	case registry.EngineSGLang:
 		info := selector{name: "sglang:cache_config_info"}
@@ -209,6 +219,12 @@ func (d dialect) families() []string {
 	for _, list := range [][]source{d.blockSize, d.numBlocks} {
 		for _, s := range list {
 			add(s.sel)
+		}
+	}
+	for _, names := range d.hists {
+		for _, n := range names {
+			add(selector{name: n + "_sum"})
+			add(selector{name: n + "_count"})
 		}
 	}
 	return out

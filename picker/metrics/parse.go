@@ -35,12 +35,45 @@ type Values struct {
 	// Missing lists the required logical metrics (waiting, running,
 	// kv_usage) the page did not have; their fields are zero.
 	Missing []string
+	// Hists are the cumulative sums and counts of the engine's latency
+	// histograms, by HistKind (vLLM's names; zero where the page lacks
+	// one). Successive pages give Perf.
+	Hists [NumHists]Hist
+}
+
+// HistKind names one latency histogram the parser reads.
+type HistKind int
+
+// The histograms read (vLLM 0.11+ names in brackets).
+const (
+	// HistTTFT: time to first token, from arrival at the server
+	// (vllm:time_to_first_token_seconds).
+	HistTTFT HistKind = iota
+	// HistQueue: time waiting for admission (vllm:request_queue_time_seconds).
+	HistQueue
+	// HistPrefill: time from admission to the first token
+	// (vllm:request_prefill_time_seconds).
+	HistPrefill
+	// HistInference: time running, prefill and decode
+	// (vllm:request_inference_time_seconds).
+	HistInference
+	// HistPrefillTokens: prompt tokens computed in prefill, cached ones
+	// excluded (vllm:request_prefill_kv_computed_tokens).
+	HistPrefillTokens
+	// NumHists counts the kinds.
+	NumHists
+)
+
+// Hist is a histogram's cumulative sum and count, summed over its series.
+type Hist struct {
+	Sum, Count float64
 }
 
 // Parser turns one engine's metrics page into Values. It filters the page
 // down to the few metric families it needs before handing them to the
-// Prometheus text parser, so histograms and other series cost one line
-// scan. A Parser is not safe for concurrent use; it reuses its buffers.
+// Prometheus text parser, so other series cost one line scan; of a
+// histogram it keeps the _sum and _count samples (as untyped series: its
+// TYPE line and buckets are dropped). A Parser is not safe for concurrent use; it reuses its buffers.
 type Parser struct {
 	d      dialect
 	wanted map[string]struct{}
@@ -91,6 +124,16 @@ func (p *Parser) Parse(page []byte) (Values, error) {
 		v.KVUsage = math.Max(0, math.Min(1, f))
 	} else {
 		v.Missing = append(v.Missing, LogicalKVUsage)
+	}
+	for k, names := range d.hists {
+		for _, n := range names {
+			sum, okS := pick(fams, []selector{{name: n + "_sum"}}, sumValues)
+			count, okC := pick(fams, []selector{{name: n + "_count"}}, sumValues)
+			if okS && okC {
+				v.Hists[k] = Hist{Sum: sum, Count: count}
+				break
+			}
+		}
 	}
 	v.BlockSize = readSource(fams, d.blockSize)
 	v.NumBlocks = readSource(fams, d.numBlocks)

@@ -36,16 +36,19 @@ func TestParseDialects(t *testing.T) {
 			desc: "vllm 0.11 page with histograms and lora history", engine: registry.EngineVLLM, fixture: "vllm.txt",
 			want: Values{Waiting: 3, Running: 7, KVUsage: 0.4213, BlockSize: 16, NumBlocks: 27904, MaxLoras: 4,
 				// The series with the largest timestamp value wins.
-				RunningAdapters: []string{"sql-lora", "chat-lora"}, WaitingAdapters: []string{"tone-lora"}},
+				RunningAdapters: []string{"sql-lora", "chat-lora"}, WaitingAdapters: []string{"tone-lora"},
+				// The 0.11 page has no inference-time or prefill-token
+				// histograms (later versions added them).
+				Hists: [NumHists]Hist{HistTTFT: {5779.2783, 2279}, HistQueue: {2771.42, 1500}, HistPrefill: {3485.92, 1704}}},
 		},
 		{
 			desc: "legacy vllm gpu_cache_usage_perc, two model_name series", engine: registry.EngineVLLM, fixture: "vllm_legacy.txt",
 			// Queue gauges are summed, KV usage is the max.
-			want: Values{Waiting: 7, Running: 6, KVUsage: 0.625, BlockSize: 32, NumBlocks: 8192},
+			want: Values{Waiting: 7, Running: 6, KVUsage: 0.625, BlockSize: 32, NumBlocks: 8192, Hists: [NumHists]Hist{HistTTFT: {0.93, 12}}},
 		},
 		{
 			desc: "empty engine means vllm", engine: "", fixture: "vllm_legacy.txt",
-			want: Values{Waiting: 7, Running: 6, KVUsage: 0.625, BlockSize: 32, NumBlocks: 8192},
+			want: Values{Waiting: 7, Running: 6, KVUsage: 0.625, BlockSize: 32, NumBlocks: 8192, Hists: [NumHists]Hist{HistTTFT: {0.93, 12}}},
 		},
 		{
 			desc: "sglang", engine: registry.EngineSGLang, fixture: "sglang.txt",
@@ -262,6 +265,15 @@ func TestParseRealVLLM032(t *testing.T) {
 		// The newest series is the idle one recorded after the request.
 		if len(v.RunningAdapters) != 0 || len(v.WaitingAdapters) != 0 {
 			t.Fatalf("adapters running %v waiting %v: an older series won", v.RunningAdapters, v.WaitingAdapters)
+		}
+		// Every latency histogram the TTFT prediction learns from is
+		// on a 0.32 page (values as recorded).
+		want := [NumHists]Hist{
+			HistTTFT: {0.0697789192199707, 5}, HistQueue: {9.153399878414348e-05, 5}, HistPrefill: {0.04569521099801932, 5},
+			HistInference: {0.10833344199818384, 5}, HistPrefillTokens: {54, 5},
+		}
+		if v.Hists != want {
+			t.Fatalf("histograms %+v, want %+v", v.Hists, want)
 		}
 	}
 }
