@@ -129,7 +129,7 @@ func (p *Pool) EffectiveGuard() Guard {
 // carries them.
 type Scheduling struct {
 	// Profile names a built-in profile ("default", "round-robin", "random",
-	// "least-queue", "least-request").
+	// "least-queue", "least-request", "predicted-ttft").
 	Profile string
 	// Scorers overrides scorer weights by scorer name.
 	Scorers map[string]float64
