@@ -120,6 +120,8 @@ type Server struct {
 
 	// mesh shares picks with the other replicas (nil: one switchyard).
 	mesh *peers.Mesh
+	// peerWork holds the prefill work of the other replicas' picks.
+	peerWork peerWork
 
 	// Metrics scraping: the manager exists while Run runs.
 	mgr *metrics.Manager
@@ -328,6 +330,11 @@ type EndpointStats struct {
 	Models []string
 	// Metrics is the latest scraped snapshot (nil if not scraped).
 	Metrics *metrics.Snapshot
+	// PrefillRequests and PrefillTokens are the requests in flight before
+	// their first token and their predicted prefill work (profiles that
+	// predict TTFT); TTFT is the endpoint's learned TTFT model.
+	PrefillRequests, PrefillTokens int64
+	TTFT                           sched.TTFTModel
 }
 
 // Stats is a point-in-time view for status pages and metrics.
@@ -365,9 +372,12 @@ func (s *Server) Stats() Stats {
 			out.Rejected[code] = n
 		}
 	}
+	now := time.Now()
 	for _, pv := range snap.pools {
 		for _, e := range pv.eps {
 			out.Endpoints = append(out.Endpoints, EndpointStats{
+				PrefillRequests: e.Load.PrefillRequests.Load(), PrefillTokens: e.Load.PrefillTokens.Load(),
+				TTFT: e.TTFTModel(now),
 				Pool: e.Pool, Address: e.Address, Draining: e.Draining,
 				InFlightRequests: e.Load.InFlightRequests.Load(),
 				InFlightTokens:   e.Load.InFlightTokens.Load(),

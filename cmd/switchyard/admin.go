@@ -187,6 +187,24 @@ type endpointStatus struct {
 	// Absent while unknown: the endpoint then gets every model of its pool.
 	Models     []string `json:"models,omitempty"`
 	ModelsFrom string   `json:"models_from,omitempty"`
+	// TTFT is the learned time-to-first-token model, for pools on the
+	// predicted-ttft profile once a first token has been observed.
+	TTFT *ttftStatus `json:"ttft,omitempty"`
+}
+
+// ttftStatus is an endpoint's learned TTFT model (milliseconds): the fixed
+// part and the prefill per 1,000 uncached prompt tokens, the observations
+// behind them, the prefill work in flight, and how far predictions were
+// from what was observed.
+type ttftStatus struct {
+	BaseMS            float64 `json:"base_ms"`
+	PrefillPer1kMS    float64 `json:"prefill_per_1k_tokens_ms"`
+	Observations      float64 `json:"observations"`
+	PrefillRequests   int64   `json:"prefill_requests"`
+	PrefillTokens     int64   `json:"prefill_tokens"`
+	Compared          int64   `json:"compared"`
+	MeanErrorMS       float64 `json:"mean_error_ms"`
+	MeanAbsoluteError float64 `json:"mean_absolute_error_ms"`
 }
 
 type modelStatus struct {
@@ -282,6 +300,12 @@ func (a *app) status() statusDoc {
 			es.BlockSize, es.NumBlocks = v.BlockSize, v.NumBlocks
 			es.MaxLoras, es.RunningAdapters, es.WaitingAdapters = v.MaxLoras, v.RunningAdapters, v.WaitingAdapters
 			es.Healthy = es.Healthy && !m.Failing
+		}
+		if m := e.TTFT; m.Compared > 0 || e.PrefillRequests > 0 {
+			ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+			es.TTFT = &ttftStatus{BaseMS: ms(m.Base), PrefillPer1kMS: ms(m.PerToken), Observations: m.Observed,
+				PrefillRequests: e.PrefillRequests, PrefillTokens: e.PrefillTokens,
+				Compared: m.Compared, MeanErrorMS: ms(m.MeanError), MeanAbsoluteError: ms(m.MeanAbs)}
 		}
 		byPool[e.Pool] = append(byPool[e.Pool], es)
 	}
