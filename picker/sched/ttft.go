@@ -59,8 +59,9 @@ type Prediction struct {
 	// Wait is the time before the request's own prefill: the prefill work
 	// already queued ahead of it (Queued: what is left of it now, as
 	// Ahead tokens), or waiting for a slot when the endpoint runs at its
-	// limit (SlotWait), whichever is longer (prefill ahead runs while a
-	// request waits for a slot).
+	// limit or for KV blocks when its cache cannot take the prompt
+	// (SlotWait), whichever is longer (prefill ahead runs while a request
+	// waits for a slot).
 	Wait     time.Duration
 	Queued   time.Duration
 	SlotWait time.Duration
@@ -335,7 +336,7 @@ func predict(req *Request, e *Endpoint, matched int, lora loraNeed) Prediction {
 	p.Queued = e.Load.queuedPrefill(req.Now)
 	p.Ahead = int64(p.Queued.Seconds() / per)
 	hold := holdTime(s, st)
-	slot := slotWait(e, s, hold)
+	slot := max(slotWait(e, s, hold), kvWait(e, s, hold, p.Uncached))
 	if st != nil && st.slotN > 0 {
 		slot *= st.slotScale
 	}
@@ -440,6 +441,27 @@ func (l *Load) queuedPrefill(now time.Time) time.Duration {
 		return 0
 	}
 	return max(time.Duration(l.prefillUntil.Load()-now.UnixNano()), 0)
+}
+
+// kvWait predicts how long a request of uncached prompt tokens waits for
+// KV blocks on e: the blocks it and the prefill work already counted there
+// need beyond the free ones (as of the scrape) come free as running
+// requests end, a share hold/used of a hold time per block. A server that
+// does not report its block count is never predicted to wait for blocks.
+// Tokens are the picker's estimate (4 characters a token; prompts of
+// English text run a little under that), so the demand errs large.
+func kvWait(e *Endpoint, s *metrics.Snapshot, hold float64, uncached int64) float64 {
+	if s == nil || s.NumBlocks <= 0 || s.BlockSize <= 0 {
+		return 0
+	}
+	total := float64(s.NumBlocks)
+	used := s.KVUsage * total
+	free := total - used
+	need := float64(uncached+max(e.Load.PrefillTokens.Load(), 0)) / float64(s.BlockSize)
+	if need <= free || used < 1 {
+		return 0
+	}
+	return min(need-free, used) * hold / used
 }
 
 // loraNeed says what a request's adapter needs on an endpoint.

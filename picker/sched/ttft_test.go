@@ -80,6 +80,17 @@ func TestPredictFromScrapedPerf(t *testing.T) {
 	kvFull := perfEp("kv", metrics.Values{Running: 3, Waiting: 1, KVUsage: 0.99}, perf)
 	near(t, "slot wait with the KV cache full", predict(req, kvFull, 0, loraNone).SlotWait, 2*time.Second*2/3, time.Microsecond)
 
+	// A prompt that does not fit in the free KV blocks waits for running
+	// requests to free them: 2,000 tokens are 125 blocks of 16, 62.5 more
+	// than the free 62.5 of 1,000; the 937.5 used ones come free over a
+	// 2 s hold, so 62.5 of them in 2 s / 15.
+	kv := perfEp("kv-room", metrics.Values{Running: 2, KVUsage: 0.9375, NumBlocks: 1000, BlockSize: 16}, perf)
+	near(t, "KV wait", predict(&Request{Tokens: 2000, BlockTokens: 16, Now: now}, kv, 0, loraNone).SlotWait,
+		2*time.Second/15, time.Microsecond)
+	if p := predict(&Request{Tokens: 800, BlockTokens: 16, Now: now}, kv, 0, loraNone); p.SlotWait != 0 {
+		t.Errorf("a prompt that fits waits %v", p.SlotWait)
+	}
+
 	// An adapter to load, or a slot to wait for.
 	if p := predict(req, idle, 0, loraLoad); p.LoRA != DefaultLoRALoad {
 		t.Errorf("adapter load %v, want the cold-start %v", p.LoRA, DefaultLoRALoad)
