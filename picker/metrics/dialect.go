@@ -2,7 +2,8 @@
 // engine's Prometheus dialect (vLLM, SGLang, trtllm-serve, Triton
 // TensorRT-LLM), parses one /metrics page into an immutable Snapshot, and
 // runs a Manager that scrapes every endpoint on its own interval and
-// publishes the latest Snapshot per endpoint for lock-free reads.
+// publishes the latest Snapshot per endpoint for lock-free reads, with
+// the endpoint's speed (Perf) as successive pages tell it.
 //
 // The package knows nothing about scheduling; scorers read Snapshots.
 package metrics

@@ -87,9 +87,9 @@
 //
 //	  scheduling {                # optional, at most one; every attribute
 //	                              # optional, unset means the picker default
-//	    profile         = "default"   # default | round-robin | random |
-//	                                  # least-queue | least-request |
-//	                                  # predicted-ttft
+//	    profile         = "default"   # default (= weighted) | weighted |
+//	                                  # predicted-ttft | round-robin |
+//	                                  # random | least-queue | least-request
 //	    picker          = "max-score" # max-score | weighted-random
 //	    scrape_interval = "50ms"      # Go duration, at least 1ms
 //	    queue_threshold = 5           # whole number >= 0: queue length at
