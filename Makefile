@@ -115,6 +115,8 @@ compose-certs:
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 30s ./picker/
+	$(GO) test -run '^$$' -fuzz FuzzCredentials -fuzztime 30s ./picker/tenant/
+	$(GO) test -run '^$$' -fuzz FuzzUsageTap -fuzztime 30s ./picker/openai/
 
 tools: envoy consul chromium
 

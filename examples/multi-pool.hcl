@@ -27,10 +27,22 @@ pool "llama" {
     profile         = "default"
     picker          = "max-score"
     scrape_interval = "50ms"
-    queue_threshold = 5
+    queue_threshold = 1
     kv_threshold    = 0.8
     session_header  = "x-session-id"
     scorers         = { queue = 1, kv_cache = 1, prefix = 2 }
+  }
+
+  # When every server would queue a request, it waits in switchyard
+  # instead: interactive traffic (x-priority: 1, set by the frontend
+  # proxy) first, then fairly between the teams named by x-team.
+  admission {
+    ttl             = "20s"
+    fairness        = "tokens"
+    flow_header     = "x-team"
+    priority_header = "x-priority"
+    priority_min    = 0
+    priority_max    = 1
   }
 }
 

@@ -19,8 +19,10 @@ import (
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
+	"github.com/switchyard/switchyard/internal/apikey"
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/sched"
+	"github.com/switchyard/switchyard/picker/tenant"
 	"github.com/switchyard/switchyard/registry"
 )
 
@@ -48,15 +50,28 @@ func BenchmarkHandleRequest(b *testing.B) {
 		name   string
 		model  string
 		prompt int
+		// tenant: a tenant with every budget authenticates the request,
+		// which is admitted, settled and recorded.
+		tenant bool
 	}{
-		{"4KiB", "llama", 4 << 10},
-		{"200KiB", "llama", 200 << 10},
-		{"4KiB-rewrite", "alias", 4 << 10},
+		{"4KiB", "llama", 4 << 10, false},
+		{"200KiB", "llama", 200 << 10, false},
+		{"4KiB-rewrite", "alias", 4 << 10, false},
+		{"4KiB-tenant", "llama", 4 << 10, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			srv := New(registry.NewPublisher(benchState(100)), Options{}, nil)
+			st := benchState(100)
+			extra := []string{"x-request-id", "abc"}
+			opts := Options{}
+			if tc.tenant {
+				st.Tenants = map[string]*registry.Tenant{"t": {Name: "t", KeyHashes: []string{apikey.Hash("bench-key")},
+					Limits: registry.Limits{RequestsPerMinute: 1 << 40, TokensPerMinute: 1 << 50, TokensPerDay: 1 << 50}}}
+				extra = append(extra, "authorization", "Bearer bench-key")
+				opts.Usage = discardUsage{}
+			}
+			srv := New(registry.NewPublisher(st), opts, nil)
 			body := []byte(fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"stream":false}`, tc.model, strings.Repeat("a", tc.prompt)))
-			hdr := postHeaders("/v1/chat/completions", "content-length", fmt.Sprint(len(body)), "x-request-id", "abc")
+			hdr := postHeaders("/v1/chat/completions", append([]string{"content-length", fmt.Sprint(len(body))}, extra...)...)
 			hdr.ProtocolConfig = &extprocv3.ProtocolConfiguration{
 				RequestBodyMode:  extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
 				ResponseBodyMode: extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
@@ -66,16 +81,20 @@ func BenchmarkHandleRequest(b *testing.B) {
 				end := min(off+64<<10, len(body))
 				msgs = append(msgs, reqBody(body[off:end], end == len(body)))
 			}
+			resp := `{"id":"x","model":"llama","choices":[]}`
+			if tc.tenant {
+				resp = `{"id":"x","model":"llama","choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":10}}`
+			}
 			msgs = append(msgs,
 				respHeaders(false, ":status", "200", "content-type", "application/json"),
-				respBody([]byte(`{"id":"x","model":"llama","choices":[]}`), true))
+				respBody([]byte(resp), true))
 			sent := 0
 			send := func(*extprocv3.ProcessingResponse) error { sent++; return nil }
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				st := srv.newStream()
+				st := srv.newStream(context.Background())
 				for _, m := range msgs {
 					if _, err := st.handle(m, send); err != nil {
 						b.Fatal(err)
@@ -165,9 +184,15 @@ func benchDecision(b *testing.B, profile string) {
 			LastSuccess: far, MaxAge: 2 * time.Hour}}
 	}})
 	srv.snap.Store(snap)
+	// An admission queue, idle as in an unsaturated pool: its check is
+	// part of every decision.
+	ctx, cancel := context.WithCancel(context.Background())
+	srv.runCtx = ctx
+	srv.syncQueues(benchState(100), snap, nil)
+	b.Cleanup(func() { cancel(); srv.queues.Wait() })
 	bodies := benchBodies()
 	decide := func(body []byte) {
-		st := srv.newStream()
+		st := srv.newStream(context.Background())
 		st.path, st.method, st.body = []byte("/v1/chat/completions"), []byte("POST"), body
 		if code, msg, _, _ := st.pick(); code != 0 {
 			b.Fatalf("%d %s", code, msg)
@@ -277,7 +302,7 @@ func BenchmarkScheduleDecisionBusy(b *testing.B) {
 		headers[i] = []*corev3.HeaderValue{{Key: busySessionHeader, RawValue: []byte(fmt.Sprintf("session-%d", i*7919%busySessions))}}
 	}
 	decide := func(i int) {
-		st := srv.newStream()
+		st := srv.newStream(context.Background())
 		st.path, st.method, st.body, st.headers = []byte("/v1/chat/completions"), []byte("POST"), bodies[i], headers[i]
 		if code, msg, _, _ := st.pick(); code != 0 {
 			b.Fatalf("%d %s", code, msg)
@@ -424,3 +449,8 @@ func fillMemory(pv *poolView, now time.Time) {
 		pv.state.sessions.Put(fmt.Sprintf("session-%d", i), pv.eps[i%len(pv.eps)].Address, now)
 	}
 }
+
+// discardUsage is a tenant.Recorder that drops what it is given.
+type discardUsage struct{}
+
+func (discardUsage) Record(tenant.Usage) {}

@@ -42,6 +42,11 @@ func (st *stream) answerModels() *extprocv3.ProcessingResponse {
 	}
 	created := st.s.started.Unix()
 	ids := st.s.snap.Load().modelIDs()
+	if tr := st.ten; tr != nil {
+		// A tenant sees the models it may use; listing is not accounted.
+		tr.skip = true
+		ids = slices.DeleteFunc(ids, func(id string) bool { return !tr.t.Allows(id) })
+	}
 	if path == modelsPath || path == modelsPath+"/" {
 		l := modelList{Object: "list", Data: make([]modelObject, 0, len(ids))}
 		for _, id := range ids {

@@ -4,8 +4,6 @@ import (
 	"sort"
 	"sync/atomic"
 	"time"
-
-	"github.com/switchyard/switchyard/picker/sched"
 )
 
 // objectiveCounters count one model/target pair's requests. They live in
@@ -14,6 +12,7 @@ import (
 type objectiveCounters struct {
 	requests atomic.Int64
 	errors   [len(rejectCodes)]atomic.Int64 // by rejectIndex
+	latency  latencyHists                   // router-measured (latency.go)
 }
 
 // objKey names one model/target pair ("" target: no rewrite).
@@ -71,6 +70,9 @@ type ObjectiveStats struct {
 	Model, Target string // Target is the model itself when not rewritten
 	Requests      int64
 	Errors        map[int]int64 // local replies by HTTP status
+	// Latency is what the router measured of the pair's successful
+	// responses (nil: none yet).
+	Latency *Latency
 }
 
 // PoolStats describe one pool's scheduling state.
@@ -79,6 +81,9 @@ type PoolStats struct {
 	// Saturated: every eligible endpoint is over the queue or KV threshold
 	// (sheddable requests get 429).
 	Saturated bool
+	// SaturatedShare is the share (0..1) of the pool's ready endpoints
+	// that are saturated on their own (no ready endpoint: 1).
+	SaturatedShare float64
 	// Prefix index size and the blocks of routed prompts the chosen
 	// endpoint was believed to hold (MatchedBlocks / PromptBlocks is the
 	// index's hit ratio).
@@ -103,7 +108,7 @@ func (s *Server) Observe(now time.Time) Observability {
 	snap := s.snap.Load()
 	s.loads.mu.Lock()
 	for k, c := range s.loads.objectives {
-		os := ObjectiveStats{Model: k.model, Target: k.target, Requests: c.requests.Load(), Errors: map[int]int64{}}
+		os := ObjectiveStats{Model: k.model, Target: k.target, Requests: c.requests.Load(), Errors: map[int]int64{}, Latency: c.latency.snapshot()}
 		if os.Target == "" {
 			os.Target = os.Model
 		}
@@ -127,10 +132,26 @@ func (s *Server) Observe(now time.Time) Observability {
 		st := pv.state.index.Stats()
 		ps.PrefixEntries, ps.PrefixBlocks, ps.PrefixBytes = st.Entries, st.Blocks, st.Bytes
 		ps.Saturated = s.saturated(pv, now)
+		ps.SaturatedShare = s.saturatedShare(pv, now)
 		out.Pools = append(out.Pools, ps)
 	}
 	sort.Slice(out.Pools, func(i, j int) bool { return out.Pools[i].Name < out.Pools[j].Name })
 	return out
+}
+
+// saturatedShare is the share of pv's ready endpoints that the pool's
+// saturation rule judges saturated one by one.
+func (s *Server) saturatedShare(pv *poolView, now time.Time) float64 {
+	if len(pv.ready) == 0 {
+		return 1
+	}
+	n := 0
+	for i := range pv.ready {
+		if s.saturatedAmong(pv, pv.ready[i:i+1], now) {
+			n++
+		}
+	}
+	return float64(n) / float64(len(pv.ready))
 }
 
 // Saturated reports, per pool, whether the pool is saturated at now (see
@@ -147,13 +168,5 @@ func (s *Server) Saturated(now time.Time) map[string]bool {
 // saturated applies the pool's saturation rule (and Options.Saturation)
 // to its endpoints that are not draining.
 func (s *Server) saturated(pv *poolView, now time.Time) bool {
-	eligible := make([]*sched.Endpoint, 0, len(pv.eps))
-	for _, e := range pv.eps {
-		if !e.Draining {
-			eligible = append(eligible, e)
-		}
-	}
-	req := sched.Request{Now: now}
-	return pv.profile.Saturated(&req, eligible) ||
-		(s.opts.Saturation != nil && s.opts.Saturation.Saturated(now, eligible))
+	return s.saturatedAmong(pv, pv.ready, now)
 }

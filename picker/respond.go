@@ -25,7 +25,7 @@ const (
 )
 
 // rejectCodes indexes counters.rejected.
-var rejectCodes = [...]int{400, 404, 413, 429, 503, 500}
+var rejectCodes = [...]int{400, 401, 403, 404, 413, 429, 503, 500}
 
 func rejectIndex(code int) int {
 	for i, c := range rejectCodes {
@@ -41,6 +41,10 @@ func errorType(code int) string {
 	switch code {
 	case 400:
 		return "invalid_request_error"
+	case 401:
+		return "authentication_error"
+	case 403:
+		return "permission_error"
 	case 404:
 		return "not_found_error"
 	case 413:

@@ -244,13 +244,18 @@ func TestUnhealthySimFilteredAndReported(t *testing.T) {
 }
 
 // TestSheddableShedWhenSimsSaturated fills both simulators' queues past
-// queue_threshold: sheddable requests get 429, others still route.
+// queue_threshold: with admission off, sheddable requests get 429 and
+// others still route.
 func TestSheddableShedWhenSimsSaturated(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts vllm-sim")
 	}
 	addrs := startSims(t, 2, "-max-num-seqs", "1")
-	h := newScrapingHarness(t, simState(addrs, &registry.Scheduling{QueueThreshold: 2}), fastScrape)
+	st := simState(addrs, &registry.Scheduling{QueueThreshold: 2})
+	for _, p := range st.Pools {
+		p.Admission = &registry.Admission{Disabled: true}
+	}
+	h := newScrapingHarness(t, st, fastScrape)
 	var wg sync.WaitGroup
 	for _, a := range addrs {
 		for i := range 4 {

@@ -27,9 +27,12 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/switchyard/switchyard/picker/decisions"
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/picker/sched"
+	"github.com/switchyard/switchyard/picker/tenant"
+	"github.com/switchyard/switchyard/picker/tracing"
 	"github.com/switchyard/switchyard/registry"
 )
 
@@ -71,6 +74,12 @@ type Options struct {
 	ResponseBodyMode extprocfilterv3.ProcessingMode_BodySendMode
 	// StreamChunkBytes bounds each streamed body response (default 64 KiB).
 	StreamChunkBytes int
+	// Usage, if set, receives the usage of every request of a tenant.
+	Usage tenant.Recorder
+	// Tracer traces requests (nil: none); Decisions records them (nil:
+	// none).
+	Tracer    *tracing.Tracer
+	Decisions *decisions.Recorder
 }
 
 func (o Options) withDefaults() Options {
@@ -109,11 +118,14 @@ type Server struct {
 	// (OpenAI's field; clients do not rely on it).
 	started time.Time
 
-	snap    atomic.Pointer[snapshot]
-	loads   loads
-	scratch sync.Pool
-	stats   counters
-	warm    warmCache
+	snap  atomic.Pointer[snapshot]
+	loads loads
+	// epLatency holds each endpoint's router-measured latency
+	// (loadKey -> *latencyHists; see latency.go).
+	epLatency sync.Map
+	scratch   sync.Pool
+	stats     counters
+	warm      warmCache
 
 	active   atomic.Int64 // open ext_proc streams
 	draining atomic.Bool
@@ -122,6 +134,13 @@ type Server struct {
 	mesh *peers.Mesh
 	// peerWork holds the prefill work of the other replicas' picks.
 	peerWork peerWork
+	// tenants keeps the tenants' budgets across states.
+	tenants *tenant.Set
+
+	// runCtx is Run's context (nil before Run): admission queues'
+	// dispatchers run under it, counted by queues.
+	runCtx context.Context
+	queues sync.WaitGroup
 
 	// Metrics scraping: the manager exists while Run runs.
 	mgr *metrics.Manager
@@ -139,8 +158,10 @@ type counters struct {
 	responseBodies atomic.Int64
 	// peerPicks counts picks other replicas shared.
 	peerPicks atomic.Int64
-	rejected  [len(rejectCodes)]atomic.Int64 // by rejectIndex
-	decision  histogram                      // time to pick (or reject)
+	// queued counts requests that waited in an admission queue.
+	queued   atomic.Int64
+	rejected [len(rejectCodes)]atomic.Int64 // by rejectIndex
+	decision histogram                      // time to pick (or reject)
 }
 
 // New returns a picker reading pool state from view. The current state is
@@ -157,6 +178,7 @@ func New(view registry.View, opts Options, logger *slog.Logger) *Server {
 		health:  health.NewServer(),
 		eh:      newEndpointHealth(),
 		started: time.Now(),
+		tenants: tenant.NewSet(),
 	}
 	s.scratch.New = func() any { return new(sched.Scratch) }
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
@@ -205,12 +227,20 @@ func (s *Server) Run(ctx context.Context) error {
 		mo := s.opts.Metrics
 		mo.Logger = s.log.With("component", "metrics")
 		mo.OnTransition = func(tr metrics.Transition) { s.eh.set(tr.Key, !tr.Healthy) }
+		mo.OnScrape = func(snap *metrics.Snapshot) {
+			if l := s.loads.get(snap.Pool, snap.Address); l != nil {
+				l.MarkScrape(snap)
+			}
+		}
 		s.mgr = metrics.NewManager(ctx, mo)
 		defer func() {
 			s.mgr.Stop()
 			s.mgr = nil
 		}()
 	}
+	s.runCtx = ctx
+	// The queues' dispatchers end with ctx, rejecting what still waits.
+	defer s.queues.Wait()
 	var last *registry.State
 	for {
 		st, changed := s.view.Current()
@@ -253,7 +283,10 @@ func (s *Server) apply(st *registry.State) {
 		}
 	}
 	snap := buildSnapshot(st, &s.loads, d)
+	old := s.snap.Load()
+	snap.tenants = s.tenants.Build(st, len(st.Replicas))
 	s.snap.Store(snap)
+	s.syncQueues(st, snap, old)
 	ready := healthpb.HealthCheckResponse_NOT_SERVING
 	if len(snap.pools) > 0 {
 		ready = healthpb.HealthCheckResponse_SERVING
@@ -293,9 +326,10 @@ func (s *Server) ready() bool {
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	s.active.Add(1)
 	defer s.active.Add(-1)
-	st := s.newStream()
-	defer st.release()
 	ctx := srv.Context()
+	st := s.newStream(ctx)
+	defer st.finish()
+	defer st.release()
 	for {
 		req, err := srv.Recv()
 		if err != nil {

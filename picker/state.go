@@ -1,12 +1,15 @@
 package picker
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 
+	"github.com/switchyard/switchyard/picker/admission"
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/prefix"
 	"github.com/switchyard/switchyard/picker/sched"
+	"github.com/switchyard/switchyard/picker/tenant"
 	"github.com/switchyard/switchyard/registry"
 )
 
@@ -23,12 +26,15 @@ type snapshot struct {
 	// /v1/models is answered by the picker itself):
 	// routing.default_pool, else the only pool, else the first by name.
 	headerOnlyPool *poolView
+	// tenants authenticates requests (nil: no tenants, no checks).
+	tenants *tenant.Table
 }
 
 type poolView struct {
 	name      string
 	nameBytes []byte // header value, shared read-only
 	eps       []*sched.Endpoint
+	ready     []*sched.Endpoint // eps not draining
 	byAddr    map[string]*sched.Endpoint
 	profile   *sched.Profile
 	state     *poolState
@@ -39,6 +45,12 @@ type poolView struct {
 	predictor     *sched.TTFTScorer
 	usesSession   bool
 	sessionHeader string
+	// admission is the pool's admission block (zero: the defaults).
+	admission registry.Admission
+	// upstreamKey is the API key sent to the pool's servers ("" none).
+	upstreamKey string
+	// tables are what decision records share (insight.go).
+	tables recordTables
 }
 
 // poolState is a pool's scheduling memory that survives rebuilds: the
@@ -52,6 +64,10 @@ type poolState struct {
 	// Blocks of routed prompts, and how many of them the chosen endpoint
 	// was believed to hold (the prefix index's hit ratio).
 	promptBlocks, matchedBlocks atomic.Int64
+	// queue is the pool's admission queue (nil before the picker runs);
+	// stopQueue ends its dispatcher when the pool goes away.
+	queue     atomic.Pointer[admission.Queue]
+	stopQueue context.CancelFunc
 }
 
 // poolHasher is a Hasher with the KV block size it was built for.
@@ -117,6 +133,13 @@ type loads struct {
 	running    map[string]*atomic.Int64
 }
 
+// get returns the counters of an endpoint, or nil.
+func (ls *loads) get(pool, addr string) *sched.Load {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.m[loadKey{pool, addr}]
+}
+
 // buildDeps carries what buildSnapshot needs besides the state.
 type buildDeps struct {
 	// profile overrides the per-pool profile (tests); nil builds it from
@@ -151,7 +174,8 @@ func buildSnapshot(st *registry.State, ls *loads, d buildDeps) *snapshot {
 			ps = newPoolState()
 			ls.pools[name] = ps
 		}
-		pv := &poolView{name: name, nameBytes: []byte(name), byAddr: make(map[string]*sched.Endpoint, len(p.Endpoints)), state: ps}
+		pv := &poolView{name: name, nameBytes: []byte(name), byAddr: make(map[string]*sched.Endpoint, len(p.Endpoints)), state: ps,
+			upstreamKey: p.UpstreamAPIKey}
 		pv.profile = poolProfile(p, ps, d)
 		pv.usesPrefix = pv.profile.Uses(sched.ScorerPrefix) || pv.profile.Uses(sched.ScorerTTFT)
 		pv.predictor = pv.profile.Predictor()
@@ -159,6 +183,9 @@ func buildSnapshot(st *registry.State, ls *loads, d buildDeps) *snapshot {
 		pv.sessionHeader = sched.DefaultSessionHeader
 		if p.Scheduling != nil && p.Scheduling.SessionHeader != "" {
 			pv.sessionHeader = p.Scheduling.SessionHeader
+		}
+		if p.Admission != nil {
+			pv.admission = *p.Admission
 		}
 		live := make(map[string]bool, len(p.Endpoints))
 		for _, e := range p.Endpoints {
@@ -175,6 +202,9 @@ func buildSnapshot(st *registry.State, ls *loads, d buildDeps) *snapshot {
 				ep.Metrics = d.handle(metrics.Key{Pool: name, Address: e.Address})
 			}
 			pv.eps = append(pv.eps, ep)
+			if !ep.Draining {
+				pv.ready = append(pv.ready, ep)
+			}
 			pv.byAddr[e.Address] = ep
 		}
 		// Forget prefix history of endpoints that left the pool.

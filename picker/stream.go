@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/switchyard/switchyard/picker/admission"
 	"github.com/switchyard/switchyard/picker/openai"
 	"github.com/switchyard/switchyard/picker/sched"
 )
@@ -33,6 +35,8 @@ type sendFunc func(*extprocv3.ProcessingResponse) error
 // owned by a single Process goroutine.
 type stream struct {
 	s *Server
+	// ctx ends when Envoy (or the client) gives up on the request.
+	ctx context.Context
 
 	modesKnown        bool
 	reqMode, respMode bodyMode
@@ -64,22 +68,45 @@ type stream struct {
 	obj         *objectiveCounters // the declared model/target, nil otherwise
 	running     *atomic.Int64      // the model's in-flight gauge once picked
 
+	// bodyRewritten: the body going upstream differs from the client's
+	// (a rewritten model, stream_options added for a tenant).
+	bodyRewritten bool
+
 	// peerID names the pick shared with the other replicas (0: none).
 	peerID uint64
 	// ttft is the pick's TTFT accounting (profiles that predict it).
 	ttft ttftState
 
+	// Admission: waiting is the request as the pool's queue sees it (set
+	// by pick when it must wait); admitted once the queue let it go, so
+	// the next pick does not judge saturation again.
+	waiting  admission.Request
+	admitted bool
+	// Tenant, set by authenticate when the request headers arrive, before
+	// the decision (tenants.go): the admission queue takes tenant as the
+	// request's flow and tenantPriority as its default priority. Empty
+	// and nil without tenants.
+	tenant         string
+	tenantPriority *int
+	ten            *tenantReq
+
 	// Response side.
 	servedSeen bool
 	rw         *openai.ResponseRewriter
+
+	// obs is what the picker notes for traces, decision records and
+	// latency (insight.go, latency.go).
+	obs observation
 }
 
-func (s *Server) newStream() *stream {
-	return &stream{s: s, reqMode: s.opts.RequestBodyMode, respMode: s.opts.ResponseBodyMode}
+func (s *Server) newStream(ctx context.Context) *stream {
+	return &stream{s: s, ctx: ctx, reqMode: s.opts.RequestBodyMode, respMode: s.opts.ResponseBodyMode}
 }
 
-// release returns the in-flight request and tokens exactly once.
+// release returns the in-flight request and tokens exactly once (and
+// settles the request's tenant accounting).
 func (st *stream) release() {
+	st.finishTenant()
 	if st.primary == nil || st.released {
 		return
 	}
@@ -90,6 +117,10 @@ func (st *stream) release() {
 	st.primary.Load.InFlightTokens.Add(-st.tokens)
 	if st.running != nil {
 		st.running.Add(-1)
+	}
+	if q := st.pool.state.queue.Load(); q != nil {
+		// Capacity freed: the next waiting request may go.
+		q.Kick()
 	}
 }
 
@@ -115,10 +146,12 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest, send sendFunc) (bool,
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		return st.onRequestTrailers(send)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		st.obs.lat.headers(v.ResponseHeaders, time.Now())
 		st.recordServed(req)
 		return false, st.onResponseHeaders(v.ResponseHeaders, send)
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		st.s.stats.responseBodies.Add(1)
+		st.obs.lat.body(v.ResponseBody.GetBody(), v.ResponseBody.GetEndOfStream(), time.Now())
 		st.recordServed(req)
 		return false, st.onResponseBody(v.ResponseBody, send)
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
@@ -169,6 +202,7 @@ func isProtocolHeader(k string) bool {
 func (st *stream) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders, send sendFunc) (bool, error) {
 	st.readSubset(req)
 	st.headers = h.GetHeaders().GetHeaders()
+	st.noteRequest()
 	for _, hv := range st.headers {
 		k := hv.GetKey()
 		switch {
@@ -183,6 +217,9 @@ func (st *stream) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 				st.remove = append(st.remove, k)
 			}
 		}
+	}
+	if done, err := st.authenticate(send); done || err != nil {
+		return done, err
 	}
 	if st.contentLength > st.s.opts.MaxBodyBytes {
 		return st.reject(413, fmt.Sprintf("request body of %d bytes exceeds the %d byte limit", st.contentLength, st.s.opts.MaxBodyBytes), send)
@@ -273,7 +310,14 @@ func (st *stream) onRequestTrailers(send sendFunc) (bool, error) {
 
 // reject sends a local reply and ends the stream.
 func (st *stream) reject(code int, msg string, send sendFunc) (bool, error) {
+	return st.rejectWith(code, msg, send, "", 0)
+}
+
+// rejectWith is reject with the admission queue's reason header and a
+// retry-after hint (when reason is set).
+func (st *stream) rejectWith(code int, msg string, send sendFunc, reason string, after time.Duration) (bool, error) {
 	st.decided = true
+	st.noteReject(code, msg)
 	i := rejectIndex(code)
 	st.s.stats.rejected[i].Add(1)
 	if st.obj != nil {
@@ -282,7 +326,13 @@ func (st *stream) reject(code int, msg string, send sendFunc) (bool, error) {
 	if st.s.debug {
 		st.s.log.Debug("request rejected", "status", code, "reason", msg, "path", string(st.path))
 	}
-	return true, st.wrapSend(send, immediate(code, msg))
+	r := immediate(code, msg)
+	if reason != "" {
+		hm := r.GetImmediateResponse().GetHeaders()
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(HeaderAdmission, reason), setHeader("retry-after", retryAfter(after)))
+	}
+	st.replyHeaders(r, code)
+	return true, st.wrapSend(send, r)
 }
 
 // decide picks the endpoint(s) once the request is complete and releases
@@ -296,7 +346,26 @@ func (st *stream) decide(send sendFunc) (bool, error) {
 	t0 := time.Now()
 	code, msg, body, dest := st.pick()
 	st.s.stats.decision.observe(time.Since(t0))
+	st.noteDecisionTime(time.Since(t0))
+	if code == codeQueue {
+		// Saturated: wait in the pool's admission queue, then pick again
+		// with what the dispatcher saw free (the pool view may be newer).
+		pv := st.pool
+		st.pool = nil
+		tk, err := st.queueWait(pv, send)
+		if err != nil {
+			return st.rejectAdmission(err, send)
+		}
+		st.admitted = true
+		t1 := time.Now()
+		code, msg, body, dest = st.pick()
+		st.noteDecisionTime(time.Since(t1))
+		tk.Done()
+	}
 	if code != 0 {
+		if code == 429 && msg == "" {
+			return st.rejectWith(code, shedMessage(poolName(st.pool), st.clientModel), send, admission.ReasonShed, time.Second)
+		}
 		return st.reject(code, msg, send)
 	}
 	var remove []string
@@ -311,13 +380,14 @@ func (st *stream) decide(send sendFunc) (bool, error) {
 	}
 	asBody := !st.headerOnly && (st.reqMode == modeBuffered || st.reqMode == modePartial)
 	d := newDecision(dest, string(dest), st.pool.nameBytes, clen, remove, asBody)
+	st.upstreamKey(d)
 
 	if st.headerOnly {
 		return false, st.wrapSend(send, &d.pr)
 	}
 	switch st.reqMode {
 	case modeBuffered, modePartial:
-		if st.rewritten {
+		if st.bodyRewritten {
 			d.cr.BodyMutation = replaceBody(body)
 		}
 		return false, st.wrapSend(send, &d.pr)
@@ -330,7 +400,7 @@ func (st *stream) decide(send sendFunc) (bool, error) {
 		off := 0
 		for i, n := range st.chunkLens {
 			cr := &extprocv3.CommonResponse{}
-			if st.rewritten {
+			if st.bodyRewritten {
 				lo, hi := min(off, len(body)), min(off+n, len(body))
 				if i == len(st.chunkLens)-1 {
 					hi = len(body)
@@ -409,9 +479,14 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 			st.obj.requests.Add(1)
 			if target != mv.model.Name {
 				body = openai.RewriteModel(body, r, target)
-				st.rewritten = true
+				st.rewritten, st.bodyRewritten = true, true
 				s.stats.rewritten.Add(1)
 			}
+		}
+	}
+	if st.ten != nil {
+		if code, msg := st.tenantAdmit(snap, &body); code != 0 {
+			return code, msg, nil, nil
 		}
 	}
 	if pv == nil {
@@ -425,14 +500,29 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	*sreq = sched.Request{
 		Model: st.clientModel, TargetModel: target,
 		Tokens: openai.EstimateTokens(body), Subset: st.subset, HasSubset: st.hasSubset, Body: body,
-		Now: time.Now(), Explain: s.debug,
+		Now: time.Now(), Explain: s.debug, Record: st.obs.detailed(),
 	}
 	defer func() { *sreq = sched.Request{} }() // drop references to this request's body
+	if sreq.Record {
+		defer func() { st.notePick(pv, target, sreq, sc, code, dest) }()
+	}
 	if mv != nil {
 		sreq.Priority = mv.model.Priority
 	}
+	if st.tenantPriority != nil {
+		sreq.Priority = *st.tenantPriority
+	}
+	if pv.admission.PriorityHeader != "" {
+		sreq.Priority = st.priority(pv, sreq.Priority)
+	}
 	prof := pv.profile
 	cands := prof.Filter(sreq, pv.eps, sc)
+	if len(cands) == 0 && len(pv.ready) == 0 {
+		if st.admit(pv, sreq, cands, true) == admitWait {
+			return st.queue(pv, sreq)
+		}
+		return 503, fmt.Sprintf("no ready endpoint in pool %q", pv.name), nil, nil
+	}
 	if len(cands) == 0 {
 		switch {
 		case sc.EmptiedBy == sched.FilterModel:
@@ -444,8 +534,15 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 		}
 		return 503, fmt.Sprintf("no ready endpoint in pool %q", pv.name), nil, nil
 	}
-	if sreq.Priority < 0 && (prof.Saturated(sreq, cands) || (s.opts.Saturation != nil && s.opts.Saturation.Saturated(sreq.Now, cands))) {
-		return 429, fmt.Sprintf("pool %q is saturated and model %q is sheddable", pv.name, st.clientModel), nil, nil
+	if st.admitted && len(cands) > 1 {
+		cands = s.withHeadroom(pv, cands, sreq.Now)
+	}
+	switch st.admit(pv, sreq, cands, false) {
+	case admitShed:
+		st.pool = pv
+		return 429, "", nil, nil
+	case admitWait:
+		return st.queue(pv, sreq)
 	}
 	if pv.usesSession {
 		sreq.Session = st.header(pv.sessionHeader)
@@ -507,6 +604,17 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	return 0, "", body, dest
 }
 
+// codeQueue is pick's answer for a request that must wait in the pool's
+// admission queue (st.pool and st.waiting say where and as what).
+const codeQueue = -1
+
+// queue records what the admission queue needs to hold the request.
+func (st *stream) queue(pv *poolView, req *sched.Request) (int, string, []byte, []byte) {
+	st.pool = pv
+	st.waiting = admission.Request{Priority: req.Priority, Flow: st.flow(pv), Bytes: int64(len(st.body)), Tokens: req.Tokens}
+	return codeQueue, "", nil, nil
+}
+
 // header returns the value of request header name (lower case), or "".
 func (st *stream) header(name string) string {
 	for _, hv := range st.headers {
@@ -554,6 +662,7 @@ func (st *stream) recordServed(req *extprocv3.ProcessingRequest) {
 	if l := v.GetListValue(); l != nil && len(l.GetValues()) > 0 {
 		addr = l.GetValues()[0].GetStringValue()
 	}
+	st.noteServed(addr)
 	if st.s.debug {
 		st.s.log.Debug("served endpoint reported", "served", addr, "pool", poolName(st.pool))
 	}
@@ -596,15 +705,7 @@ func (pv *poolView) lookup(addr string) *sched.Endpoint {
 }
 
 func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, send sendFunc) error {
-	if st.ttft.on {
-		ct := ""
-		for _, hv := range h.GetHeaders().GetHeaders() {
-			if strings.EqualFold(hv.GetKey(), "content-type") {
-				ct = headerValue(hv)
-			}
-		}
-		st.ttftHeaders(ct)
-	}
+	st.ttftHeaders()
 	dropLength := false
 	if st.rewritten && st.respMode != modeNone && !h.GetEndOfStream() {
 		ct, encoded := "", false
@@ -623,7 +724,11 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 			dropLength = true
 		}
 	}
-	if err := st.wrapSend(send, newResponseHeaders(dropLength)); err != nil {
+	r := newResponseHeaders(dropLength)
+	if st.ten != nil {
+		st.tenantResponseHeaders(h, r)
+	}
+	if err := st.wrapSend(send, r); err != nil {
 		return err
 	}
 	if h.GetEndOfStream() {
@@ -634,21 +739,17 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 
 func (st *stream) onResponseBody(b *extprocv3.HttpBody, send sendFunc) error {
 	data, eos := b.GetBody(), b.GetEndOfStream()
-	st.ttftBody(len(data))
+	st.ttftBody()
 	var r *extprocv3.ProcessingResponse
 	switch st.respMode {
 	case modeDuplex:
-		out := data
-		if st.rw != nil {
-			out = st.rw.Write(data, eos)
-		}
+		out, _ := st.responseFilter(data, eos)
 		if len(out) > 0 || eos {
 			r = newStreamedChunk(false, out, eos)
 		}
 	case modeBuffered, modePartial:
 		cr := &extprocv3.CommonResponse{}
-		if st.rw != nil {
-			out := st.rw.Write(data, true)
+		if out, changed := st.responseFilter(data, true); changed {
 			cr.BodyMutation = replaceBody(out)
 			cr.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
 				setHeader("content-length", strconv.Itoa(len(out))),
@@ -657,8 +758,8 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody, send sendFunc) error {
 		r = responseBodyResponse(cr)
 	default: // STREAMED: exactly one answer per chunk
 		cr := &extprocv3.CommonResponse{}
-		if st.rw != nil {
-			cr.BodyMutation = replaceBody(st.rw.Write(data, eos))
+		if out, changed := st.responseFilter(data, eos); changed {
+			cr.BodyMutation = replaceBody(out)
 		}
 		r = responseBodyResponse(cr)
 	}
@@ -675,8 +776,8 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody, send sendFunc) error {
 
 func (st *stream) onResponseTrailers(send sendFunc) error {
 	defer st.release()
-	if st.respMode == modeDuplex && st.rw != nil {
-		if out := st.rw.Write(nil, true); len(out) > 0 {
+	if st.respMode == modeDuplex {
+		if out, _ := st.responseFilter(nil, true); len(out) > 0 {
 			if err := st.wrapSend(send, newStreamedChunk(false, out, false)); err != nil {
 				return err
 			}

@@ -1,7 +1,6 @@
 package picker
 
 import (
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,7 +54,6 @@ type ttftState struct {
 	predOK   bool // pred is for the endpoint that serves the request
 	pickedAt time.Time
 	work     *prefillWork
-	sse      bool // the response is an event stream
 	answered bool // response headers came
 }
 
@@ -84,25 +82,25 @@ func (st *stream) moveTTFT(e *sched.Endpoint) {
 	}
 }
 
-// ttftHeaders notes whether the response is an event stream.
-func (st *stream) ttftHeaders(contentType string) {
+// ttftHeaders notes that the response headers came.
+func (st *stream) ttftHeaders() {
 	if t := &st.ttft; t.on {
 		t.answered = true
-		t.sse = strings.HasPrefix(strings.ToLower(strings.TrimSpace(contentType)), "text/event-stream")
 	}
 }
 
-// ttftBody is called with each response body message: the first bytes of
-// an event stream are the first token, observed against the prediction.
-func (st *stream) ttftBody(n int) {
-	t := &st.ttft
-	if !t.on || n == 0 || !t.work.finish() {
+// ttftBody is called after each response body message has been noted by
+// the router's latency measurement (st.obs.lat, latency.go), which says
+// whether the response is a successful event stream and when its first
+// bytes came: those are the first token, observed against the prediction.
+func (st *stream) ttftBody() {
+	t, lat := &st.ttft, &st.obs.lat
+	if !t.on || lat.first.IsZero() || !t.work.finish() {
 		return
 	}
-	if t.sse && t.predOK && st.primary != nil {
-		now := time.Now()
-		ttft := now.Sub(t.pickedAt)
-		st.primary.Load.ObserveTTFT(sched.Observation{Predicted: t.pred, TTFT: ttft, At: now})
+	if lat.sse && lat.status/100 == 2 && t.predOK && st.primary != nil {
+		ttft := lat.first.Sub(t.pickedAt)
+		st.primary.Load.ObserveTTFT(sched.Observation{Predicted: t.pred, TTFT: ttft, At: lat.first})
 		if st.s.debug {
 			st.s.log.Debug("first token", "pool", poolName(st.pool), "endpoint", st.primary.Address,
 				"ttft_ms", float64(ttft)/1e6, "predicted_ms", float64(t.pred.Total)/1e6, "prediction", t.pred.String())

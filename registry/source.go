@@ -36,6 +36,11 @@ type Update struct {
 	// ReplicaDiscovery, when non-nil, is this source's replicas block; at
 	// most one source may set it.
 	ReplicaDiscovery *ReplicaDiscovery
+	// Tenants are the tenants this source declares, keyed by name.
+	Tenants map[string]*Tenant
+	// TenantSettings, when non-nil, is this source's tenants block; at
+	// most one source may set it.
+	TenantSettings *TenantSettings
 	// ScrapeFailing is the health input: pool name -> addresses of
 	// endpoints whose metrics scrapes are failing. It marks endpoints that
 	// other sources supply (Endpoint.ScrapeFailing); addresses no pool has
@@ -71,7 +76,8 @@ type Reloader interface {
 // cannot be placed (their pool is not declared) or that an earlier source
 // already supplied are dropped and reported in warnings. Merge copies
 // everything it keeps, so the result shares no memory with the updates
-// except Scheduling (which both sides treat as read-only).
+// except the pools' Scheduling, Consul, Guard and Admission blocks (which
+// both sides treat as read-only).
 func Merge(updates []Update) (s *State, warnings []string, err error) {
 	s = Empty()
 	var errs []error
@@ -80,6 +86,8 @@ func Merge(updates []Update) (s *State, warnings []string, err error) {
 	listenerFrom := map[string]string{}
 	routingFrom := ""
 	replicasFrom := ""
+	tenantsFrom := ""
+	tenantFrom := map[string]string{}
 	replicaAt := map[string]int{}
 	epFrom := map[string]map[string]string{} // pool -> address -> source
 
@@ -202,6 +210,28 @@ func Merge(updates []Update) (s *State, warnings []string, err error) {
 			replicaAt[r.Address] = len(s.Replicas)
 			s.Replicas = append(s.Replicas, r)
 		}
+		for _, name := range sortedKeys(u.Tenants) {
+			t := u.Tenants[name]
+			if first, dup := tenantFrom[name]; dup {
+				dupErr(KindTenant, name, t.DeclRange, u.Source, first)
+				continue
+			}
+			tenantFrom[name] = u.Source
+			cp := cloneTenant(t)
+			cp.Name = name
+			if s.Tenants == nil {
+				s.Tenants = map[string]*Tenant{}
+			}
+			s.Tenants[name] = cp
+		}
+		if u.TenantSettings != nil {
+			if tenantsFrom != "" {
+				dupErr(KindTenants, "", u.TenantSettings.DeclRange, u.Source, tenantsFrom)
+			} else {
+				tenantsFrom = u.Source
+				s.TenantSettings = *u.TenantSettings
+			}
+		}
 		if u.Routing != nil {
 			if routingFrom != "" {
 				dupErr(KindRouting, "", "", u.Source, routingFrom)
@@ -216,7 +246,8 @@ func Merge(updates []Update) (s *State, warnings []string, err error) {
 	return s, warnings, errors.Join(errs...)
 }
 
-// Summary describes a state in one line: "2 pools, 3 models, 1 listener".
+// Summary describes a state in one line: "2 pools, 3 models, 1 listener"
+// (and ", 2 tenants" when it has tenants).
 func (s *State) Summary() string {
 	plural := func(n int, word string) string {
 		if n == 1 {
@@ -224,9 +255,13 @@ func (s *State) Summary() string {
 		}
 		return fmt.Sprintf("%d %ss", n, word)
 	}
-	return strings.Join([]string{
+	parts := []string{
 		plural(len(s.Pools), "pool"),
 		plural(len(s.Models), "model"),
 		plural(len(s.Listeners), "listener"),
-	}, ", ")
+	}
+	if len(s.Tenants) > 0 {
+		parts = append(parts, plural(len(s.Tenants), "tenant"))
+	}
+	return strings.Join(parts, ", ")
 }

@@ -88,12 +88,61 @@ type Pool struct {
 	// DeclRange is where the pool was declared ("file:line:column"), for
 	// diagnostics ("" if not from a file).
 	DeclRange string
+	// UpstreamAPIKey, when set, is the API key the picker sends to the
+	// pool's servers (Authorization: Bearer), read from the file or
+	// environment variable the configuration names. It is a secret: it is
+	// never logged, shown or written to the store.
+	UpstreamAPIKey string
 	// Consul, when non-nil, says the pool's members (also) come from
 	// Consul: the instances of this service the consul source finds.
 	Consul *ConsulSelector
 	// Guard, when non-nil, overrides the discovery guard's defaults.
 	Guard *Guard
+	// Admission is the pool's admission queue configuration; nil means
+	// the defaults (on). The picker owns its meaning (picker/admission).
+	Admission *Admission
 }
+
+// Admission configures a pool's admission queue: when every eligible
+// endpoint is saturated, requests wait in the picker, highest priority
+// first and fairly between flows, instead of queueing on the servers.
+// Zero values mean the picker's defaults.
+type Admission struct {
+	// Disabled forwards saturated requests at once (sheddable ones get
+	// 429), as before admission control.
+	Disabled bool
+	// MaxQueued and MaxQueuedBytes bound the pool's waiting requests and
+	// their bodies; BandMaxQueued bounds each priority band.
+	MaxQueued      int
+	MaxQueuedBytes int64
+	BandMaxQueued  int
+	// TTL is the longest a request waits; NoEndpointWait the longest it
+	// waits while the pool has no ready endpoint at all.
+	TTL            time.Duration
+	NoEndpointWait time.Duration
+	// Fairness shares a band between flows: "tokens" or "round-robin".
+	Fairness string
+	// ShedSheddable answers sheddable requests (priority < 0) 429 at once
+	// when the pool is saturated instead of queueing them.
+	ShedSheddable bool
+	// FlowHeader names a trusted request header whose value is the
+	// request's flow (tenant) for fairness; "" puts all in one flow.
+	FlowHeader string
+	// PriorityHeader names a request header that may override the model's
+	// priority, clamped to [PriorityMin, PriorityMax]; "" ignores it.
+	PriorityHeader           string
+	PriorityMin, PriorityMax int
+}
+
+// Admission limits the registry enforces.
+const (
+	// MaxAdmissionTTL bounds TTL and NoEndpointWait: Envoy lets the
+	// picker extend its message timeout only so far (xds sets the bound).
+	MaxAdmissionTTL = 5 * time.Minute
+)
+
+// Fairness policies an admission block may name.
+var fairnessNames = []string{"tokens", "round-robin"}
 
 // Guard is a pool's discovery guard, Envoy's panic threshold applied to
 // discovery: when one update would take more than Threshold of the pool's
@@ -208,6 +257,12 @@ type State struct {
 	// ReplicaDiscovery says how replicas find each other (nil: no
 	// replicas block).
 	ReplicaDiscovery *ReplicaDiscovery
+	// Tenants are the gateway's clients, keyed by name (nil when there
+	// are none); when there is any, every request must carry one of their
+	// API keys.
+	Tenants map[string]*Tenant
+	// TenantSettings is the tenants block (zero without one).
+	TenantSettings TenantSettings
 }
 
 // Replica is one switchyard process of an active-active set.

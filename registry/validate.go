@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Sentinel errors wrapped by the problems Validate reports; test with
@@ -20,6 +21,9 @@ var (
 	ErrBadWeights         = errors.New("bad target weights")
 	ErrSelfTarget         = errors.New("model targets itself")
 	ErrEmptyName          = errors.New("empty name")
+	ErrBadAdmission       = errors.New("bad admission")
+	ErrBadLimit           = errors.New("bad limit")
+	ErrUnknownModel       = errors.New("unknown model")
 )
 
 // Object kinds named by ValidationError.Kind.
@@ -30,6 +34,8 @@ const (
 	KindRouting  = "routing"
 	KindReplicas = "replicas"
 	KindEndpoint = "endpoint"
+	KindTenant   = "tenant"
+	KindTenants  = "tenants"
 )
 
 // ValidationError is one problem found in a State. Kind, Name and Field say
@@ -47,7 +53,8 @@ type ValidationError struct {
 	// Field is the attribute at fault: "pool", "address", "default_pool",
 	// "engine", "failure_mode", "metrics_path", "scheduling.<attr>",
 	// "scheduling.scorers.<key>", "scheduling.metrics.<key>",
-	// "target.<name>" (a target block), "target.<name>.weight", or ""
+	// "target.<name>" (a target block), "target.<name>.weight", for
+	// tenants "api_keys", "models" and "limits.<attr>", or ""
 	// (the whole object).
 	Field string
 	// Where is the object's declaration ("file:line:column"), when known.
@@ -195,7 +202,9 @@ func quoteList[T ~string](xs []T) string {
 //   - every model's pool and routing.default_pool exist;
 //   - target weights are >= 0 and sum to more than 0, target names are
 //     unique, no model targets itself, and a target that is itself a model
-//     must be served by the same pool.
+//     must be served by the same pool;
+//   - tenant limits are >= 0, an API key hash belongs to one tenant, and a
+//     tenant's models are declared (or a default pool may serve them).
 func Validate(s *State) error {
 	var errs []error
 	add := func(kind, name, field, where string, sentinel error, format string, args ...any) {
@@ -225,6 +234,9 @@ func Validate(s *State) error {
 		}
 		if sc := p.Scheduling; sc != nil {
 			validateScheduling(name, p.DeclRange, sc, add, addErr)
+		}
+		if a := p.Admission; a != nil {
+			validateAdmission(name, p.DeclRange, a, add)
 		}
 		seen := map[string]bool{}
 		for _, ep := range p.Endpoints {
@@ -314,6 +326,7 @@ func Validate(s *State) error {
 			add(KindRouting, "", "default_pool", "", ErrUnknownPool, "the default pool %q is not defined%s", dp, knownHint(s.PoolNames()))
 		}
 	}
+	validateTenants(s, add)
 	for _, r := range s.Replicas {
 		where := ""
 		if s.ReplicaDiscovery != nil {
@@ -362,6 +375,60 @@ func validateScheduling(pool, where string, sc *Scheduling,
 			add(KindPool, pool, "scheduling.metrics."+k, where, ErrBadScheduling, "metric %q has an empty name", k)
 		}
 	}
+}
+
+func validateAdmission(pool, where string, a *Admission,
+	add func(kind, name, field, where string, sentinel error, format string, args ...any)) {
+	f := func(field, format string, args ...any) {
+		add(KindPool, pool, "admission."+field, where, ErrBadAdmission, format, args...)
+	}
+	if a.MaxQueued < 0 {
+		f("max_queued", "max_queued %d is negative; want 1 or more (0: the default)", a.MaxQueued)
+	}
+	if a.MaxQueuedBytes < 0 {
+		f("max_queued_bytes", "max_queued_bytes %d is negative; want 1 or more (0: the default)", a.MaxQueuedBytes)
+	}
+	if a.BandMaxQueued < 0 {
+		f("band_max_queued", "band_max_queued %d is negative; want 1 or more (0: only max_queued bounds a band)", a.BandMaxQueued)
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"ttl", a.TTL}, {"no_endpoint_wait", a.NoEndpointWait}} {
+		if d.v < 0 || d.v > MaxAdmissionTTL {
+			f(d.field, "%s %v is not between 0 and %v", d.field, d.v, MaxAdmissionTTL)
+		}
+	}
+	if a.Fairness != "" && !slices.Contains(fairnessNames, a.Fairness) {
+		f("fairness", "unknown fairness %q: want one of %s", a.Fairness, quoteList(fairnessNames))
+	}
+	if a.PriorityMin > a.PriorityMax {
+		f("priority_min", "priority_min %d is above priority_max %d", a.PriorityMin, a.PriorityMax)
+	}
+	if (a.PriorityMin != 0 || a.PriorityMax != 0) && a.PriorityHeader == "" {
+		f("priority_min", "priority_min and priority_max bound a priority header; name it with priority_header")
+	}
+	for _, h := range []struct{ field, v string }{{"flow_header", a.FlowHeader}, {"priority_header", a.PriorityHeader}} {
+		if h.v != "" && !validHeaderName(h.v) {
+			f(h.field, "%s %q is not an HTTP header name", h.field, h.v)
+		}
+	}
+}
+
+// validHeaderName reports whether h is a lower-case HTTP header name (the
+// form Envoy hands the picker).
+func validHeaderName(h string) bool {
+	if h == "" {
+		return false
+	}
+	for _, c := range h {
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', strings.ContainsRune("!#$%&'*+-.^_`|~", c):
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 func sortedKeys[V any](m map[string]V) []string {

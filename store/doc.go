@@ -2,9 +2,9 @@
 // restarts warm, even when Consul is down. It persists the last good merged
 // registry.State (every source, Consul endpoints included), endpoint health
 // and drain state, the last scraped metrics per endpoint, the picker's
-// prefix-cache blobs, the session-affinity map and the Consul
-// blocking-query indexes. (xDS versions are content hashes: nothing to
-// persist.)
+// prefix-cache blobs, the session-affinity map, the Consul
+// blocking-query indexes and the tenants' usage in hourly buckets. (xDS
+// versions are content hashes: nothing to persist.)
 //
 // Components depend on the Store interface; File (Open) implements it on
 // a bbolt file, and storetest.Fake in memory, for unit tests.
@@ -21,6 +21,16 @@
 // transaction at most every Options.FlushInterval (200 ms by default), on
 // Flush and on Close. Saves never touch the disk on the caller's goroutine,
 // and a newer value of the same item replaces an older, unflushed one.
+//
+// Usage is the exception, because it adds up rather than replaces and is
+// billed: AddUsage appends one line to a journal file beside the store
+// ("<path>.usage-0" and "-1", used in turn) before it returns, a write
+// into the kernel's page cache that a SIGKILL of switchyard cannot lose
+// (~4-8 µs; no fsync: a crash of the machine loses what was added since
+// the last commit, at most FlushInterval). The writer folds the journal
+// into the usage bucket with its next commit, together with the sequence
+// number of the last record folded; Open replays records after that
+// number, so a record is never lost nor counted twice.
 //
 // # On-disk layout (schema version 1)
 //
@@ -41,7 +51,15 @@
 //	health    pool NUL addr  healthRecord {healthy, draining, reason, since}
 //	prefix    pool NUL addr  opaque blob exported by the picker (size-capped)
 //	sessions  session id     sessionRecord {pool, endpoint, expires}
+//	          "usage_folded" sequence number of the last usage journal
+//	                         record committed (uint64)
 //	consul    selector key   last Consul index (uint64)
+//	usage     hour tenant model  usageRecord {requests, errors, prompt_tokens,
+//	                         cached_tokens, completion_tokens}; the key is
+//	                         the hour's start (8-byte big-endian Unix
+//	                         seconds), the tenant (uvarint length, bytes)
+//	                         and the model. Added in place to schema 1:
+//	                         older switchyards ignore the bucket.
 //
 // # Opening
 //

@@ -24,17 +24,20 @@ var (
 	bucketPrefix   = []byte("prefix")
 	bucketSessions = []byte("sessions")
 	bucketConsul   = []byte("consul")
+	bucketUsage    = []byte("usage")
 
 	keyApp       = []byte("app")
 	keySchema    = []byte("schema")
 	keyCreatedAt = []byte("created_at")
 	keyFlushedAt = []byte("flushed_at")
 	keyState     = []byte("current")
+	// keyUsageFolded is the last usage journal record committed.
+	keyUsageFolded = []byte("usage_folded")
 )
 
 // dataBuckets are the buckets of the current schema besides meta.
 func dataBuckets() [][]byte {
-	return [][]byte{bucketState, bucketMetrics, bucketHealth, bucketPrefix, bucketSessions, bucketConsul}
+	return [][]byte{bucketState, bucketMetrics, bucketHealth, bucketPrefix, bucketSessions, bucketConsul, bucketUsage}
 }
 
 // migration upgrades a store from schema version from to from+1 inside the

@@ -122,6 +122,12 @@ type Store interface {
 	SavePrefix(pool, endpoint string, blob []byte) error
 	SaveSessions(sessions []Session)
 	SaveConsulIndex(key string, index uint64)
+	// AddUsage counts one request's usage in its hourly bucket; when it
+	// returns, a crash of the process cannot lose it (see File.AddUsage).
+	AddUsage(t time.Time, tenant, model string, c UsageCounts) error
+	// Usage returns the hourly buckets starting in [from, to), saved or
+	// not yet committed, sorted by hour, tenant and model.
+	Usage(from, to time.Time) ([]UsageRow, error)
 	Flush(ctx context.Context) error
 	// LastError is the error of the latest failed background write, or nil
 	// once a write succeeds.
@@ -153,6 +159,8 @@ type File struct {
 	done     chan struct{} // closed when the writer has returned
 	writeErr error         // the writer's final flush error
 	flushes  atomic.Uint64 // committed batches, for tests
+	// journal makes usage durable between commits (usage.go).
+	journal *journal
 
 	closeOnce sync.Once
 	closeErr  error
@@ -175,6 +183,10 @@ func Open(path string, opts Options) (*File, error) {
 	}
 	snap, err := s.open()
 	if err != nil {
+		return nil, err
+	}
+	if err := s.openJournal(); err != nil {
+		_ = s.db.Close()
 		return nil, err
 	}
 	for k, b := range snap.Prefix {
@@ -326,6 +338,7 @@ func (s *File) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closing)
 		<-s.done
+		s.journal.close()
 		s.mu.Lock()
 		s.closed = true
 		s.mu.Unlock()

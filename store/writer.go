@@ -262,15 +262,26 @@ func (s *File) flush() error {
 	b := s.pend
 	s.pend = pending{}
 	s.mu.Unlock()
-	if b.empty() {
+	usage, upto := s.journal.take()
+	if b.empty() && usage == nil {
 		return nil
 	}
 	var skipped []error
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		var err error
-		skipped, err = s.apply(tx, &b)
-		return err
+		if skipped, err = s.apply(tx, &b); err != nil {
+			return err
+		}
+		if usage != nil {
+			more, err := putUsage(tx, usage, upto)
+			skipped = append(skipped, more...)
+			return err
+		}
+		return nil
 	})
+	if usage != nil {
+		s.journal.done(usage, upto, err)
+	}
 	for _, e := range skipped {
 		s.log.Warn("store record not saved", "path", s.path, "err", e)
 	}

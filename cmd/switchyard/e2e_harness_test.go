@@ -25,6 +25,14 @@ import (
 	"github.com/switchyard/switchyard/internal/testutil"
 )
 
+// settle is how long an end-to-end test waits for an outcome that takes
+// milliseconds on an idle machine (an edit or a registration reaching
+// Envoy and the picker, a member leaving, routing resuming) before calling
+// it lost. It is generous on purpose: these tests run in parallel on small
+// shared machines, and a deadline is not a latency target. The tests log
+// the latencies they see; benchmarks measure them.
+const settle = 30 * time.Second
+
 // e2eModels is what every simulator serves by default, so any model a
 // test routes is answered by whichever sim the request reaches. "m-chat"
 // is deliberately absent: it only exists as a client name the picker
@@ -302,6 +310,9 @@ type status struct {
 			Picked           int64  `json:"picked"`
 			Served           int64  `json:"served"`
 		} `json:"endpoints"`
+		Admission *struct {
+			Queued int `json:"queued"`
+		} `json:"admission"`
 	} `json:"pools"`
 	Picker struct {
 		Requests       int64            `json:"requests"`
@@ -322,9 +333,11 @@ type status struct {
 	} `json:"xds"`
 	ReplicaID string `json:"replica_id"`
 	Replicas  []struct {
-		ID      string `json:"id"`
-		Address string `json:"address"`
-		Self    bool   `json:"self"`
+		ID          string   `json:"id"`
+		Address     string   `json:"address"`
+		Self        bool     `json:"self"`
+		Envoys      []string `json:"envoys"`
+		EnvoysKnown bool     `json:"envoys_known"`
 	} `json:"replicas"`
 	Envoys []struct {
 		ID      string            `json:"id"`
@@ -490,6 +503,7 @@ type infReq struct {
 type infResp struct {
 	status   int
 	servedBy string
+	header   http.Header
 	// destination is the picker's destination list as the model server
 	// received it (vllm-sim echoes it; "" when the picker did not pick).
 	destination string
@@ -550,7 +564,8 @@ func sendTo(c *http.Client, base string, r infReq, onHeaders func(*infResp)) (*i
 		return nil, err
 	}
 	defer resp.Body.Close()
-	out := &infResp{status: resp.StatusCode, servedBy: resp.Header.Get("x-served-by"), destination: resp.Header.Get("x-destination-seen")}
+	out := &infResp{status: resp.StatusCode, servedBy: resp.Header.Get("x-served-by"), header: resp.Header,
+		destination: resp.Header.Get("x-destination-seen")}
 	if onHeaders != nil {
 		onHeaders(out)
 	}

@@ -4,6 +4,7 @@
 //	switchyard serve    -config PATH [flags]   run the control plane
 //	switchyard validate -config PATH           check configuration files
 //	switchyard version                         print the version
+//	switchyard key new | hash                  create a tenant API key, hash one
 //
 // main only parses the command line and wires packages together; every
 // behaviour lives in the packages it calls.
@@ -37,6 +38,7 @@ Usage:
   switchyard serve    -config PATH [flags]   run the control plane and picker
   switchyard validate -config PATH           check configuration files and exit
   switchyard version                         print the version and exit
+  switchyard key new | hash                  create a tenant API key and its hash
 
 Run "switchyard COMMAND -h" for the flags of a command.
 
@@ -58,6 +60,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return validateCmd(args[1:], stdout, stderr)
 	case "version":
 		return versionCmd(args[1:], stdout, stderr)
+	case "key":
+		return keyCmd(args[1:], os.Stdin, stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

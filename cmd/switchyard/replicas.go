@@ -72,11 +72,11 @@ func (a *app) replicaSetup(cfg *hclfile.Config, picker string) error {
 }
 
 // registerReplica keeps this replica registered in Consul until ctx ends
-// or drain begins, then deregisters it (see consul.Register).
+// or the drain begins, then deregisters it (see consul.Register).
 func (a *app) registerReplica(ctx context.Context) error {
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
-	a.regStop.Store(&stop)
+	a.drain.OnDrain(stop)
 	if err := consul.Register(rctx, a.consulClient, *a.registration, 0, a.log.With("component", "replica")); err != nil {
 		return err
 	}

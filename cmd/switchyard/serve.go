@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,7 +19,11 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/switchyard/switchyard/internal/adminauth"
+	"github.com/switchyard/switchyard/internal/drain"
 	"github.com/switchyard/switchyard/internal/mtls"
+	"github.com/switchyard/switchyard/internal/persist"
+	adminstatus "github.com/switchyard/switchyard/internal/status"
+	tenantusage "github.com/switchyard/switchyard/internal/usage"
 	"github.com/switchyard/switchyard/picker"
 	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/registry"
@@ -56,6 +59,7 @@ type serveFlags struct {
 	logLevel         string
 	logFormat        string
 	tls              tlsFlags
+	obs              obsFlags
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
@@ -74,6 +78,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log `format`: text or json")
 	f.tls.register(fs)
+	f.obs.register(fs)
 }
 
 func serveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -150,26 +155,36 @@ type app struct {
 	picker  *picker.Server
 	xds     *xds.Server
 	consul  *consul.Source
-	store   store.Store // nil without -store
-	warm    *warmSaver  // nil without -store
+	// store, and what persists state and the picker's memory in it, are
+	// nil without -store.
+	store  store.Store
+	states *persist.StateSaver
+	warm   *persist.Warm
 	// tls serves ADS and ext_proc certificates; nil without TLS.
 	tls     *mtls.Server
 	connect mtls.ConnectAgent // Consul agent with -tls-consul-service
+	// drain takes the process out of service on shutdown.
+	drain *drain.Drainer
 	// replicaID names this process among the replicas; registration, when
 	// set, is its Consul registration (replicas { consul_service }).
-	// draining is set once shutdown began (drain).
-	draining atomic.Bool
-	// regStop ends the Consul registration early (drain).
-	regStop      atomic.Pointer[context.CancelFunc]
 	replicaID    string
 	pickerAddr   string // the picker address Envoys and replicas dial
 	registration *consul.Registration
 	// peerOpts configure, and mesh is, the pick sharing with the other
 	// replicas (nil without a replicas block).
-	peerOpts     *peers.Options
-	mesh         *peers.Mesh
-	consulClient *api.Client
-	adminAuth    adminauth.Options
+	peerOpts *peers.Options
+	// replicaStatus reads the other replicas' reports (which Envoys each
+	// serves) for the status page; nil for one switchyard.
+	replicaStatus *adminstatus.Peers
+	mesh          *peers.Mesh
+	consulClient  *api.Client
+	adminAuth     adminauth.Options
+	// usage counts the tenants' usage (internal/usage).
+	usage *tenantusage.Ledger
+	// obs is tracing and decision records; history the status page's
+	// charts.
+	obs     *observability
+	history *adminstatus.History
 }
 
 // newApp builds every component. With -store, the state persisted by the
@@ -187,23 +202,29 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	if err := a.replicaSetup(cfg, advertise); err != nil {
 		return nil, err
 	}
+	obs, err := observabilityFrom(f.obs, cfg.Tracing, versionString(), a.replicaID)
+	if err != nil {
+		return nil, err
+	}
+	a.obs = obs
 	var (
 		initial *registry.State
 		snap    *store.Snapshot
-		saved   map[string]uint64
 		mgrOpts = []registry.ManagerOption{registry.WithLogger(logger)}
 	)
 	if f.storePath != "" {
-		st, loaded, err := openStore(f.storePath, logger)
+		st, loaded, err := persist.Open(f.storePath, logger)
 		if err != nil {
 			return nil, err
 		}
 		a.store, snap = st, loaded
-		saved = snap.ConsulIndexes
 		if initial = snap.State(); initial != nil {
 			// What Consul is asked stays the configuration's: it, not the
 			// snapshot, says which pools want Consul members now.
 			logger.Info("serving the persisted state until sources answer", "version", initial.Version, "summary", initial.Summary())
+			// Tenants and upstream keys are not persisted: take them from
+			// the configuration just loaded, never serve without them.
+			initial = initial.WithConfigOnly(cfg.State)
 		}
 		mgrOpts = append(mgrOpts, registry.WithInitialVersion(snap.StateVersion))
 	} else {
@@ -212,7 +233,7 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	a.pub = registry.NewPublisher(initial)
 	a.view = a.pub
 	a.manager = registry.NewManager(a.pub, mgrOpts...)
-	if a.consul, err = newConsulSource(cfg, initial, saved, logger); err != nil {
+	if a.consul, err = newConsulSource(cfg, initial, persist.ConsulIndexes(snap), logger); err != nil {
 		a.close()
 		return nil, err
 	}
@@ -223,25 +244,54 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	// AddSource cannot fail on a fresh manager.
 	_ = a.manager.AddSource(hclfile.SourceName, a.files)
 	_ = a.manager.AddSource(consul.SourceName, a.consul)
-	a.picker = picker.New(a.pub, picker.Options{}, logger.With("component", "picker"))
+	a.usage = tenantusage.New(a.store, logger.With("component", "usage"))
+	a.picker = picker.New(a.pub, picker.Options{Usage: a.usage, Tracer: obs.tracer, Decisions: obs.decisions}, logger.With("component", "picker"))
+	a.history = adminstatus.NewHistory(a.picker, 0, 0)
 	// The picker's scrape results are the registry's health input: xDS
 	// and the discovery guard read endpoint health from published states.
 	_ = a.manager.AddSource(healthSourceName, a.picker.EndpointHealth())
 	if a.peerOpts != nil {
+		a.replicaStatus = adminstatus.NewPeers(a.view, a.pickerAddr, replicaStatusInterval, a.adminClient())
 		a.mesh = peers.New(a.picker, *a.peerOpts)
 		a.picker.UsePeers(a.mesh)
 	}
 	if a.store != nil {
 		// The picker starts on the persisted state, so the prefix index,
 		// sessions and health of its endpoints can be restored now.
-		restored := restoreWarm(a.picker, snap, logger)
-		a.warm = newWarmSaver(a.store, snap, a.picker, logger.With("component", "store"))
-		a.warm.restored = restored
+		storeLog := logger.With("component", "store")
+		a.warm = persist.NewWarm(a.store, a.picker, persist.WarmOptions{Logger: storeLog})
+		a.warm.Restore(snap, time.Now())
+		a.states = persist.NewStateSaver(a.store, a.pub, a.consul.Indexes, storeLog)
 	}
 	a.xds = xds.NewServer(a.pub, xds.Options{
-		Translation: ir.Options{PickerAddr: advertise, PickerTLS: a.pickerTLS(), PickerMaxStreams: uint32(min(f.pickerMaxStreams, 1<<32-1))},
+		Translation: ir.Options{PickerAddr: advertise, PickerTLS: a.pickerTLS(), PickerMaxStreams: uint32(min(f.pickerMaxStreams, 1<<32-1)),
+			Tracing: obs.envoy},
 	}, logger)
+	// On shutdown, the picker's and ADS's gRPC health and /readyz report
+	// not ready (the Consul registration ends too: registerReplica).
+	a.drain = drain.New(drain.Options{Delay: f.drainDelay, Timeout: f.drainTimeout, Logger: logger}, a.picker.ActiveStreams)
+	a.drain.OnDrain(a.picker.Drain)
+	a.drain.OnDrain(func() { a.xds.SetServing(false) })
 	return a, nil
+}
+
+// newConsulSource builds the Consul source watching what cfg asks for (its
+// pools' consul blocks, the replicas block); it opens no connection until
+// something is wanted. restored is the persisted state, whose Consul
+// members stand in until Consul first answers, and indexes the persisted
+// blocking-query indexes. The configuration's top-level consul block, read
+// once at start, overrides the CONSUL_HTTP_* environment.
+func newConsulSource(cfg *hclfile.Config, restored *registry.State, indexes map[registry.ConsulSelector]uint64, logger *slog.Logger) (*consul.Source, error) {
+	opts := consulOptions(cfg)
+	opts.Wants = consul.WantsFrom(cfg.State)
+	opts.Restored = restored
+	opts.InitialIndexes = indexes
+	opts.Logger = logger.With("component", "consul")
+	cs, err := consul.New(opts)
+	if err != nil {
+		return nil, fmt.Errorf("consul: %w", err)
+	}
+	return cs, nil
 }
 
 // close releases what newApp opened (the store's final flush).
@@ -320,8 +370,18 @@ func (a *app) components() []component {
 	if a.mesh != nil {
 		comps = append(comps, component{"peers", a.sharePicks})
 	}
+	if a.replicaStatus != nil {
+		comps = append(comps, component{"replica-status", func(ctx context.Context) error { a.replicaStatus.Run(ctx); return nil }})
+	}
 	if a.store != nil {
-		comps = append(comps, component{"persist", a.persist}, component{"persist-warm", a.persistWarm})
+		comps = append(comps, component{"persist", a.states.Run}, component{"persist-warm", a.warm.Run})
+	}
+	comps = append(comps, component{"status-history", a.history.Run})
+	if a.obs.tracer != nil {
+		comps = append(comps, component{"tracing", a.runTracing})
+	}
+	if a.obs.file != "" {
+		comps = append(comps, component{"decisions-file", a.runDecisionsFile})
 	}
 	return comps
 }
@@ -339,50 +399,11 @@ func (a *app) run(ctx context.Context) error {
 		return err
 	case <-ctx.Done():
 	}
-	if err, failed := a.drain(errc); failed {
+	if stopped, err := a.drain.Run(errc); stopped {
 		return err
 	}
 	cancel()
 	return <-errc
-}
-
-// drain takes this switchyard out of service before it stops, so that a
-// replica stopped for an upgrade fails no request: it reports itself not
-// ready (picker and ADS gRPC health, /readyz) and deregisters from Consul,
-// keeps serving for -drain-delay while Envoys' health checks and the other
-// replicas notice, then waits up to -drain-timeout for the requests in
-// flight through its picker. If a component fails meanwhile it returns
-// that component's error and failed.
-func (a *app) drain(errc <-chan error) (err error, failed bool) {
-	start := time.Now()
-	a.draining.Store(true)
-	a.picker.Drain()
-	a.xds.SetServing(false)
-	if stop := a.regStop.Load(); stop != nil {
-		(*stop)()
-	}
-	a.log.Info("draining: reported not ready; still serving", "delay", a.flags.drainDelay, "in_flight", a.picker.ActiveStreams())
-	wait := func(d time.Duration) bool {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			return true
-		case err = <-errc:
-			return false
-		}
-	}
-	if !wait(a.flags.drainDelay) {
-		return err, true
-	}
-	deadline := time.Now().Add(a.flags.drainTimeout)
-	for a.picker.ActiveStreams() > 0 && time.Now().Before(deadline) {
-		if !wait(50 * time.Millisecond) {
-			return err, true
-		}
-	}
-	a.log.Info("drained", "in_flight_left", a.picker.ActiveStreams(), "took", time.Since(start).Round(time.Millisecond))
-	return nil, false
 }
 
 func runComponents(ctx context.Context, logger *slog.Logger, comps []component) error {

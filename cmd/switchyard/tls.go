@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
 	"github.com/switchyard/switchyard/envoy"
@@ -184,64 +183,4 @@ func (a *app) grpcCreds(server string) []grpc.ServerOption {
 		return nil
 	}
 	return []grpc.ServerOption{grpc.Creds(a.tls.GRPCCredentials(server))}
-}
-
-// tlsStatus is the /api/status view of transport security.
-type tlsStatus struct {
-	Origin      string            `json:"origin"`
-	Subject     string            `json:"subject"`
-	NotAfter    time.Time         `json:"not_after"`
-	Reloads     uint64            `json:"reloads"`
-	AllowedSANs []string          `json:"allowed_sans,omitempty"`
-	Rejected    map[string]uint64 `json:"rejected"` // "server/reason" -> count
-}
-
-func (a *app) tlsStatus() *tlsStatus {
-	if a.tls == nil {
-		return nil
-	}
-	st := a.tls.Stats()
-	out := &tlsStatus{Origin: st.Origin, Subject: st.Subject, NotAfter: st.NotAfter.UTC(), Reloads: st.Reloads,
-		AllowedSANs: a.flags.tls.sans(), Rejected: map[string]uint64{}}
-	for k, v := range st.Rejected {
-		out.Rejected[k.Server+"/"+k.Reason] = v
-	}
-	return out
-}
-
-var (
-	mTLSRejected = desc("switchyard_tls_rejected_connections_total", "TLS handshakes refused, by server (xds, extproc) and reason (no_certificate, unknown_ca, expired, not_yet_valid, san_not_allowed, bad_certificate, not_tls, aborted, other).", "server", "reason")
-	mTLSExpiry   = desc("switchyard_tls_certificate_expiry_timestamp_seconds", "When the serving certificate expires (Unix time).")
-	mTLSReloads  = desc("switchyard_tls_certificate_reloads_total", "Serving certificate or client CA replacements since start (file rotation, Consul renewal).")
-)
-
-// tlsCollector exports the transport-security metrics; it exports nothing
-// without TLS.
-type tlsCollector struct{ a *app }
-
-func (c tlsCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- mTLSRejected
-	ch <- mTLSExpiry
-	ch <- mTLSReloads
-}
-
-func (c tlsCollector) Collect(ch chan<- prometheus.Metric) {
-	if c.a.tls == nil {
-		return
-	}
-	st := c.a.tls.Stats()
-	for _, server := range []string{"xds", "extproc"} {
-		// Zero series for the common reasons, so alerts on rate() see the
-		// counter from the start.
-		for _, reason := range []string{mtls.ReasonNoCertificate, mtls.ReasonUnknownCA, mtls.ReasonExpired, mtls.ReasonSANNotAllowed} {
-			if _, ok := st.Rejected[mtls.RejectKey{Server: server, Reason: reason}]; !ok {
-				st.Rejected[mtls.RejectKey{Server: server, Reason: reason}] = 0
-			}
-		}
-	}
-	for k, v := range st.Rejected {
-		ch <- prometheus.MustNewConstMetric(mTLSRejected, prometheus.CounterValue, float64(v), k.Server, k.Reason)
-	}
-	ch <- prometheus.MustNewConstMetric(mTLSExpiry, prometheus.GaugeValue, float64(st.NotAfter.Unix()))
-	ch <- prometheus.MustNewConstMetric(mTLSReloads, prometheus.CounterValue, float64(st.Reloads))
 }

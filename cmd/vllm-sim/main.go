@@ -47,6 +47,7 @@ func (l *listFlag) Set(v string) error {
 
 type options struct {
 	host, model         string
+	apiKey              string
 	port                int
 	served, loraModules listFlag
 	enableLoRA          bool
@@ -93,6 +94,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.hangAfter, "hang-after", 0, "if > 0, inference requests after the first N are accepted and never answered")
 	fs.Float64Var(&o.hangRate, "hang-rate", 0, "fraction of inference requests accepted and never answered")
 	fs.IntVar(&o.crashAfter, "crash-after", 0, "if > 0, the process exits (code 3) when inference request N+1 arrives")
+	fs.StringVar(&o.apiKey, "api-key", "", "if set, /v1 requests need Authorization: Bearer KEY (vLLM's --api-key; else 401)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -195,6 +197,7 @@ func run(args []string) error {
 		eng:         eng,
 		log:         log,
 		servedBy:    ln.Addr().String(),
+		apiKey:      o.apiKey,
 		served:      o.served,
 		loraEnabled: o.enableLoRA,
 		defaultMax:  o.defaultMaxTokens,

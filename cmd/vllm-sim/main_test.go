@@ -660,3 +660,36 @@ func TestStreamStartsWithFirstToken(t *testing.T) {
 		t.Errorf("computed tokens: count %d sum %g; want one request of at least %d", h.GetSampleCount(), h.GetSampleSum(), promptTokens)
 	}
 }
+
+// TestAPIKey: with -api-key, /v1 needs the key (vLLM's --api-key: 401
+// {"error":"Unauthorized"}), while /health and /metrics stay open.
+func TestAPIKey(t *testing.T) {
+	s := startSim(t, "-api-key", "sim-secret")
+	get := func(path, auth string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, s.url(path), nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/v1/models", ""); code != http.StatusUnauthorized || body != `{"error":"Unauthorized"}` {
+		t.Fatalf("without key: %d %s", code, body)
+	}
+	if code, _ := get("/v1/models", "Bearer wrong"); code != http.StatusUnauthorized {
+		t.Fatalf("wrong key: %d", code)
+	}
+	if code, _ := get("/v1/models", "Bearer sim-secret"); code != http.StatusOK {
+		t.Fatalf("right key: %d", code)
+	}
+	for _, p := range []string{"/health", "/metrics"} {
+		if code, _ := get(p, ""); code != http.StatusOK {
+			t.Fatalf("%s without key: %d", p, code)
+		}
+	}
+}

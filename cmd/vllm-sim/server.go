@@ -36,6 +36,7 @@ type server struct {
 	eng          *sim.Engine
 	log          *slog.Logger
 	servedBy     string   // our listen address, sent as x-served-by
+	apiKey       string   // required on /v1 when set (vLLM's --api-key)
 	served       []string // base model names
 	loraEnabled  bool
 	defaultMax   int
@@ -72,6 +73,13 @@ func (s *server) routes() http.Handler {
 		}
 		if time.Now().Before(s.readyAt) {
 			writeError(w, http.StatusServiceUnavailable, "server is starting up")
+			return
+		}
+		if s.apiKey != "" && strings.HasPrefix(r.URL.Path, "/v1") && r.Header.Get("Authorization") != "Bearer "+s.apiKey {
+			// vLLM's answer, shape included.
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = w.Write([]byte(`{"error":"Unauthorized"}`))
 			return
 		}
 		mux.ServeHTTP(w, r)

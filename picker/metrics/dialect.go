@@ -66,8 +66,12 @@ type dialect struct {
 	loraInfo  []selector // vLLM only
 	blockSize []source
 	numBlocks []source
-	// hists are histogram family names by HistKind, alternatives in
-	// order; their _sum and _count samples are read.
+	// ttft is the engine's own time-to-first-token histogram (shown next
+	// to what the router measures, and the TTFT in Perf); none for the
+	// TensorRT-LLM engines.
+	ttft []selector
+	// hists are the other latency histograms' family names by HistKind,
+	// alternatives in order; their _sum and _count samples are read.
 	hists [NumHists][]string
 }
 
@@ -84,8 +88,8 @@ func builtinDialect(e registry.Engine) (dialect, bool) {
 			loraInfo:  []selector{{name: "vllm:lora_requests_info"}},
 			blockSize: []source{{sel: info, fromLabel: "block_size"}},
 			numBlocks: []source{{sel: info, fromLabel: "num_gpu_blocks"}},
+			ttft:      []selector{{name: "vllm:time_to_first_token_seconds"}},
 			hists: [NumHists][]string{
-				HistTTFT:          {"vllm:time_to_first_token_seconds"},
 				HistQueue:         {"vllm:request_queue_time_seconds"},
 				HistPrefill:       {"vllm:request_prefill_time_seconds"},
 				HistInference:     {"vllm:request_inference_time_seconds"},
@@ -100,6 +104,7 @@ func builtinDialect(e registry.Engine) (dialect, bool) {
 			kvUsage:   []selector{{name: "sglang:token_usage"}},
 			blockSize: []source{{sel: info, fromLabel: "page_size"}},
 			numBlocks: []source{{sel: info, fromLabel: "num_pages"}},
+			ttft:      []selector{{name: "sglang:time_to_first_token_seconds"}},
 		}, true
 	case registry.EngineTRTLLM:
 		return dialect{

@@ -53,6 +53,9 @@ type Target struct {
 	// Overrides maps logical metric names to metric selectors
 	// (registry.Scheduling.Metrics).
 	Overrides map[string]string
+	// APIKey, when set, is sent as Authorization: Bearer with GET
+	// /v1/models (vLLM's --api-key guards /v1; /metrics is open).
+	APIKey string
 }
 
 // Key returns the target's key.
@@ -144,7 +147,12 @@ type Options struct {
 	// on its first successful scrape and on every healthy<->failing change.
 	// It must not block for long.
 	OnTransition func(Transition)
-	Logger       *slog.Logger
+	// OnScrape, if set, is called from the endpoint's scrape goroutine
+	// with every successful scrape just before it is published (so a
+	// reader of the snapshot finds what the callback recorded). It must
+	// not block.
+	OnScrape func(*Snapshot)
+	Logger   *slog.Logger
 }
 
 func (o *Options) setDefaults() {
@@ -379,7 +387,7 @@ func (m *Manager) newWorker(t Target, p *Parser, h *Handle) *worker {
 
 func (w *worker) sameTarget(t Target) bool {
 	return w.t.MetricsPath == t.MetricsPath && w.t.Engine == t.Engine &&
-		w.t.Interval == t.Interval && maps.Equal(w.t.Overrides, t.Overrides)
+		w.t.Interval == t.Interval && maps.Equal(w.t.Overrides, t.Overrides) && w.t.APIKey == t.APIKey
 }
 
 func (w *worker) stop() { w.cancel() }
@@ -451,6 +459,9 @@ func (w *worker) once() int {
 	if w.ctx.Err() != nil {
 		return 0 // replaced or stopped meanwhile: the handle is not ours
 	}
+	if cb := w.m.opts.OnScrape; cb != nil && err == nil {
+		cb(s)
+	}
 	w.h.cur.Store(s)
 	wasFailing := prev != nil && prev.Failing
 	firstSuccess := err == nil && (prev == nil || prev.LastSuccess.IsZero())
@@ -481,6 +492,9 @@ func (w *worker) servedModels() ([]string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+w.t.Address+"/v1/models", nil)
 	if err != nil {
 		return nil, err
+	}
+	if w.t.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+w.t.APIKey)
 	}
 	resp, err := w.m.opts.Client.Do(req)
 	if err != nil {

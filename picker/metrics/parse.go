@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -35,22 +36,31 @@ type Values struct {
 	// Missing lists the required logical metrics (waiting, running,
 	// kv_usage) the page did not have; their fields are zero.
 	Missing []string
-	// Hists are the cumulative sums and counts of the engine's latency
-	// histograms, by HistKind (vLLM's names; zero where the page lacks
-	// one). Successive pages give Perf.
+	// TTFT is the engine's own time-to-first-token histogram, summed over
+	// its series (nil when the engine exports none).
+	TTFT *Histogram
+	// Hists are the cumulative sums and counts of the engine's other
+	// latency histograms, by HistKind (vLLM's names; zero where the page
+	// lacks one). Successive pages give Perf.
 	Hists [NumHists]Hist
 }
 
-// HistKind names one latency histogram the parser reads.
+// Histogram is a cumulative Prometheus histogram: Cumulative[i] counts
+// observations <= Bounds[i] (seconds); the +Inf bucket is Count, and Sum
+// is the sum of the observations.
+type Histogram struct {
+	Bounds     []float64
+	Cumulative []float64
+	Count, Sum float64
+}
+
+// HistKind names one latency histogram the parser reads besides TTFT.
 type HistKind int
 
 // The histograms read (vLLM 0.11+ names in brackets).
 const (
-	// HistTTFT: time to first token, from arrival at the server
-	// (vllm:time_to_first_token_seconds).
-	HistTTFT HistKind = iota
 	// HistQueue: time waiting for admission (vllm:request_queue_time_seconds).
-	HistQueue
+	HistQueue HistKind = iota
 	// HistPrefill: time from admission to the first token
 	// (vllm:request_prefill_time_seconds).
 	HistPrefill
@@ -73,12 +83,19 @@ type Hist struct {
 // down to the few metric families it needs before handing them to the
 // Prometheus text parser, so other series cost one line scan; of a
 // histogram it keeps the _sum and _count samples (as untyped series: its
-// TYPE line and buckets are dropped). A Parser is not safe for concurrent use; it reuses its buffers.
+// TYPE line and buckets are dropped). The TTFT histogram is read whole,
+// as the page is filtered. A Parser is not safe for concurrent use; it
+// reuses its buffers.
 type Parser struct {
 	d      dialect
 	wanted map[string]struct{}
 	tp     expfmt.TextParser
 	buf    bytes.Buffer
+	// The engine's TTFT histogram's sample names, and what this page had
+	// of it (bounds in page order, summed over series).
+	ttftBucket, ttftCount, ttftSum []byte
+	ttft                           Histogram
+	ttftSeen                       bool
 }
 
 // NewParser returns a parser for engine ("" means vLLM) with per-pool
@@ -96,6 +113,11 @@ func NewParser(engine registry.Engine, overrides map[string]string) (*Parser, er
 	for _, n := range d.families() {
 		p.wanted[n] = struct{}{}
 	}
+	if len(d.ttft) > 0 {
+		// Read by readTTFTLine as the page is filtered: the text parser
+		// would cost more than every other family together.
+		p.ttftBucket, p.ttftCount, p.ttftSum = []byte(d.ttft[0].name+"_bucket"), []byte(d.ttft[0].name+"_count"), []byte(d.ttft[0].name+"_sum")
+	}
 	return p, nil
 }
 
@@ -103,6 +125,7 @@ func NewParser(engine registry.Engine, overrides map[string]string) (*Parser, er
 // a page lacking some metrics is not (see Values.Missing).
 func (p *Parser) Parse(page []byte) (Values, error) {
 	p.buf.Reset()
+	p.ttft.Bounds, p.ttft.Cumulative, p.ttft.Count, p.ttft.Sum, p.ttftSeen = p.ttft.Bounds[:0], p.ttft.Cumulative[:0], 0, 0, false
 	p.filter(page)
 	fams, err := p.tp.TextToMetricFamilies(&p.buf)
 	if err != nil {
@@ -138,7 +161,70 @@ func (p *Parser) Parse(page []byte) (Values, error) {
 	v.BlockSize = readSource(fams, d.blockSize)
 	v.NumBlocks = readSource(fams, d.numBlocks)
 	readLora(fams, d.loraInfo, &v)
+	if p.ttftSeen && len(p.ttft.Bounds) > 0 {
+		v.TTFT = &Histogram{Bounds: slices.Clone(p.ttft.Bounds), Cumulative: slices.Clone(p.ttft.Cumulative), Count: p.ttft.Count, Sum: p.ttft.Sum}
+	}
 	return v, nil
+}
+
+// readTTFTLine reads one sample line of the engine's TTFT histogram into
+// p.ttft, summing series bucket by bucket; it reports whether the line
+// was one. Buckets are matched by their bound, in the order first seen.
+func (p *Parser) readTTFTLine(l []byte) bool {
+	if len(p.ttftBucket) == 0 || len(l) == 0 || l[0] == '#' {
+		return false
+	}
+	name := l[:nameEnd(l)]
+	isBucket, isCount, isSum := bytes.Equal(name, p.ttftBucket), bytes.Equal(name, p.ttftCount), bytes.Equal(name, p.ttftSum)
+	if !isBucket && !isCount && !isSum {
+		return false
+	}
+	end := bytes.LastIndexByte(l, '}')
+	rest := l
+	if end >= 0 {
+		rest = l[end+1:]
+	} else {
+		rest = l[bytes.IndexByte(l, ' ')+1:]
+	}
+	rest = bytes.TrimLeft(rest, " \t")
+	if k := bytes.IndexAny(rest, " \t\r\n"); k >= 0 {
+		rest = rest[:k]
+	}
+	val, err := strconv.ParseFloat(string(rest), 64)
+	if err != nil {
+		return true
+	}
+	p.ttftSeen = true
+	switch {
+	case isCount:
+		p.ttft.Count += val
+		return true
+	case isSum:
+		p.ttft.Sum += val
+		return true
+	}
+	i := bytes.Index(l, []byte(`le="`))
+	if i < 0 {
+		return true
+	}
+	le := l[i+4:]
+	j := bytes.IndexByte(le, '"')
+	if j < 0 {
+		return true
+	}
+	bound, err := strconv.ParseFloat(string(le[:j]), 64)
+	if err != nil || math.IsInf(bound, 1) {
+		return true
+	}
+	for k, b := range p.ttft.Bounds {
+		if b == bound {
+			p.ttft.Cumulative[k] += val
+			return true
+		}
+	}
+	p.ttft.Bounds = append(p.ttft.Bounds, bound)
+	p.ttft.Cumulative = append(p.ttft.Cumulative, val)
+	return true
 }
 
 // filter copies into p.buf only the lines (samples, HELP and TYPE) of the
@@ -150,6 +236,9 @@ func (p *Parser) filter(page []byte) {
 			line, page = page[:i+1], page[i+1:]
 		} else {
 			page = nil
+		}
+		if p.readTTFTLine(skipBlank(line)) {
+			continue
 		}
 		if p.keep(line) {
 			p.buf.Write(line)

@@ -39,16 +39,16 @@ func TestParseDialects(t *testing.T) {
 				RunningAdapters: []string{"sql-lora", "chat-lora"}, WaitingAdapters: []string{"tone-lora"},
 				// The 0.11 page has no inference-time or prefill-token
 				// histograms (later versions added them).
-				Hists: [NumHists]Hist{HistTTFT: {5779.2783, 2279}, HistQueue: {2771.42, 1500}, HistPrefill: {3485.92, 1704}}},
+				Hists: [NumHists]Hist{HistQueue: {2771.42, 1500}, HistPrefill: {3485.92, 1704}}},
 		},
 		{
 			desc: "legacy vllm gpu_cache_usage_perc, two model_name series", engine: registry.EngineVLLM, fixture: "vllm_legacy.txt",
 			// Queue gauges are summed, KV usage is the max.
-			want: Values{Waiting: 7, Running: 6, KVUsage: 0.625, BlockSize: 32, NumBlocks: 8192, Hists: [NumHists]Hist{HistTTFT: {0.93, 12}}},
+			want: Values{Waiting: 7, Running: 6, KVUsage: 0.625, BlockSize: 32, NumBlocks: 8192},
 		},
 		{
 			desc: "empty engine means vllm", engine: "", fixture: "vllm_legacy.txt",
-			want: Values{Waiting: 7, Running: 6, KVUsage: 0.625, BlockSize: 32, NumBlocks: 8192, Hists: [NumHists]Hist{HistTTFT: {0.93, 12}}},
+			want: Values{Waiting: 7, Running: 6, KVUsage: 0.625, BlockSize: 32, NumBlocks: 8192},
 		},
 		{
 			desc: "sglang", engine: registry.EngineSGLang, fixture: "sglang.txt",
@@ -78,12 +78,14 @@ func TestParseDialects(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			got.TTFT = nil // TestEngineTTFT
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Fatalf("got  %+v\nwant %+v", got, tc.want)
 			}
 			// A parser is reused across scrapes: a second parse of the same
 			// page gives the same answer.
 			again, err := p.Parse(fixture(t, tc.fixture))
+			again.TTFT = nil
 			if err != nil || !reflect.DeepEqual(again, tc.want) {
 				t.Fatalf("second parse: %+v, %v", again, err)
 			}
@@ -269,11 +271,45 @@ func TestParseRealVLLM032(t *testing.T) {
 		// Every latency histogram the TTFT prediction learns from is
 		// on a 0.32 page (values as recorded).
 		want := [NumHists]Hist{
-			HistTTFT: {0.0697789192199707, 5}, HistQueue: {9.153399878414348e-05, 5}, HistPrefill: {0.04569521099801932, 5},
+			HistQueue: {9.153399878414348e-05, 5}, HistPrefill: {0.04569521099801932, 5},
 			HistInference: {0.10833344199818384, 5}, HistPrefillTokens: {54, 5},
 		}
 		if v.Hists != want {
 			t.Fatalf("histograms %+v, want %+v", v.Hists, want)
 		}
+		if v.TTFT == nil || v.TTFT.Sum != 0.0697789192199707 || v.TTFT.Count != 5 {
+			t.Fatalf("TTFT histogram %+v, want sum 0.0698 over 5", v.TTFT)
+		}
+	}
+}
+
+// The engine's own TTFT histogram is read (summed over its series), for
+// the status page to show beside the router's measurement and for Perf's
+// mean TTFT (its sum too).
+func TestEngineTTFT(t *testing.T) {
+	page, err := os.ReadFile("testdata/vllm.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewParser(registry.EngineVLLM, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := p.Parse(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := v.TTFT
+	if h == nil {
+		t.Fatal("no TTFT histogram")
+	}
+	if h.Count != 2279 || len(h.Bounds) != 16 || h.Bounds[0] != 0.001 || h.Cumulative[0] != 298 || h.Cumulative[15] != 2279 || h.Sum != 5779.2783 {
+		t.Fatalf("histogram %+v", h)
+	}
+	// Engines without one have none.
+	tp, _ := NewParser(registry.EngineTRTLLM, nil)
+	page2, _ := os.ReadFile("testdata/trtllm.txt")
+	if v, err := tp.Parse(page2); err != nil || v.TTFT != nil {
+		t.Fatalf("trtllm: %+v %v", v.TTFT, err)
 	}
 }

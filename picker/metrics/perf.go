@@ -6,8 +6,7 @@ import (
 )
 
 // Perf is what successive scrapes of one endpoint say about its speed:
-// the mean of each latency histogram over its recent requests, and the
-// concurrency limit it showed. It is derived from the difference between
+// the mean of each latency histogram over its recent requests. It is derived from the difference between
 // a page's cumulative histogram sums and counts and the previous page's,
 // so it describes the requests that finished between scrapes, weighted
 // towards the latest PerfRequests or so. Zero fields are unknown.
@@ -28,29 +27,12 @@ type Perf struct {
 	// prefillSecs and prefillToks are decayed sums of prefill time and
 	// computed tokens, whose ratio is PrefillPerToken.
 	prefillSecs, prefillToks float64
-	// MaxRunning is the server's slot limit (max-num-seqs) once it has
-	// shown it: the largest running count ever seen, held while requests
-	// waited and the KV cache had room for perfPinnedScrapes scrapes in a
-	// row (0 until then). A queue at one scrape is no sign of a limit:
-	// requests that arrive during an engine step wait for the next one.
-	MaxRunning int
-	// maxSeen is the largest running count seen; pinned counts the
-	// scrapes in a row that found it running with a queue.
-	maxSeen, pinned int
 }
 
 // PerfRequests is how many recent requests the Perf means mostly
 // reflect: a scrape interval in which n requests finished moves each mean
 // a fraction 1-exp(-n/PerfRequests) towards that interval's mean.
 const PerfRequests = 64
-
-// perfKVRoom is the KV-cache usage below which a queue is taken to be
-// waiting for a sequence slot rather than for KV blocks.
-const perfKVRoom = 0.9
-
-// perfPinnedScrapes is how many scrapes in a row must find the largest
-// running count with a queue before it counts as the slot limit.
-const perfPinnedScrapes = 4
 
 // PerfRateWindow is the time constant over which Perf.Rate follows the
 // first tokens per second.
@@ -59,23 +41,32 @@ const PerfRateWindow = 2 * time.Second
 // next returns p updated with the requests that finished between the
 // pages that gave prev and cur, dt apart. A histogram whose count went
 // down (the server restarted) contributes nothing this time and starts
-// afresh; so does MaxRunning.
+// afresh.
 func (p Perf) next(prev, cur *Values, dt time.Duration) Perf {
 	if prev == nil {
-		return p.observeRunning(cur)
+		return p
 	}
-	restarted := false
 	delta := func(k HistKind) (sum, count float64) {
 		a, b := prev.Hists[k], cur.Hists[k]
 		if b.Count < a.Count || b.Sum < a.Sum {
-			restarted = true
 			return 0, 0
 		}
 		return b.Sum - a.Sum, b.Count - a.Count
 	}
 	n := 0.0
+	ttft := func(v *Values) Hist {
+		if v.TTFT == nil {
+			return Hist{}
+		}
+		return Hist{Sum: v.TTFT.Sum, Count: v.TTFT.Count}
+	}
+	prevTTFT, curTTFT := ttft(prev), ttft(cur)
+	if c := curTTFT.Count - prevTTFT.Count; c > 0 && curTTFT.Sum >= prevTTFT.Sum {
+		p.TTFT = ewma(p.TTFT, (curTTFT.Sum-prevTTFT.Sum)/c, c)
+		n = c
+	}
 	means := [NumHists]*float64{
-		HistTTFT: &p.TTFT, HistQueue: &p.Queue, HistPrefill: &p.Prefill,
+		HistQueue: &p.Queue, HistPrefill: &p.Prefill,
 		HistInference: &p.Inference, HistPrefillTokens: &p.PrefillTokens,
 	}
 	for k, mean := range means {
@@ -97,31 +88,11 @@ func (p Perf) next(prev, cur *Values, dt time.Duration) Perf {
 			p.PrefillPerToken = p.prefillSecs / p.prefillToks
 		}
 	}
-	if c := cur.Hists[HistTTFT].Count - prev.Hists[HistTTFT].Count; dt > 0 && c >= 0 {
+	if c := curTTFT.Count - prevTTFT.Count; dt > 0 && c >= 0 {
 		w := 1 - math.Exp(-float64(dt)/float64(PerfRateWindow))
 		p.Rate += (c/dt.Seconds() - p.Rate) * w
 	}
-	if restarted {
-		p.MaxRunning, p.maxSeen, p.pinned = 0, 0, 0
-	}
 	p.Requests += n
-	return p.observeRunning(cur)
-}
-
-func (p Perf) observeRunning(cur *Values) Perf {
-	if cur.Running > p.maxSeen {
-		p.maxSeen, p.pinned = cur.Running, 0
-		if p.MaxRunning > 0 && cur.Running > p.MaxRunning {
-			p.MaxRunning = 0 // it was no limit after all
-		}
-	}
-	if cur.Running == p.maxSeen && cur.Running > 0 && cur.Waiting > 0 && cur.KVUsage < perfKVRoom {
-		if p.pinned++; p.pinned >= perfPinnedScrapes {
-			p.MaxRunning = p.maxSeen
-		}
-	} else {
-		p.pinned = 0
-	}
 	return p
 }
 

@@ -32,7 +32,7 @@ func TargetsFromState(s *registry.State) []Target {
 				path = ep.MetricsPath
 			}
 			out = append(out, Target{Pool: p.Name, Address: ep.Address, MetricsPath: path,
-				Engine: p.Engine, Interval: interval, Overrides: overrides})
+				Engine: p.Engine, Interval: interval, Overrides: overrides, APIKey: p.UpstreamAPIKey})
 		}
 	}
 	return out

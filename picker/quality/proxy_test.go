@@ -118,6 +118,9 @@ func (dp *dataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ir := resp.GetImmediateResponse(); ir != nil {
+		for _, h := range ir.GetHeaders().GetSetHeaders() {
+			w.Header().Set(h.GetHeader().GetKey(), string(h.GetHeader().GetRawValue()))
+		}
 		w.Header().Set("content-type", "application/json")
 		w.WriteHeader(int(ir.GetStatus().GetCode()))
 		_, _ = w.Write(ir.GetBody())

@@ -34,8 +34,8 @@ type fleetConfig struct {
 	timeScale float64
 	gpuBlocks int
 	scrape    time.Duration
-	// maxSeqs is each simulator's -max-num-seqs (0: its default, 256).
-	maxSeqs int
+	// simArgs are extra vllm-sim flags (e.g. -max-num-seqs).
+	simArgs []string
 }
 
 // fleet is N vllm-sim processes behind one picker (or several replicas)
@@ -47,6 +47,9 @@ type fleet struct {
 	pub     *registry.Publisher
 	srvs    []*picker.Server
 	version uint64
+	// admission is the pool's admission block use publishes (nil: the
+	// defaults).
+	admission *registry.Admission
 }
 
 func startFleet(t testing.TB, cfg fleetConfig) *fleet {
@@ -63,15 +66,12 @@ func startReplicaFleet(t testing.TB, cfg fleetConfig, replicas int, share bool) 
 	var addrs []string
 	for i := range cfg.sims {
 		port := testutil.FreePort(t)
-		args := []string{"-port", strconv.Itoa(port), "-model", modelName,
+		args := append([]string{"-port", strconv.Itoa(port), "-model", modelName,
 			"-time-scale", strconv.FormatFloat(cfg.timeScale, 'g', -1, 64),
 			// Room for the mixed workload's 8,000-token prompts with
 			// 1,024-token answers.
 			"-max-model-len", "10240",
-			"-num-gpu-blocks", strconv.Itoa(cfg.gpuBlocks), "-seed", strconv.Itoa(i + 1), "-log-level", "warn"}
-		if cfg.maxSeqs > 0 {
-			args = append(args, "-max-num-seqs", strconv.Itoa(cfg.maxSeqs))
-		}
+			"-num-gpu-blocks", strconv.Itoa(cfg.gpuBlocks), "-seed", strconv.Itoa(i + 1), "-log-level", "warn"}, cfg.simArgs...)
 		testutil.Start(t, fmt.Sprintf("vllm-sim-%d", i), bin, args...)
 		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(port))
 	}
@@ -160,10 +160,15 @@ func decisionLog(t testing.TB) *slog.Logger {
 }
 
 func (f *fleet) state(sc *registry.Scheduling) *registry.State {
+	return f.stateWith(sc, nil)
+}
+
+// stateWith is state with the pool's admission block.
+func (f *fleet) stateWith(sc *registry.Scheduling, adm *registry.Admission) *registry.State {
 	st := registry.Empty()
 	f.version++
 	st.Version = f.version
-	p := &registry.Pool{Name: poolName, Engine: registry.EngineVLLM, Scheduling: sc}
+	p := &registry.Pool{Name: poolName, Engine: registry.EngineVLLM, Scheduling: sc, Admission: adm}
 	for _, a := range f.addrs {
 		p.Endpoints = append(p.Endpoints, registry.Endpoint{Address: a})
 	}
@@ -189,9 +194,14 @@ func (f *fleet) use(profile string) {
 			sc.Scorers[k] = x
 		}
 	}
-	st := f.state(sc)
+	f.apply(f.stateWith(sc, f.admission))
+}
+
+// apply publishes st and waits until every picker applied it.
+func (f *fleet) apply(st *registry.State) {
+	f.t.Helper()
 	f.pub.Publish(st)
-	testutil.Eventually(f.t, 5*time.Second, "profile "+profile+" applied", func() error {
+	testutil.Eventually(f.t, 5*time.Second, fmt.Sprintf("state %d applied", st.Version), func() error {
 		for _, srv := range f.srvs {
 			if v := srv.Stats().Version; v != st.Version {
 				return fmt.Errorf("version %d, want %d", v, st.Version)
@@ -317,7 +327,11 @@ func TestQuality(t *testing.T) {
 	secs := envFloat("SWITCHYARD_QUALITY_SECONDS", 15)
 	blocks := int(envFloat("SWITCHYARD_QUALITY_BLOCKS", 3000))
 	seqs := int(envFloat("SWITCHYARD_QUALITY_SEQS", 0))
-	f := startFleet(t, fleetConfig{sims: 4, timeScale: scale, gpuBlocks: blocks, scrape: 50 * time.Millisecond, maxSeqs: seqs})
+	var simArgs []string
+	if seqs > 0 {
+		simArgs = []string{"-max-num-seqs", strconv.Itoa(seqs)}
+	}
+	f := startFleet(t, fleetConfig{sims: 4, timeScale: scale, gpuBlocks: blocks, scrape: 50 * time.Millisecond, simArgs: simArgs})
 	w := load.Workload{Kind: load.WorkloadSharedPrefix,
 		Groups: int(envFloat("SWITCHYARD_QUALITY_GROUPS", 32)), UsersPerGroup: int(envFloat("SWITCHYARD_QUALITY_USERS", 16)),
 		SystemLen: int(envFloat("SWITCHYARD_QUALITY_SYSTEM", 2048)), QuestionLen: 128, Output: load.Fixed(int(envFloat("SWITCHYARD_QUALITY_OUTPUT", 128)))}

@@ -270,21 +270,35 @@ func (r RoundRobin) Pick(eps []*Endpoint, _ []float64, n int, dst []*Endpoint) [
 	return dst
 }
 
-// Saturation decides whether a pool is too loaded for sheddable requests.
+// Saturation decides whether a pool is saturated: new requests wait in the
+// admission queue (or, with admission off, sheddable ones are shed).
 type Saturation interface {
 	Saturated(now time.Time, eps []*Endpoint) bool
 }
 
-// Default saturation thresholds (registry.Scheduling zero values).
+// Default saturation thresholds (registry.Scheduling zero values). A
+// queue threshold of 1 makes an endpoint saturated as soon as a request
+// would wait in its own queue: with the admission queue, requests wait
+// in the picker, in priority and fairness order, rather than in a
+// server's first-come-first-served queue (the reference picker's 5 was
+// chosen for shedding, not for holding requests back).
 const (
-	DefaultQueueThreshold = 5
+	DefaultQueueThreshold = 1
 	DefaultKVThreshold    = 0.8
 )
 
 // Thresholds is the scraped-metrics saturation rule: the pool is saturated
-// when every candidate has Waiting >= Queue or KV usage >= KV, counting an
-// endpoint with stale metrics (scrapes failing or too old) as saturated.
-// An endpoint never scraped (or not scraped at all) is not judged, so a
+// when every candidate has a queue of at least Queue requests, or its KV
+// cache use is at least KV. Once a server's batch is learned, the queue
+// counted is the one it would have if sent one more request now (see
+// waitingIfSent), so with Queue 1 an endpoint has room exactly when a
+// request sent now starts at once; before that, it is the queue it has
+// now, counting what the picker sent since the scrape. An endpoint with
+// stale metrics (scrapes failing or too old) counts as saturated, unless
+// every candidate is stale: then the metrics path is broken, not the
+// servers, and the rule does not judge (as HealthFilter keeps them all),
+// so broken scraping degrades scheduling instead of shedding or queueing
+// every request. An endpoint never scraped is not judged either, so a
 // pool without metrics is never saturated by this rule.
 type Thresholds struct {
 	Queue int
@@ -296,18 +310,21 @@ func (t Thresholds) Saturated(now time.Time, eps []*Endpoint) bool {
 	if len(eps) == 0 {
 		return false
 	}
+	stale := 0
 	for _, e := range eps {
 		f, s := e.Freshness(now)
 		switch f {
 		case Unscraped:
 			return false
 		case Fresh:
-			if s.Waiting < t.Queue && s.KVUsage < t.KV {
+			if n, _ := waitingIfSent(e, s, now); n < float64(t.Queue) && s.KVUsage < t.KV {
 				return false
 			}
+		default:
+			stale++
 		}
 	}
-	return true
+	return stale < len(eps)
 }
 
 // InFlightLimit reports saturation when every candidate already has at

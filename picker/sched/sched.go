@@ -46,6 +46,67 @@ type Load struct {
 	ttft ttftLearner
 	// cacheBlocks is the KV block count last applied to the prefix index.
 	cacheBlocks atomic.Int64
+	// mark is the in-flight count when the latest scrape was taken, and
+	// batch the server's learned batch size (0: not learned yet); see
+	// MarkScrape and waitingIfSent.
+	mark  atomic.Pointer[scrapeMark]
+	batch atomic.Int64
+	// batchSeen is when a scrape last showed requests waiting (Unix ns):
+	// the batch was confirmed then.
+	batchSeen atomic.Int64
+	// shrinkRuns counts consecutive scrapes with requests waiting behind
+	// fewer running than the batch, shrinkMax the most running among them
+	// (see MarkScrape). Only the endpoint's scrape goroutine writes them.
+	shrinkRuns, shrinkMax atomic.Int64
+}
+
+// shrinkAfter is how many scrapes in a row must show requests waiting
+// behind a smaller batch before the learned batch shrinks to it.
+const shrinkAfter = 5
+
+// scrapeMark ties a scrape (by its LastSuccess time) to the picker's
+// in-flight count at that moment.
+type scrapeMark struct {
+	at       time.Time
+	inFlight int64
+}
+
+// MarkScrape records, for the successful scrape s about to be published,
+// the requests in flight now, so that what was sent and what finished
+// since the scrape can be told apart from what the scrape counted. It
+// also learns the server's batch: while requests wait, the running ones
+// fill it (its sequence limit, or what its KV cache holds). One scrape
+// can catch a request that arrived between two scheduler steps waiting
+// beside a batch that is not full, so the batch grows at once to the
+// largest running count seen with requests waiting, but shrinks only
+// when shrinkAfter scrapes in a row show requests waiting behind fewer
+// running (long prompts filling the KV cache). The metrics scraper calls
+// it (Options.OnScrape).
+func (l *Load) MarkScrape(s *metrics.Snapshot) {
+	l.mark.Store(&scrapeMark{at: s.LastSuccess, inFlight: l.InFlightRequests.Load()})
+	r, b := int64(s.Running), l.batch.Load()
+	switch {
+	case s.Waiting > 0 && r > 0:
+		l.batchSeen.Store(s.LastSuccess.UnixNano())
+		if r >= b {
+			l.batch.Store(r)
+			l.shrinkRuns.Store(0)
+			l.shrinkMax.Store(0)
+			return
+		}
+		l.shrinkMax.Store(max(l.shrinkMax.Load(), r))
+		if l.shrinkRuns.Add(1) >= shrinkAfter {
+			l.batch.Store(l.shrinkMax.Load())
+			l.shrinkRuns.Store(0)
+			l.shrinkMax.Store(0)
+		}
+	default:
+		l.shrinkRuns.Store(0)
+		l.shrinkMax.Store(0)
+		if r > b && b > 0 {
+			l.batch.Store(r)
+		}
+	}
 }
 
 // MetricsSource yields an endpoint's latest scraped Snapshot with one atomic
@@ -163,6 +224,12 @@ type Request struct {
 	// Explain asks Rank to record a per-scorer explanation of the top
 	// candidates in the Scratch (debug logging only: it allocates).
 	Explain bool
+	// Record asks Filter and Rank to keep the decision's breakdown in the
+	// Scratch (see Scratch.Breakdown): what each filter left and every
+	// scorer's score of every candidate. Once the Scratch has grown to the
+	// pool it allocates nothing; set it only for requests whose decision
+	// is traced or recorded.
+	Record bool
 
 	scratch *Scratch
 }
@@ -243,6 +310,8 @@ type Scratch struct {
 	// The TTFT scorer's predictions, by the candidate order in names.
 	preds   []Prediction
 	predsOK bool
+	// What Record keeps (see Breakdown).
+	rec recorded
 }
 
 // PrefixMatch returns how many of the request's blocks the prefix scorer
@@ -275,12 +344,16 @@ func (p *Profile) Filter(req *Request, pool []*Endpoint, sc *Scratch) []*Endpoin
 	sc.cands = append(sc.cands[:0], pool...)
 	cands := sc.cands
 	sc.EmptiedBy = ""
+	sc.rec.reset(req.Record, len(cands))
 	for _, f := range p.Filters {
 		if len(cands) == 0 {
 			break
 		}
 		if cands = f.Filter(req, cands); len(cands) == 0 {
 			sc.EmptiedBy = f.Name()
+		}
+		if req.Record {
+			sc.rec.filters = append(sc.rec.filters, FilterCount{Name: f.Name(), Left: len(cands)})
 		}
 	}
 	return cands
@@ -313,8 +386,10 @@ func (p *Profile) Rank(req *Request, cands []*Endpoint, n int, sc *Scratch) []*E
 	sc.scores = grow(sc.scores, len(cands))
 	sc.tmp = grow(sc.tmp, len(cands))
 	clear(sc.scores)
-	if req.Explain {
+	keep := req.Explain || req.Record
+	if keep {
 		sc.per = sc.per[:0]
+		sc.rec.scorers = sc.rec.scorers[:0]
 	}
 	for _, ws := range p.Scorers {
 		if ws.Weight == 0 {
@@ -325,12 +400,18 @@ func (p *Profile) Rank(req *Request, cands []*Endpoint, n int, sc *Scratch) []*E
 		for i, s := range sc.tmp {
 			sc.scores[i] += ws.Weight * s
 		}
-		if req.Explain {
-			sc.per = append(sc.per, append([]float64(nil), sc.tmp...))
+		if keep {
+			sc.keepScores(ws)
 		}
 	}
 	if req.Explain {
 		sc.Explanation = p.explain(cands, sc)
+	}
+	if req.Record {
+		// The picker may reorder cands and scores: keep them as scored.
+		sc.rec.cands = append(sc.rec.cands[:0], cands...)
+		sc.rec.totals = append(sc.rec.totals[:0], sc.scores...)
+		sc.rec.ranked = true
 	}
 	sc.picked = p.Picker.Pick(cands, sc.scores, n, sc.picked[:0])
 	return sc.picked

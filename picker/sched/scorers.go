@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/prefix"
 )
 
@@ -30,6 +31,49 @@ func queueLoad(e *Endpoint, now time.Time) float64 {
 	}
 	excess := inflight - int64(s.Running+s.Waiting)
 	return float64(s.Waiting) + float64(max(excess, 0))
+}
+
+// probeAfter is how long a learned batch goes unconfirmed before a probe
+// tests whether it grew.
+const probeAfter = 5 * time.Second
+
+// waitingIfSent estimates how many requests would wait in e's server
+// queue if one more were sent now; exact reports that the estimate is
+// this one, and not, without a learned batch, how many wait now.
+//
+// The estimate uses the fresh snapshot s and what the picker sent and saw
+// finish since that scrape (the in-flight change since MarkScrape): the
+// server holds its scraped running and waiting plus that change, or the
+// picker's own in-flight count when larger (requests still in the
+// server's front end, sent but not yet queued, are in neither gauge).
+// What it would hold beyond its batch waits. A finished request thus
+// frees its slot as soon as it ends, not at the next scrape, and the
+// admission queue dispatches into it at once. When the latest scrape
+// showed the batch exactly full and nothing waiting, and no scrape
+// confirmed the batch for probeAfter, one request beyond it is allowed,
+// a probe: it runs if the batch has grown (a shorter mix of prompts
+// leaves KV for more), and the next scrape learns that; if not, it waits
+// first in the server's queue, so probes stay rare (each delays one
+// higher-priority request by one slot).
+//
+// Until the batch is known (a scrape with requests waiting), the server
+// has taken everything so far: the estimate is the scraped waiting count
+// (0). Without a mark for s, it is queueLoad.
+func waitingIfSent(e *Endpoint, s *metrics.Snapshot, now time.Time) (n float64, exact bool) {
+	m := e.Load.mark.Load()
+	if m == nil || !m.at.Equal(s.LastSuccess) {
+		return queueLoad(e, now), false
+	}
+	b := e.Load.batch.Load()
+	if b <= 0 {
+		return float64(s.Waiting), false
+	}
+	inFlight := e.Load.InFlightRequests.Load()
+	held := max(int64(s.Running+s.Waiting)+inFlight-m.inFlight, inFlight)
+	if s.Waiting == 0 && int64(s.Running) >= b && now.UnixNano()-e.Load.batchSeen.Load() > int64(probeAfter) {
+		held-- // the probe
+	}
+	return float64(max(held+1-b, 0)), true
 }
 
 // lowerIsBetter turns the loads in scores (NaN = unknown) into

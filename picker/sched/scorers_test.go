@@ -259,6 +259,9 @@ func TestSaturation(t *testing.T) {
 		{"mixed queue and KV", []m{{waiting: 6}, {kv: 0.9}}, true},
 		{"stale counts as saturated", []m{{stale: true}, {waiting: 7}}, true},
 		{"stale with a free endpoint", []m{{stale: true}, {waiting: 1}}, false},
+		{"every endpoint stale is not judged", []m{{stale: true}, {stale: true}}, false},
+		{"requests sent since the scrape count", []m{{waiting: 3, running: 2, inflight: 7}, {waiting: 9}}, true},
+		{"requests the scrape already counts do not", []m{{waiting: 3, running: 2, inflight: 5}, {waiting: 9}}, false},
 		{"unscraped endpoint is not judged", []m{{none: true}, {waiting: 7}}, false},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
@@ -502,5 +505,127 @@ func TestHealthFilterJudgesThePool(t *testing.T) {
 	e[0].Metrics = stale
 	if got := prof.Filter(&req, e, &sc); len(got) != 2 || sc.EmptiedBy != "" {
 		t.Fatalf("all stale: %d candidates (emptied by %q), want both", len(got), sc.EmptiedBy)
+	}
+}
+
+// The saturation rule sees the server's queue as it would be with one
+// more request: requests sent and finished since the scrape count, and
+// once the batch size is learned (a scrape with requests waiting) a
+// finished request frees its slot at once instead of at the next scrape.
+func TestWaitingIfSent(t *testing.T) {
+	t.Parallel()
+	th := Thresholds{Queue: 1, KV: 1}
+	wait := func(e *Endpoint, s *metrics.Snapshot, at time.Time) float64 {
+		n, _ := waitingIfSent(e, s, at)
+		return n
+	}
+	t.Run("no mark: what the scrape and the excess in flight say", func(t *testing.T) {
+		e := mkEps(m{waiting: 0, running: 3, inflight: 4})
+		if n, exact := waitingIfSent(e[0], e[0].Snapshot(), now); n != 1 || exact {
+			t.Errorf("waiting %v (exact %v), want 1 now (one sent beyond the scrape's 3)", n, exact)
+		}
+	})
+	t.Run("batch not learned: the server has taken everything so far", func(t *testing.T) {
+		e := mkEps(m{waiting: 0, running: 3, inflight: 3})
+		e[0].Load.MarkScrape(e[0].Snapshot())
+		e[0].Load.InFlightRequests.Add(5)
+		if th.Saturated(now, e) {
+			t.Fatal("saturated before the server ever had a request waiting")
+		}
+	})
+	t.Run("batch learned: room only for a request that starts at once", func(t *testing.T) {
+		e := mkEps(m{waiting: 2, running: 8, inflight: 10})
+		e[0].Load.MarkScrape(e[0].Snapshot())
+		if got := wait(e[0], e[0].Snapshot(), now); got != 3 {
+			t.Fatalf("two waiting: one more would be the third, got %v", got)
+		}
+		e[0].Load.InFlightRequests.Add(-2) // two finish: the waiting two run
+		if !th.Saturated(now, e) {
+			t.Fatal("the batch is full again: want saturated")
+		}
+		e[0].Load.InFlightRequests.Add(-1) // one more finishes: a free slot
+		if th.Saturated(now, e) {
+			t.Fatal("a slot is free: want room")
+		}
+		if got := wait(e[0], e[0].Snapshot(), now); got != 0 {
+			t.Errorf("with a free slot: waiting %v, want 0", got)
+		}
+		e[0].Load.InFlightRequests.Add(1) // the slot is taken
+		if got := wait(e[0], e[0].Snapshot(), now); got != 1 {
+			t.Errorf("batch full: one more would wait, got %v", got)
+		}
+	})
+	t.Run("requests in the server's front end count", func(t *testing.T) {
+		// The scrape saw 8 running, 1 waiting; the picker had 12 in
+		// flight: 3 were not queued yet and will wait too.
+		e := mkEps(m{waiting: 1, running: 8, inflight: 12})
+		e[0].Load.MarkScrape(e[0].Snapshot())
+		if got := wait(e[0], e[0].Snapshot(), now); got != 5 {
+			t.Errorf("waiting if sent %v, want 5", got)
+		}
+	})
+	t.Run("batch full, nothing waiting: one probe beyond it, now and then", func(t *testing.T) {
+		e := mkEps(m{waiting: 1, running: 8, inflight: 9})
+		e[0].Load.MarkScrape(e[0].Snapshot()) // learns 8
+		snap := *e[0].Snapshot()
+		snap.Waiting, snap.LastSuccess = 0, snap.LastSuccess.Add(time.Millisecond)
+		e[0].Load.InFlightRequests.Store(8)
+		e[0].Load.MarkScrape(&snap)
+		if got := wait(e[0], &snap, now); got != 1 {
+			t.Errorf("batch confirmed just now: waiting if sent %v, want 1 (no probe yet)", got)
+		}
+		later := now.Add(probeAfter + time.Second)
+		if got := wait(e[0], &snap, later); got != 0 {
+			t.Errorf("probe due: waiting if sent %v, want 0", got)
+		}
+		e[0].Load.InFlightRequests.Add(1)
+		if got := wait(e[0], &snap, later); got != 1 {
+			t.Errorf("with the probe sent: waiting if sent %v, want 1", got)
+		}
+	})
+	t.Run("a mark of an older scrape is ignored", func(t *testing.T) {
+		e := mkEps(m{waiting: 2, running: 8, inflight: 10})
+		old := *e[0].Snapshot()
+		old.LastSuccess = old.LastSuccess.Add(-time.Second)
+		e[0].Load.MarkScrape(&old)
+		e[0].Load.InFlightRequests.Add(-5)
+		if n, exact := waitingIfSent(e[0], e[0].Snapshot(), now); n != 2 || exact {
+			t.Errorf("waiting %v (exact %v), want the scrape's 2", n, exact)
+		}
+	})
+}
+
+// The batch grows at once to the most running seen with requests
+// waiting, and shrinks only after several scrapes in a row show requests
+// waiting behind fewer running: one request caught between two scheduler
+// steps does not shrink it.
+func TestBatchLearning(t *testing.T) {
+	t.Parallel()
+	l := new(Load)
+	at := now
+	scrape := func(running, waiting int) {
+		at = at.Add(50 * time.Millisecond)
+		s := &metrics.Snapshot{LastSuccess: at}
+		s.Running, s.Waiting = running, waiting
+		l.MarkScrape(s)
+	}
+	scrape(3, 0)
+	if b := l.batch.Load(); b != 0 {
+		t.Fatalf("batch %d before any request waited, want unknown (0)", b)
+	}
+	scrape(8, 2)
+	scrape(5, 1) // a request caught between steps
+	if b := l.batch.Load(); b != 8 {
+		t.Fatalf("batch %d after one scrape with a request waiting behind 5, want 8 kept", b)
+	}
+	for range shrinkAfter {
+		scrape(6, 3) // long prompts: the KV cache holds 6
+	}
+	if b := l.batch.Load(); b != 6 {
+		t.Fatalf("batch %d after %d scrapes with requests waiting behind 6, want 6", b, shrinkAfter)
+	}
+	scrape(7, 0)
+	if b := l.batch.Load(); b != 7 {
+		t.Fatalf("batch %d after 7 ran with nothing waiting, want 7", b)
 	}
 }

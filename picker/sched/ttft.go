@@ -18,7 +18,7 @@ import (
 const (
 	// DefaultMaxNumSeqs is vLLM's default --max-num-seqs for the OpenAI
 	// server (256 on most GPUs; 1024 on large ones): the slot limit
-	// assumed until an endpoint shows its own (metrics.Perf.MaxRunning).
+	// assumed until an endpoint's batch is learned (Load.MarkScrape).
 	DefaultMaxNumSeqs = 256
 	// DefaultPrefillPerToken is the prefill time per prompt token assumed
 	// before any is measured (an 8B model on one current GPU computes
@@ -336,7 +336,7 @@ func predict(req *Request, e *Endpoint, matched int, lora loraNeed) Prediction {
 	p.Queued = e.Load.queuedPrefill(req.Now)
 	p.Ahead = int64(p.Queued.Seconds() / per)
 	hold := holdTime(s, st)
-	slot := max(slotWait(e, s, hold), kvWait(e, s, hold, p.Uncached))
+	slot := max(slotWait(e, s, req.Now, hold), kvWait(e, s, hold, p.Uncached))
 	if st != nil && st.slotN > 0 {
 		slot *= st.slotScale
 	}
@@ -374,35 +374,30 @@ func holdTime(s *metrics.Snapshot, st *ttftStats) float64 {
 	return DefaultHold.Seconds()
 }
 
-// kvFull is the KV-cache usage at which requests that wait are taken to
-// wait for KV blocks: the running count is then the limit.
-const kvFull = 0.9
-
 // slotWait predicts how long a new request waits for a slot on e: the
-// requests beyond the slot limit ahead of it, each freeing a slot after a
-// share hold/limit of a hold time. The limit is the server's max-num-seqs
-// as learned (metrics.Perf.MaxRunning, else DefaultMaxNumSeqs), or, while
-// requests wait with the KV cache full, the running count. Requests sent
-// since the scrape count as queued beyond what it shows.
-func slotWait(e *Endpoint, s *metrics.Snapshot, hold float64) float64 {
+// requests that would wait there if it were sent now, each freeing a
+// slot after a share hold/batch of a hold time. Once the server's batch
+// is learned (its max-num-seqs, or what its KV cache holds: see
+// Load.MarkScrape) that count is waitingIfSent's, the same the queue
+// scorer and the admission queue use; until then the batch is taken as
+// DefaultMaxNumSeqs and the server holds its scraped running and waiting
+// requests, or the picker's in-flight ones when more.
+func slotWait(e *Endpoint, s *metrics.Snapshot, now time.Time, hold float64) float64 {
+	if s != nil {
+		if n, exact := waitingIfSent(e, s, now); exact {
+			return n * hold / float64(e.Load.batch.Load())
+		}
+	}
 	inflight := e.Load.InFlightRequests.Load()
-	limit := int64(DefaultMaxNumSeqs)
 	occupied := inflight
 	if s != nil {
-		if s.Perf.MaxRunning > 0 {
-			limit = int64(s.Perf.MaxRunning)
-		}
-		if s.Waiting > 0 && s.Running > 0 && s.KVUsage >= kvFull {
-			limit = min(limit, int64(s.Running))
-		}
-		seen := int64(s.Running + s.Waiting)
-		occupied = seen + max(inflight-seen, 0)
+		occupied = max(int64(s.Running+s.Waiting), inflight)
 	}
-	over := occupied + 1 - limit
+	over := occupied + 1 - DefaultMaxNumSeqs
 	if over <= 0 {
 		return 0
 	}
-	return float64(over) * hold / float64(limit)
+	return float64(over) * hold / DefaultMaxNumSeqs
 }
 
 // StartPrefill counts a request's prefill work on the endpoint: tokens to

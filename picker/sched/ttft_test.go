@@ -26,10 +26,11 @@ func near(t *testing.T, what string, got, want time.Duration, tol time.Duration)
 }
 
 // The prediction's parts come from the endpoint's page: prefill per token,
-// the fixed part (server TTFT minus queue and prefill), the slot limit.
+// the fixed part (server TTFT minus queue and prefill); the slot limit is
+// the batch the scrapes taught (Load.MarkScrape).
 func TestPredictFromScrapedPerf(t *testing.T) {
 	t.Parallel()
-	perf := metrics.Perf{TTFT: 0.080, Queue: 0.010, PrefillTokens: 1000, PrefillPerToken: 50e-6, Inference: 2, MaxRunning: 4, Requests: 100}
+	perf := metrics.Perf{TTFT: 0.080, Queue: 0.010, PrefillTokens: 1000, PrefillPerToken: 50e-6, Inference: 2, Requests: 100}
 	req := &Request{Tokens: 3000, BlockTokens: 16, Now: now}
 
 	idle := perfEp("idle", metrics.Values{Running: 1}, perf)
@@ -66,9 +67,12 @@ func TestPredictFromScrapedPerf(t *testing.T) {
 		t.Errorf("wait %v with no prefill counted", p.Wait)
 	}
 
-	// At its slot limit (4 running, 2 waiting, one more sent since the
-	// scrape): fourth in line for one of 4 slots, each freeing every 2 s/4.
+	// At its slot limit (4 running, 2 waiting at the scrape, which taught
+	// the batch of 4; one more sent since): fourth in line for one of 4
+	// slots, each freeing every 2 s/4.
 	full := perfEp("full", metrics.Values{Running: 4, Waiting: 2}, perf)
+	full.Load.InFlightRequests.Store(6)
+	full.Load.MarkScrape(full.Metrics.Load())
 	full.Load.InFlightRequests.Store(7)
 	p = predict(req, full, 0, loraNone)
 	near(t, "slot wait", p.SlotWait, 2*time.Second, time.Microsecond)
@@ -76,8 +80,11 @@ func TestPredictFromScrapedPerf(t *testing.T) {
 		t.Errorf("wait %v, want the slot wait %v", p.Wait, p.SlotWait)
 	}
 
-	// KV full: 3 running with a queue means 3 slots, whatever max-num-seqs is.
+	// KV full: 3 running with a queue teach a batch of 3, whatever
+	// max-num-seqs is.
 	kvFull := perfEp("kv", metrics.Values{Running: 3, Waiting: 1, KVUsage: 0.99}, perf)
+	kvFull.Load.InFlightRequests.Store(4)
+	kvFull.Load.MarkScrape(kvFull.Metrics.Load())
 	near(t, "slot wait with the KV cache full", predict(req, kvFull, 0, loraNone).SlotWait, 2*time.Second*2/3, time.Microsecond)
 
 	// A prompt that does not fit in the free KV blocks waits for running

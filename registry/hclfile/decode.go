@@ -29,6 +29,9 @@ var rootSchema = &hcl.BodySchema{
 		{Type: "model", LabelNames: []string{"name"}},
 		{Type: "consul"},
 		{Type: "tls"},
+		{Type: "tenant", LabelNames: []string{"name"}},
+		{Type: "tenants"},
+		{Type: "tracing"},
 	},
 }
 
@@ -99,8 +102,11 @@ var (
 		strAttr("failure_mode", func(p *registry.Pool, v string) { p.FailureMode = registry.FailureMode(v) }),
 		strAttr("metrics_path", func(p *registry.Pool, v string) { p.MetricsPath = v }),
 		{name: "endpoints", decode: (*decoder).poolEndpoints},
+		upstreamAttr("upstream_api_key_file"),
+		upstreamAttr("upstream_api_key_env"),
 	},
 		hcl.BlockHeaderSchema{Type: "scheduling"},
+		hcl.BlockHeaderSchema{Type: "admission"},
 		hcl.BlockHeaderSchema{Type: "endpoint", LabelNames: []string{"address"}},
 		hcl.BlockHeaderSchema{Type: "consul"},
 	)
@@ -149,6 +155,22 @@ var (
 		strAttr("session_header", func(s *registry.Scheduling, v string) { s.SessionHeader = strings.ToLower(v) }, headerName),
 		{name: "scorers", decode: (*decoder).scorers},
 		{name: "metrics", decode: (*decoder).metricNames},
+	})
+
+	// admissionBody is a pool's admission block: its admission queue.
+	admissionBody = newBody([]attr[*registry.Admission]{
+		boolAttr("enabled", func(a *registry.Admission, v bool) { a.Disabled = !v }),
+		intAttr("max_queued", func(a *registry.Admission, v int) { a.MaxQueued = v }),
+		intAttr("max_queued_bytes", func(a *registry.Admission, v int) { a.MaxQueuedBytes = int64(v) }),
+		intAttr("band_max_queued", func(a *registry.Admission, v int) { a.BandMaxQueued = v }),
+		durationAttr("ttl", func(a *registry.Admission, ms int) { a.TTL = time.Duration(ms) * time.Millisecond }),
+		durationAttr("no_endpoint_wait", func(a *registry.Admission, ms int) { a.NoEndpointWait = time.Duration(ms) * time.Millisecond }),
+		strAttr("fairness", func(a *registry.Admission, v string) { a.Fairness = v }),
+		boolAttr("shed_sheddable", func(a *registry.Admission, v bool) { a.ShedSheddable = v }),
+		strAttr("flow_header", func(a *registry.Admission, v string) { a.FlowHeader = strings.ToLower(v) }, headerName),
+		strAttr("priority_header", func(a *registry.Admission, v string) { a.PriorityHeader = strings.ToLower(v) }, headerName),
+		intAttr("priority_min", func(a *registry.Admission, v int) { a.PriorityMin = v }),
+		intAttr("priority_max", func(a *registry.Admission, v int) { a.PriorityMax = v }),
 	})
 
 	endpointBody = newBody([]attr[*registry.Endpoint]{
@@ -236,6 +258,15 @@ type decoder struct {
 	replicas  *replicasBlock
 	agent     *ConsulAgent
 	tls       *TLS
+	tenants   map[string]*registry.Tenant
+	// tenantSettings is the tenants block (nil: none).
+	tenantSettings *registry.TenantSettings
+	// upstream says where each pool takes its upstream API key from.
+	upstream map[string]*upstreamRef
+	// keyFiles are the files holding API keys or their hashes that the
+	// configuration names (watched besides the configuration itself).
+	keyFiles []string
+	tracing  *Tracing
 	// first declaration of each object, for "already defined at" details.
 	declared map[loc]hcl.Range
 	// per pool: canonical endpoint address -> where it was declared.
@@ -251,6 +282,8 @@ func newDecoder() *decoder {
 		pools:      map[string]*registry.Pool{},
 		models:     map[string]*registry.Model{},
 		listeners:  map[string]*registry.Listener{},
+		tenants:    map[string]*registry.Tenant{},
+		upstream:   map[string]*upstreamRef{},
 		declared:   map[loc]hcl.Range{},
 		endpointAt: map[string]map[string]hcl.Range{},
 	}
@@ -329,6 +362,12 @@ func (d *decoder) file(body hcl.Body) {
 			d.agentBlock(b)
 		case "tls":
 			d.tlsBlock(b)
+		case "tenant":
+			d.tenant(b)
+		case "tenants":
+			d.tenantsBlock(b)
+		case "tracing":
+			d.tracingBlock(b)
 		}
 	}
 }
@@ -449,9 +488,19 @@ func (d *decoder) pool(b *hcl.Block) {
 	d.pools[name] = p
 	d.endpointAt[name] = map[string]hcl.Range{}
 	content := decodeBody(d, b.Body, poolBody, obj.at(""), p)
-	var schedAt, consulAt *hcl.Range
+	d.upstreamKey(p)
+	var schedAt, consulAt, admissionAt *hcl.Range
 	for _, sb := range content.Blocks {
 		switch sb.Type {
+		case "admission":
+			if admissionAt != nil {
+				d.errorAt(obj.with("admission"), sb.DefRange, "Duplicate admission block",
+					fmt.Sprintf("Pool %q already has an admission block at %s.", name, pos(*admissionAt)))
+				continue
+			}
+			admissionAt = sb.DefRange.Ptr()
+			p.Admission = &registry.Admission{}
+			decodeBody(d, sb.Body, admissionBody, obj.at("admission."), p.Admission)
 		case "scheduling":
 			if schedAt != nil {
 				d.errorAt(obj.with("scheduling"), sb.DefRange, "Duplicate scheduling block",

@@ -6,9 +6,10 @@
 //
 // # Schema
 //
-// Top level: any number of listener, pool and model blocks, and at most one
-// routing block, one consul block and one tls block, spread over any number
-// of files. Names must be unique across all files.
+// Top level: any number of listener, pool, model and tenant blocks, and at
+// most one routing block, one consul block, one tls block, one tenants
+// block and one tracing block, spread over any number of files. Names must
+// be unique across all files.
 //
 //	consul {                      # optional, at most one: how to reach the
 //	                              # Consul agent; each set attribute wins
@@ -44,6 +45,22 @@
 //	                              # state-changing admin requests
 //	  admin_tls        = false    # admin over HTTPS; a client certificate
 //	                              # of the CA also authorises changes
+//	}
+//
+//	tracing {                     # optional, at most one: OpenTelemetry
+//	                              # traces; read once at start; serve's
+//	                              # -tracing-* flags win over it
+//	  endpoint       = "127.0.0.1:4317" # required: OTLP/gRPC collector for
+//	                              # switchyard's spans (http:// plaintext,
+//	                              # the default, or https:// for TLS)
+//	  sample_ratio   = 1          # share of requests traced, 0 to 1
+//	                              # (default 1); a sampled traceparent wins
+//	  service_name   = "switchyard" # default
+//	  envoy          = true       # Envoy traces too (default true): it
+//	                              # starts the trace and passes it on
+//	  envoy_endpoint = "10.0.0.9:4317" # the collector as Envoy hosts reach
+//	                              # it (default: endpoint's host:port)
+//	  envoy_service_name = "envoy" # default
 //	}
 //
 //	listener "NAME" {
@@ -84,6 +101,14 @@
 //	                              # picker is down; fail_open: Envoy's own
 //	                              # load balancing keeps serving
 //	  metrics_path = "/metrics"   # default "/metrics"; absolute HTTP path
+//	  upstream_api_key_file = "/etc/switchyard/vllm.key" # optional: the key
+//	                              # the picker sends the pool's servers as
+//	                              # Authorization: Bearer (vLLM --api-key)
+//	                              # and uses to read their /v1/models;
+//	                              # re-read with the configuration, never
+//	                              # shown or stored. Or:
+//	  upstream_api_key_env  = "VLLM_API_KEY" # the same from an environment
+//	                              # variable (not both)
 //
 //	  scheduling {                # optional, at most one; every attribute
 //	                              # optional, unset means the picker default
@@ -92,8 +117,9 @@
 //	                                  # random | least-queue | least-request
 //	    picker          = "max-score" # max-score | weighted-random
 //	    scrape_interval = "50ms"      # Go duration, at least 1ms
-//	    queue_threshold = 5           # whole number >= 0: queue length at
+//	    queue_threshold = 1           # whole number >= 0: queue length at
 //	                                  # which an endpoint counts as saturated
+//	                                  # (counting sends since the scrape)
 //	    kv_threshold    = 0.8         # 0..1: KV-cache use at which an
 //	                                  # endpoint counts as saturated
 //	    session_header  = "x-session-id" # header for session affinity
@@ -132,6 +158,25 @@
 //	                              # maintenance are never delayed
 //	  }
 //
+//	  admission {                 # optional, at most one: the pool's
+//	                              # admission queue (picker/admission);
+//	                              # every attribute optional
+//	    enabled          = true   # false: saturated requests go at once
+//	    max_queued       = 1024   # whole number >= 0 (0: the default):
+//	                              # waiting requests of the pool
+//	    max_queued_bytes = 67108864 # their bodies, bytes (0: 64 MiB)
+//	    band_max_queued  = 0      # per priority band (0: no own bound)
+//	    ttl              = "30s"  # longest wait, then 429; at most 5m
+//	    no_endpoint_wait = "5s"   # longest wait while no endpoint is
+//	                              # ready, then 503; at most 5m
+//	    fairness         = "tokens" # tokens | round-robin
+//	    shed_sheddable   = false  # true: priority < 0 gets 429 at once
+//	    flow_header      = "x-tenant"   # header naming the flow (lower-cased)
+//	    priority_header  = "x-priority" # header overriding the priority,
+//	    priority_min     = 0      # clamped to [priority_min, priority_max];
+//	    priority_max     = 1      # setting either needs priority_header
+//	  }
+//
 //	  endpoint "127.0.0.1:8003" { # optional, any number: an endpoint with
 //	                              # settings; same rules as endpoints entries,
 //	                              # and an address may appear only once in
@@ -158,6 +203,40 @@
 //	                              # must use the same pool.
 //	    weight = 90               # default 1; whole number >= 0; the weights
 //	                              # of a model must sum to more than 0
+//	  }
+//	}
+//
+//	tenants {                     # optional, at most one
+//	  hide_forbidden_models = false # default false: a model the tenant
+//	                              # may not use answers 403; true: 404, as
+//	                              # if it did not exist
+//	}
+//
+//	tenant "NAME" {               # optional, any number. With at least one
+//	                              # tenant every request needs one of the
+//	                              # tenants' API keys (Authorization: Bearer
+//	                              # KEY, or x-api-key: KEY), else 401
+//	  api_keys = ["sha256:9f86d0..."] # hashes of the tenant's keys
+//	                              # (switchyard key new prints a key and its
+//	                              # hash), never the keys; a hash may belong
+//	                              # to one tenant only
+//	  api_key_file = "/etc/switchyard/team-a.keys" # and/or a file of
+//	                              # hashes, one per line (# comments),
+//	                              # re-read when it changes: delete a line
+//	                              # to revoke a key
+//	  models   = ["m"]            # default: every model; the client names
+//	                              # the tenant may request (declared, or
+//	                              # served by routing.default_pool)
+//	  priority = 10               # optional whole number: the tenant's
+//	                              # default priority in the admission queue
+//	  limits {                    # optional, at most one; 0 or absent:
+//	                              # unlimited. Sliding windows, split evenly
+//	                              # among the replicas
+//	    requests_per_minute = 600
+//	    tokens_per_minute   = 100000   # prompt + completion tokens as the
+//	    tokens_per_day      = 5000000  # responses' usage reports them
+//	    count_cached        = true     # default true: cached prompt tokens
+//	                                   # count toward the token limits
 //	  }
 //	}
 //

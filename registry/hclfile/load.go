@@ -40,6 +40,12 @@ type Config struct {
 	// TLS is the top-level tls block (nil when there is none), read once
 	// at start like Consul.
 	TLS *TLS
+	// KeyFiles are the files the configuration reads keys or key hashes
+	// from (api_key_file, upstream_api_key_file): Source watches them too.
+	KeyFiles []string
+	// Tracing is the top-level tracing block (nil when there is none),
+	// read once at start.
+	Tracing *Tracing
 }
 
 // Load reads the configuration at path: one HCL file, or every *.hcl file
@@ -122,9 +128,11 @@ func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
 	cfg := &Config{Files: parser.Files()}
 
 	u := registry.Update{
-		Source: SourceName,
-		Pools:  d.pools,
-		Models: d.models,
+		Source:         SourceName,
+		Pools:          d.pools,
+		Models:         d.models,
+		Tenants:        d.tenants,
+		TenantSettings: d.tenantSettings,
 	}
 	for _, name := range d.listenerOrder {
 		u.Listeners = append(u.Listeners, *d.listeners[name])
@@ -141,6 +149,7 @@ func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
 			Detail: "The configuration declares no listener, routing, pool or model block."})
 	}
 	d.mixedModelLists()
+	d.tenantWarnings()
 	s, _, mergeErr := registry.Merge([]registry.Update{u})
 	d.validation(errors.Join(mergeErr, registry.Validate(s)))
 	if len(u.Listeners) == 0 && !d.diags.HasErrors() {
@@ -151,6 +160,8 @@ func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
 	cfg.State = s
 	cfg.Consul = d.agent
 	cfg.TLS = d.tls
+	cfg.KeyFiles = d.keyFiles
+	cfg.Tracing = d.tracing
 	sortDiagnostics(d.diags)
 	return cfg, d.diags
 }
@@ -245,6 +256,8 @@ func summaryFor(ve *registry.ValidationError) string {
 	switch {
 	case errors.Is(ve, registry.ErrUnknownPool):
 		return "Unknown pool"
+	case errors.Is(ve, registry.ErrDuplicate) && ve.Field == "api_keys":
+		return "Duplicate API key"
 	case errors.Is(ve, registry.ErrDuplicate):
 		return "Duplicate " + ve.Kind
 	case errors.Is(ve, registry.ErrUnknownEngine):
@@ -255,12 +268,18 @@ func summaryFor(ve *registry.ValidationError) string {
 		return "Invalid metrics_path"
 	case errors.Is(ve, registry.ErrBadScheduling):
 		return "Invalid scheduling"
+	case errors.Is(ve, registry.ErrBadAdmission):
+		return "Invalid admission"
 	case errors.Is(ve, registry.ErrBadWeights):
 		return "Invalid target weights"
 	case errors.Is(ve, registry.ErrSelfTarget):
 		return "Model targets itself"
 	case errors.Is(ve, registry.ErrBadAddress):
 		return "Invalid address"
+	case errors.Is(ve, registry.ErrBadLimit):
+		return "Invalid limit"
+	case errors.Is(ve, registry.ErrUnknownModel):
+		return "Unknown model"
 	default:
 		return "Invalid configuration"
 	}

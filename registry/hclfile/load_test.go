@@ -194,6 +194,16 @@ func TestLoadErrors(t *testing.T) {
 			`6:25: Invalid scheduling: Unknown metric "queue_len"`,
 			`8:3: Duplicate scheduling block: Pool "llama" already has a scheduling block at testdata/bad/scheduling.hcl:2:3`,
 		}},
+		{"admission.hcl", []string{
+			`3:24: Invalid admission: max_queued -3 is negative`,
+			`4:24: Invalid duration: ttl "forever" is not a duration`,
+			`5:24: Invalid admission: no_endpoint_wait 10m0s is not between 0 and 5m0s`,
+			`6:24: Invalid admission: Unknown fairness "lottery": want one of "tokens", "round-robin"`,
+			`7:24: Invalid admission: priority_min 5 is above priority_max 1`,
+			`7:24: Invalid admission: priority_min and priority_max bound a priority header; name it with priority_header`,
+			`9:24: Invalid flow_header: "x tenant" is not a valid HTTP header name`,
+			`11:3: Duplicate admission block: Pool "llama" already has an admission block at testdata/bad/admission.hcl:2:3`,
+		}},
 		{"consul_agent.hcl", []string{
 			`2:16: Invalid Consul address: "consul.internal" is not a Consul HTTP address`,
 			`4:16: Conflicting Consul tokens: Set token or token_file, not both`,
@@ -418,6 +428,51 @@ pool "defaults" {
 		if got := cfg.State.Pools[pool].EffectiveGuard(); got != want {
 			t.Errorf("pool %s guard = %+v, want %+v", pool, got, want)
 		}
+	}
+}
+
+// Every attribute of the admission block reaches the state; a pool
+// without one has none (the picker's defaults).
+func TestLoadAdmission(t *testing.T) {
+	t.Parallel()
+	src := `
+listener "l" { address = "127.0.0.1:8080" }
+pool "tuned" {
+  admission {
+    enabled          = true
+    max_queued       = 200
+    max_queued_bytes = 1048576
+    band_max_queued  = 50
+    ttl              = "10s"
+    no_endpoint_wait = "2s"
+    fairness         = "round-robin"
+    shed_sheddable   = true
+    flow_header      = "X-Tenant"
+    priority_header  = "X-Priority"
+    priority_min     = -1
+    priority_max     = 2
+  }
+}
+pool "off" {
+  admission { enabled = false }
+}
+pool "defaults" {}
+`
+	cfg, diags := Parse([]Input{{Name: "a.hcl", Src: []byte(src)}})
+	if diags.HasErrors() {
+		t.Fatalf("diagnostics = %s", FormatDiagnostics(diags))
+	}
+	want := registry.Admission{MaxQueued: 200, MaxQueuedBytes: 1 << 20, BandMaxQueued: 50, TTL: 10 * time.Second,
+		NoEndpointWait: 2 * time.Second, Fairness: "round-robin", ShedSheddable: true, FlowHeader: "x-tenant",
+		PriorityHeader: "x-priority", PriorityMin: -1, PriorityMax: 2}
+	if got := cfg.State.Pools["tuned"].Admission; got == nil || *got != want {
+		t.Errorf("tuned admission = %+v, want %+v", got, want)
+	}
+	if got := cfg.State.Pools["off"].Admission; got == nil || !got.Disabled {
+		t.Errorf("off admission = %+v, want disabled", got)
+	}
+	if got := cfg.State.Pools["defaults"].Admission; got != nil {
+		t.Errorf("defaults admission = %+v, want nil", got)
 	}
 }
 

@@ -27,7 +27,8 @@ const (
 // Source is a registry.Source that reads HCL configuration from a file or
 // a directory, re-reading it when the file system reports a change (the
 // containing directory is watched, so editors that replace files by rename
-// are seen), when Reload is called (SIGHUP), and every refresh interval. A
+// are seen; so are the directories of the key files the configuration
+// names), when Reload is called (SIGHUP), and every refresh interval. A
 // load that fails sends an Update with Err set, so the registry keeps the
 // last good configuration in force.
 type Source struct {
@@ -47,6 +48,12 @@ type Source struct {
 	// with it once, so a later change is reported as needing a restart.
 	agent     *ConsulAgent
 	agentSeen bool
+
+	// Owned by Run's goroutine: the watcher, and the key files the last
+	// good load read (API key hashes, upstream keys), watched too so that
+	// a revoked key is seen as soon as its file changes.
+	watcher  *fsnotify.Watcher
+	keyFiles map[string]bool
 }
 
 var (
@@ -127,6 +134,7 @@ func (s *Source) Run(ctx context.Context, up chan<- registry.Update) {
 		} else {
 			defer w.Close()
 			events, werrs = w.Events, w.Errors
+			s.watcher = w
 		}
 	}
 	var tick <-chan time.Time
@@ -192,6 +200,9 @@ func (s *Source) relevant(ev fsnotify.Event) bool {
 	if ev.Op == fsnotify.Chmod {
 		return false
 	}
+	if s.keyFiles[filepath.Clean(ev.Name)] {
+		return true
+	}
 	if fi, err := os.Stat(s.path); err == nil && fi.IsDir() {
 		return isConfigName(filepath.Base(ev.Name))
 	}
@@ -229,6 +240,9 @@ func (s *Source) loadAndSend(ctx context.Context, up chan<- registry.Update) boo
 	s.lastErr = err
 	s.loads++
 	s.mu.Unlock()
+	if err == nil {
+		s.watchKeyFiles(cfg.KeyFiles)
+	}
 	if err == nil && s.onLoad != nil {
 		s.onLoad(cfg)
 	}
@@ -248,4 +262,21 @@ func warningsOf(diags hcl.Diagnostics) hcl.Diagnostics {
 		}
 	}
 	return out
+}
+
+// watchKeyFiles watches the directories of the key files a good load read
+// (the directory, as for the configuration, so a file replaced by rename
+// is seen).
+func (s *Source) watchKeyFiles(files []string) {
+	s.keyFiles = make(map[string]bool, len(files))
+	for _, f := range files {
+		f = filepath.Clean(f)
+		s.keyFiles[f] = true
+		if s.watcher == nil {
+			continue
+		}
+		if err := s.watcher.Add(filepath.Dir(f)); err != nil {
+			s.log.Warn("cannot watch a key file's directory; it is re-read on reload and periodically", "file", f, "err", err)
+		}
+	}
 }

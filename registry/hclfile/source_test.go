@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard/switchyard/internal/apikey"
 	"github.com/switchyard/switchyard/internal/testutil"
 	"github.com/switchyard/switchyard/registry"
 )
@@ -266,4 +267,33 @@ func TestSourceWarnsWhenConsulBlockChanges(t *testing.T) {
 	if n := strings.Count(logs.String(), "consul block changed"); n != 1 {
 		t.Errorf("%d warnings about the changed consul block, want 1:\n%s", n, logs.String())
 	}
+}
+
+// TestSourceWatchesKeyFiles: an API key file outside the configuration
+// directory is watched too, so revoking a key (deleting its line) takes
+// effect without a reload.
+func TestSourceWatchesKeyFiles(t *testing.T) {
+	t.Parallel()
+	dir, keyDir := t.TempDir(), t.TempDir()
+	keyFile := testutil.WriteFile(t, keyDir, "team.keys", apikey.Hash("k1")+"\n"+apikey.Hash("k2")+"\n")
+	file := testutil.WriteFile(t, dir, "switchyard.hcl", good("127.0.0.1:8001")+"tenant \"team\" {\n  api_key_file = \""+keyFile+"\"\n}\n")
+	h := start(t, file)
+	h.waitEndpoints(t, "127.0.0.1:8001")
+	keys := func() []string {
+		s, _ := h.pub.Current()
+		if s.Tenants["team"] == nil {
+			return nil
+		}
+		return s.Tenants["team"].KeyHashes
+	}
+	if got := keys(); len(got) != 2 {
+		t.Fatalf("keys %q", got)
+	}
+	replaceFile(t, keyFile, apikey.Hash("k2")+"\n")
+	testutil.Eventually(t, 5*time.Second, "revoked key gone", func() error {
+		if got := keys(); len(got) != 1 || got[0] != apikey.Hash("k2") {
+			return fmt.Errorf("keys %q", got)
+		}
+		return nil
+	})
 }

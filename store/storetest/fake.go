@@ -29,6 +29,9 @@ type Fake struct {
 	lastErr  error
 	flushErr error
 	closeErr error
+	// usage is durable as soon as it is added, as store.File's journal
+	// makes it.
+	usage map[store.UsageKey]store.UsageCounts
 }
 
 // snapshot is the fake's own copy of a store's content; a nil map or
@@ -282,4 +285,44 @@ func (f *Fake) Close() error {
 	}
 	f.closed = true
 	return f.closeErr
+}
+
+// AddUsage implements store.Store: the usage is durable at once (File
+// journals it).
+func (f *Fake) AddUsage(t time.Time, tenant, model string, c store.UsageCounts) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return store.ErrClosed
+	}
+	if f.usage == nil {
+		f.usage = map[store.UsageKey]store.UsageCounts{}
+	}
+	k := store.UsageKey{Hour: store.UsageHour(t), Tenant: tenant, Model: model}
+	sum := f.usage[k]
+	sum.Requests += c.Requests
+	sum.Errors += c.Errors
+	sum.PromptTokens += c.PromptTokens
+	sum.CachedTokens += c.CachedTokens
+	sum.CompletionTokens += c.CompletionTokens
+	f.usage[k] = sum
+	return nil
+}
+
+// Usage implements store.Store.
+func (f *Fake) Usage(from, to time.Time) ([]store.UsageRow, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil, store.ErrClosed
+	}
+	from = store.UsageHour(from)
+	var rows []store.UsageRow
+	for k, c := range f.usage {
+		if !k.Hour.Before(from) && k.Hour.Before(to) {
+			rows = append(rows, store.UsageRow{UsageKey: k, UsageCounts: c})
+		}
+	}
+	store.SortUsage(rows)
+	return rows, nil
 }

@@ -33,6 +33,8 @@ const (
 	ServedKey = "x-gateway-destination-endpoint-served"
 	// PickerCluster is the Envoy cluster name of the picker's gRPC server.
 	PickerCluster = "switchyard/picker"
+	// TracingCluster is the OTLP collector Envoy sends its spans to.
+	TracingCluster = "switchyard/otlp"
 	// PickerHealthService is the gRPC health service Envoy checks on the
 	// picker; it turns SERVING once the picker has pool state.
 	PickerHealthService = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -119,6 +121,10 @@ type Options struct {
 	// PickerTLS, when set, makes Envoy talk to the picker over mutual TLS
 	// (the picker then requires it). Nil: plaintext.
 	PickerTLS *PickerTLS
+	// Tracing, when set, makes every listener trace requests with Envoy's
+	// OpenTelemetry tracer and propagate the trace to the picker and the
+	// model servers. Nil: Envoy does not trace.
+	Tracing *TracingOptions
 	// Listener holds the defaults for every listener.
 	Listener ListenerOptions
 	// PerListener overrides Listener for the listener of that name; zero
@@ -219,7 +225,9 @@ func (o Options) listener(name string) ListenerOptions {
 
 // Config is the whole intermediate model: everything Envoy needs, sorted.
 type Config struct {
-	Picker    Picker
+	Picker Picker
+	// Tracing is Envoy's tracing (nil: off).
+	Tracing   *Tracing
 	Listeners []Listener // sorted by Name
 	Pools     []Pool     // sorted by Name
 	// DefaultFailOpen is the fail-open cluster that takes requests the
@@ -243,8 +251,36 @@ type Picker struct {
 	HealthService  string
 	EjectionTime   time.Duration
 	MessageTimeout time.Duration
-	MaxStreams     uint32     // circuit-breaker thresholds (Options.PickerMaxStreams)
-	TLS            *PickerTLS // nil: plaintext
+	// MaxMessageTimeout bounds how long the picker may ask Envoy to wait
+	// for its answer (override_message_timeout): a request waiting in an
+	// admission queue asks for its TTL.
+	MaxMessageTimeout time.Duration
+	MaxStreams        uint32     // circuit-breaker thresholds (Options.PickerMaxStreams)
+	TLS               *PickerTLS // nil: plaintext
+}
+
+// TracingOptions configure Envoy's tracing.
+type TracingOptions struct {
+	// Collector is the OTLP/gRPC collector as Envoy hosts reach it:
+	// "ip:port", or "host:port" resolved by DNS.
+	Collector string
+	// ServiceName names Envoy's spans (default "envoy").
+	ServiceName string
+	// SamplePercent is the share of requests, 0 to 100, that Envoy
+	// starts a trace for when the client sent no sampling decision.
+	SamplePercent float64
+}
+
+// Tracing is Envoy's tracing as translated: the collector cluster and the
+// tracer's settings.
+type Tracing struct {
+	ClusterName string
+	// Host and Port are the collector; DNS is true when Host is a name.
+	Host          string
+	Port          uint32
+	DNS           bool
+	ServiceName   string
+	SamplePercent float64
 }
 
 // PickerTLS says where each Envoy finds, on its own host, what it needs for
@@ -413,7 +449,17 @@ func Build(s *registry.State, o Options) (*Config, error) {
 		HealthService:  PickerHealthService,
 		EjectionTime:   o.PickerEjectionTime,
 		MessageTimeout: o.MessageTimeout,
-		MaxStreams:     o.PickerMaxStreams,
+		// The longest admission wait a pool may configure, and a margin.
+		MaxMessageTimeout: registry.MaxAdmissionTTL + time.Minute,
+		MaxStreams:        o.PickerMaxStreams,
+	}
+	if t := o.Tracing; t != nil {
+		tr, err := buildTracing(*t)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			cfg.Tracing = tr
+		}
 	}
 	if t := o.PickerTLS; t != nil {
 		if t.CertificateSDS == "" || t.CertificateSecret == "" || t.ValidationSDS == "" || t.ValidationSecret == "" {
@@ -617,4 +663,27 @@ func ParseAddress(s string) (Address, error) {
 		return Address{}, fmt.Errorf("%q: IPv6 zones are not supported: %w", s, ErrBadAddress)
 	}
 	return Address{IP: ap.Addr().String(), Port: uint32(ap.Port())}, nil
+}
+
+// buildTracing checks Envoy's tracing options.
+func buildTracing(o TracingOptions) (*Tracing, error) {
+	host, port, err := net.SplitHostPort(o.Collector)
+	if err != nil || host == "" {
+		return nil, fmt.Errorf("tracing collector %q: want host:port: %w", o.Collector, ErrBadAddress)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || p == 0 {
+		return nil, fmt.Errorf("tracing collector %q: bad port: %w", o.Collector, ErrBadAddress)
+	}
+	if o.SamplePercent < 0 || o.SamplePercent > 100 {
+		return nil, fmt.Errorf("tracing sample percent %v: want 0 to 100", o.SamplePercent)
+	}
+	t := &Tracing{ClusterName: TracingCluster, Host: host, Port: uint32(p), ServiceName: o.ServiceName, SamplePercent: o.SamplePercent}
+	if t.ServiceName == "" {
+		t.ServiceName = "envoy"
+	}
+	if _, err := netip.ParseAddr(host); err != nil {
+		t.DNS = true
+	}
+	return t, nil
 }

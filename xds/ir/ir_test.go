@@ -226,3 +226,35 @@ func TestPerListenerOptions(t *testing.T) {
 		t.Fatalf("retries not disabled: %+v", r.Retry)
 	}
 }
+
+func TestTracingOptions(t *testing.T) {
+	for _, c := range []struct {
+		o       TracingOptions
+		wantErr string
+		dns     bool
+	}{
+		{TracingOptions{Collector: "10.0.0.9:4317", SamplePercent: 5}, "", false},
+		{TracingOptions{Collector: "[fd00::9]:4317"}, "", false},
+		{TracingOptions{Collector: "otel.internal:4317"}, "", true},
+		{TracingOptions{Collector: "otel.internal"}, "host:port", false},
+		{TracingOptions{Collector: "10.0.0.9:0"}, "bad port", false},
+		{TracingOptions{Collector: "10.0.0.9:4317", SamplePercent: 101}, "0 to 100", false},
+	} {
+		cfg, err := Build(nil, Options{Tracing: &c.o})
+		if c.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+				t.Errorf("%+v: error %v, want %q", c.o, err, c.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%+v: %v", c.o, err)
+		}
+		if cfg.Tracing == nil || cfg.Tracing.DNS != c.dns || cfg.Tracing.ServiceName != "envoy" || cfg.Tracing.ClusterName != TracingCluster {
+			t.Errorf("%+v: %+v", c.o, cfg.Tracing)
+		}
+	}
+	if cfg, err := Build(nil, Options{}); err != nil || cfg.Tracing != nil {
+		t.Errorf("no tracing: %+v %v", cfg.Tracing, err)
+	}
+}

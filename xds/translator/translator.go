@@ -19,6 +19,7 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	tracev3 "github.com/envoyproxy/go-control-plane/envoy/config/trace/v3"
 	celv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/filters/cel/v3"
 	streamv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
 	matchingv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/matching/v3"
@@ -82,13 +83,17 @@ const (
 	httpProtocolKey    = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 	stdoutAccessLog    = "envoy.access_loggers.stdout"
 	tlsSocketName      = "envoy.transport_sockets.tls"
+	otelTracerName     = "envoy.tracers.opentelemetry"
 )
 
 // Translate builds every resource for cfg. It returns all problems joined;
 // on error the Resources must not be published.
 func Translate(cfg *ir.Config) (Resources, error) {
-	t := &translation{res: Resources{}}
+	t := &translation{res: Resources{}, tracing: cfg.Tracing}
 	t.add(resource.ClusterType, t.pickerCluster(cfg.Picker))
+	if cfg.Tracing != nil {
+		t.add(resource.ClusterType, t.tracingCluster(cfg.Tracing))
+	}
 	t.add(resource.EndpointType, pickerAssignment(cfg.Picker))
 	for _, p := range cfg.Pools {
 		t.add(resource.ClusterType, t.poolCluster(p))
@@ -113,6 +118,8 @@ func Translate(cfg *ir.Config) (Resources, error) {
 type translation struct {
 	res  Resources
 	errs []error
+	// tracing is Envoy's tracing (nil: off).
+	tracing *ir.Tracing
 }
 
 type validator interface{ Validate() error }
@@ -443,6 +450,7 @@ func (t *translation) extProc(p ir.Picker, l ir.Listener) *extprocv3.ExternalPro
 		FailureModeAllow:  true,
 		ProcessingMode:    ProcessingMode(),
 		MessageTimeout:    dur(p.MessageTimeout),
+		MaxMessageTimeout: dur(p.MaxMessageTimeout),
 		AllowModeOverride: false,
 		StatusOnError:     &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable},
 		MetadataOptions: &extprocv3.MetadataOptions{
@@ -546,6 +554,7 @@ func (t *translation) listener(p ir.Picker, l ir.Listener) *listenerv3.Listener 
 			{Name: routerFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: t.any(&routerv3.Router{})}},
 		},
 		LocalReplyConfig: t.pickerErrorReply(),
+		Tracing:          t.hcmTracing(),
 	}
 	if l.AccessLog {
 		hcm.AccessLog = []*accesslogv3.AccessLog{{
@@ -652,4 +661,61 @@ func (t *translation) route(r ir.Route) *routev3.Route {
 	}
 	out.Action = &routev3.Route_Route{Route: ra}
 	return out
+}
+
+// hcmTracing is a listener's tracing: Envoy's OpenTelemetry tracer
+// exporting to the collector cluster. Envoy starts a trace for the
+// configured share of requests (or follows the client's traceparent),
+// gives the ext_proc call to the picker a child span whose context it
+// sends in the stream's gRPC metadata, and a span per upstream attempt
+// whose traceparent the model server receives. Nil when tracing is off.
+func (t *translation) hcmTracing() *hcmv3.HttpConnectionManager_Tracing {
+	tr := t.tracing
+	if tr == nil {
+		return nil
+	}
+	otel := &tracev3.OpenTelemetryConfig{
+		GrpcService: &corev3.GrpcService{
+			TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: tr.ClusterName}},
+			Timeout:         dur(time.Second),
+		},
+		ServiceName: tr.ServiceName,
+	}
+	return &hcmv3.HttpConnectionManager_Tracing{
+		RandomSampling:    &typev3.Percent{Value: tr.SamplePercent},
+		SpawnUpstreamSpan: wrapperspb.Bool(true),
+		Provider: &tracev3.Tracing_Http{
+			Name:       otelTracerName,
+			ConfigType: &tracev3.Tracing_Http_TypedConfig{TypedConfig: t.any(otel)},
+		},
+	}
+}
+
+// tracingCluster is the OTLP/gRPC collector Envoy exports spans to: a
+// static address, or a name Envoy resolves.
+func (t *translation) tracingCluster(tr *ir.Tracing) *clusterv3.Cluster {
+	h2 := &httpv3.HttpProtocolOptions{
+		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+			ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}},
+		}},
+	}
+	typ := clusterv3.Cluster_STATIC
+	if tr.DNS {
+		typ = clusterv3.Cluster_STRICT_DNS
+	}
+	addr := &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+		Address: tr.Host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: tr.Port},
+	}}}
+	return &clusterv3.Cluster{
+		Name:                          tr.ClusterName,
+		ClusterDiscoveryType:          &clusterv3.Cluster_Type{Type: typ},
+		ConnectTimeout:                dur(time.Second),
+		TypedExtensionProtocolOptions: map[string]*anypb.Any{httpProtocolKey: t.any(h2)},
+		LoadAssignment: &endpointv3.ClusterLoadAssignment{
+			ClusterName: tr.ClusterName,
+			Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{{
+				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: addr}},
+			}}}},
+		},
+	}
 }

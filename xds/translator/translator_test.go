@@ -88,11 +88,15 @@ func goldenCases() map[string]struct {
 		"draining":       {state: state(oneListener, draining)},
 		"empty-pool":     {state: state(oneListener, vllmPool("llama", registry.FailClosed))},
 		"unhealthy":      {state: scrapeFailing(state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000", "10.0.0.2:8000")), "10.0.0.2:8000")},
-		"no-retries":     {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), opts: ir.Options{DisableRetries: true}},
-		"empty-state":    {state: registry.Empty()},
-		"all-unhealthy":  {state: scrapeFailing(state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), "10.0.0.1:8000")},
-		"two-fail-open":  {state: state(oneListener, vllmPool("a", registry.FailOpen, "10.0.0.1:8000"), vllmPool("b", registry.FailOpen, "10.0.0.2:8000"))},
-		"replicas":       {state: replicas(state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), "10.1.0.7:9002", "10.1.0.5:9002", "10.1.0.6:9002"), opts: ir.Options{PickerAddr: "10.1.0.5:9002"}},
+		"tracing": {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), opts: ir.Options{
+			Tracing: &ir.TracingOptions{Collector: "10.0.0.9:4317", SamplePercent: 10}}},
+		"tracing-dns": {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), opts: ir.Options{
+			Tracing: &ir.TracingOptions{Collector: "otel-collector.internal:4317", ServiceName: "edge", SamplePercent: 100}}},
+		"no-retries":    {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), opts: ir.Options{DisableRetries: true}},
+		"empty-state":   {state: registry.Empty()},
+		"all-unhealthy": {state: scrapeFailing(state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), "10.0.0.1:8000")},
+		"two-fail-open": {state: state(oneListener, vllmPool("a", registry.FailOpen, "10.0.0.1:8000"), vllmPool("b", registry.FailOpen, "10.0.0.2:8000"))},
+		"replicas":      {state: replicas(state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), "10.1.0.7:9002", "10.1.0.5:9002", "10.1.0.6:9002"), opts: ir.Options{PickerAddr: "10.1.0.5:9002"}},
 		"picker-mtls": {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000")), opts: ir.Options{
 			PickerAddr: "10.1.0.5:9002",
 			PickerTLS: &ir.PickerTLS{CertificateSDS: "/etc/envoy/switchyard-tls/cert-sds.yaml", CertificateSecret: "switchyard-client",

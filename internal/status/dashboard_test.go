@@ -1,4 +1,4 @@
-package main
+package status
 
 import (
 	"encoding/json"
@@ -16,7 +16,7 @@ import (
 // describedNames lists every metric family the collector can emit.
 func describedNames() map[string]bool {
 	ch := make(chan *prometheus.Desc, 64)
-	go func() { (&appCollector{}).Describe(ch); close(ch) }()
+	go func() { collector{}.Describe(ch); close(ch) }()
 	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
 	names := map[string]bool{}
 	for d := range ch {

@@ -1,0 +1,396 @@
+package status
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/switchyard/switchyard/internal/mtls"
+	"github.com/switchyard/switchyard/internal/persist"
+	tenantusage "github.com/switchyard/switchyard/internal/usage"
+	"github.com/switchyard/switchyard/picker"
+	"github.com/switchyard/switchyard/picker/admission"
+	"github.com/switchyard/switchyard/picker/decisions"
+	"github.com/switchyard/switchyard/picker/metrics"
+	"github.com/switchyard/switchyard/picker/peers"
+	"github.com/switchyard/switchyard/registry"
+	"github.com/switchyard/switchyard/registry/consul"
+	"github.com/switchyard/switchyard/store"
+	"github.com/switchyard/switchyard/xds"
+)
+
+// Sources are the components a Report is read from. View, Registry,
+// Picker and XDS are required; the others are nil when switchyard runs
+// without them.
+type Sources struct {
+	// Version names the build.
+	Version string
+	// ReplicaID names this switchyard among the replicas; PickerAddr is
+	// the picker address it advertises (which replica is Self).
+	ReplicaID, PickerAddr string
+
+	View     registry.View
+	Registry *registry.Manager
+	Picker   *picker.Server
+	XDS      *xds.Server
+	Consul   *consul.Source
+	Mesh     *peers.Mesh
+
+	// TLS serves the ADS and ext_proc certificates, AllowedSANs the
+	// client SANs it admits (empty: any).
+	TLS         *mtls.Server
+	AllowedSANs []string
+
+	// Store, at StorePath, persists state; Warm restored the picker's
+	// memory from it and saves it back.
+	Store     store.Store
+	StorePath string
+	Warm      *persist.Warm
+
+	// Draining reports that shutdown began (readiness turns false).
+	Draining func() bool
+
+	// Usage is the tenants' usage ledger (nil: no tenants possible).
+	Usage *tenantusage.Ledger
+	// Peers reads the other replicas' reports (nil: one switchyard).
+	Peers *Peers
+	// Decisions are the picker's decision records (/api/decisions), and
+	// History the samples behind the status page's charts
+	// (/api/history); nil without them.
+	Decisions *decisions.Recorder
+	History   *History
+}
+
+// Read returns the Report at now. It leaves out the picker's per-model
+// counters, decision histogram and prefix-index figures (Objectives,
+// Running, Decision, Pool.Prefix): reading the prefix index takes each
+// endpoint's lock that requests take too, so only the Prometheus
+// collector, scraped every few seconds, asks for them. A status page
+// polled every second, or a test polling faster, costs requests nothing.
+func (s *Sources) Read(now time.Time) *Report { return build(s.gather(now, false)) }
+
+// inputs are what a Report is built from: the components' own snapshots.
+type inputs struct {
+	now                            time.Time
+	version, replicaID, pickerAddr string
+	state                          *registry.State
+	configErr                      error
+	registry                       registry.Status
+	picker                         picker.Stats
+	unhealthy                      map[metrics.Key]bool
+	saturated                      map[string]bool
+	queues                         []admission.Stats
+	tenants                        []Tenant
+	peers                          map[string]PeerView
+	observed                       *picker.Observability // nil unless asked for
+	endpointLatency                []picker.EndpointLatency
+	decisions                      *decisions.Stats
+	xds                            xds.Stats
+	nodes                          []xds.NodeStatus
+	mesh                           peers.Stats
+	consul                         []consul.SelectorStatus
+	tls                            *mtls.Stats // nil without TLS
+	allowedSANs                    []string
+	store                          *storeInputs // nil without a store
+}
+
+type storeInputs struct {
+	path     string
+	lastErr  error
+	restored picker.WarmStats
+	saves    int64
+	lastSave time.Time
+}
+
+// gather reads every component once; observe adds the picker's
+// observations.
+func (s *Sources) gather(now time.Time, observe bool) *inputs {
+	st, _ := s.View.Current()
+	in := &inputs{
+		now: now, version: s.Version, replicaID: s.ReplicaID, pickerAddr: s.PickerAddr,
+		state:     st,
+		configErr: s.Registry.LastError(),
+		registry:  s.Registry.Status(),
+		picker:    s.Picker.Stats(),
+		unhealthy: map[metrics.Key]bool{},
+		saturated: s.Picker.Saturated(now),
+		queues:    s.Picker.AdmissionStats(),
+		xds:       s.XDS.Stats(),
+		nodes:     s.XDS.Nodes(),
+	}
+	for _, k := range s.Picker.EndpointHealth().UnhealthyEndpoints() {
+		in.unhealthy[k] = true
+	}
+	if observe {
+		obs := s.Picker.Observe(now)
+		in.observed = &obs
+		in.endpointLatency = s.Picker.EndpointLatency()
+	}
+	if s.Decisions != nil {
+		ds := s.Decisions.Stats()
+		in.decisions = &ds
+	}
+	if s.Mesh != nil {
+		in.mesh = s.Mesh.Stats()
+	}
+	if s.Peers != nil {
+		in.peers = s.Peers.Views()
+	}
+	if ts := s.Picker.Tenants(now); ts != nil {
+		var today []tenantusage.Total
+		if s.Usage != nil {
+			today, _ = s.Usage.Today() // an unreadable store shows no usage, not an error page
+		}
+		in.tenants = tenants(ts, today)
+	}
+	if s.Consul != nil {
+		in.consul = s.Consul.Status()
+	}
+	if s.TLS != nil {
+		ts := s.TLS.Stats()
+		in.tls, in.allowedSANs = &ts, s.AllowedSANs
+	}
+	if s.Store != nil {
+		si := &storeInputs{path: s.StorePath, lastErr: s.Store.LastError()}
+		if s.Warm != nil {
+			si.restored = s.Warm.Restored()
+			si.saves, si.lastSave = s.Warm.Saves()
+		}
+		in.store = si
+	}
+	return in
+}
+
+// build computes the Report from in. It is the one place where an
+// endpoint's health and load, a pool's guard and a replica's sharing are
+// derived; every view reads the result.
+func build(in *inputs) *Report {
+	st, ps := in.state, in.picker
+	r := &Report{
+		Time:            in.now.UTC(),
+		Version:         in.version,
+		RegistryVersion: st.Version,
+		Picker: Picker{Requests: ps.Requests, Picked: ps.Picked, Rewritten: ps.Rewritten,
+			FallbackServed: ps.FallbackServed, ResponseBodies: ps.ResponseBodies, PeerPicks: ps.PeerPicks, Rejected: ps.Rejected},
+		ReplicaID: in.replicaID,
+		Replicas:  replicas(st.Replicas, in.pickerAddr, in.mesh, in.nodes, in.peers),
+		Envoys:    []Envoy{},
+		Peers:     in.mesh.Peers,
+		Inbound:   in.mesh.Inbound,
+	}
+	if in.configErr != nil {
+		r.ConfigError = in.configErr.Error()
+	}
+	xs := in.xds
+	r.XDS = XDS{Version: xs.Version, Versions: xs.Versions, RegistryVersion: xs.RegistryVersion, Snapshots: xs.Snapshots,
+		Failures: xs.Failures, LastError: xs.LastError, ACKs: xs.ACKs, NACKs: xs.NACKs, Warnings: xs.Warnings}
+	for _, n := range in.nodes {
+		r.Envoys = append(r.Envoys, Envoy{ID: n.ID, Cluster: n.Cluster, Streams: n.Streams,
+			FirstSeen: n.FirstSeen, LastSeen: n.LastSeen, Acked: n.Acked, ACKs: n.ACKs, NACKs: n.NACKs, LastNACK: n.LastNACK})
+	}
+	r.Pools = pools(in)
+	r.Tenants = in.tenants
+	for _, name := range st.ModelNames() {
+		m := st.Models[name]
+		ms := Model{Name: name, Pool: m.Pool, Priority: m.Priority}
+		for _, t := range m.Targets {
+			ms.Targets = append(ms.Targets, t.Name)
+			ms.TargetWeights = append(ms.TargetWeights, TargetWeight{Target: t.Name, Weight: t.Weight})
+		}
+		r.Models = append(r.Models, ms)
+	}
+	if obs := in.observed; obs != nil {
+		r.Objectives, r.Running, r.Decision = obs.Objectives, obs.Running, &obs.Decision
+		r.EndpointLatency = in.endpointLatency
+	}
+	if d := in.decisions; d != nil {
+		r.Decisions = &Decisions{Sample: d.Sample, Kept: d.Size, Recorded: d.Recorded, FileDropped: d.FileDropped}
+	}
+	for _, c := range in.consul {
+		r.Consul = append(r.Consul, ConsulSelector{Selector: c.Selector, Up: c.Up, Instances: c.Instances, LastSuccess: c.LastSuccess})
+	}
+	if ts := in.tls; ts != nil {
+		r.TLS = &TLS{Origin: ts.Origin, Subject: ts.Subject, NotAfter: ts.NotAfter.UTC(), Reloads: ts.Reloads,
+			AllowedSANs: in.allowedSANs, Rejected: map[string]uint64{}}
+		for k, v := range ts.Rejected {
+			r.TLS.Rejected[k.Server+"/"+k.Reason] = v
+		}
+	}
+	if si := in.store; si != nil {
+		rs := si.restored
+		r.Store = &Store{Path: si.path, WarmSaves: si.saves,
+			Restored: WarmCount{PrefixEndpoints: rs.PrefixEndpoints, PrefixBlocks: rs.PrefixBlocks, Sessions: rs.Sessions, FailingEps: rs.Failing}}
+		if si.lastErr != nil {
+			r.Store.LastError = si.lastErr.Error()
+		}
+		if !si.lastSave.IsZero() {
+			r.Store.LastWarmSave = si.lastSave.UTC()
+		}
+	}
+	return r
+}
+
+// pools lists the state's pools with the picker's endpoints of each. An
+// endpoint is healthy unless the picker withholds it (its scrapes fail
+// while others of its pool answer) or its own latest scrapes fail.
+func pools(in *inputs) []Pool {
+	st := in.state
+	byPool := map[string][]Endpoint{}
+	for _, e := range in.picker.Endpoints {
+		es := Endpoint{Address: e.Address, Draining: e.Draining,
+			InFlightRequests: e.InFlightRequests, InFlightTokens: e.InFlightTokens, Picked: e.Picked, Served: e.Served,
+			Healthy: !in.unhealthy[metrics.Key{Pool: e.Pool, Address: e.Address}]}
+		switch {
+		case len(e.Models) > 0:
+			es.Models, es.ModelsFrom = e.Models, "config"
+		case e.Metrics != nil && e.Metrics.ServedModels != nil:
+			es.Models, es.ModelsFrom = e.Metrics.ServedModels, "server"
+		}
+		if m := e.Metrics; m != nil && !m.LastSuccess.IsZero() {
+			v := m.Values
+			es.Waiting, es.Running, es.KVCacheUsage = &v.Waiting, &v.Running, &v.KVUsage
+			es.BlockSize, es.NumBlocks = v.BlockSize, v.NumBlocks
+			es.MaxLoras, es.RunningAdapters, es.WaitingAdapters = v.MaxLoras, v.RunningAdapters, v.WaitingAdapters
+			es.ScrapedAt = m.LastSuccess
+			es.Healthy = es.Healthy && !m.Failing
+		}
+		if !es.Healthy {
+			es.UnhealthyReason = unhealthyReason(e.Metrics, in.now)
+		}
+		if m := e.TTFT; m.Compared > 0 || e.PrefillRequests > 0 {
+			ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+			es.TTFT = &TTFT{BaseMS: ms(m.Base), PrefillPer1kMS: ms(m.PerToken), Observations: m.Observed,
+				PrefillRequests: e.PrefillRequests, PrefillTokens: e.PrefillTokens,
+				Compared: m.Compared, MeanErrorMS: ms(m.MeanError), MeanAbsoluteError: ms(m.MeanAbs)}
+		}
+		byPool[e.Pool] = append(byPool[e.Pool], es)
+	}
+	guards := map[string]*Guard{}
+	for _, g := range in.registry.Guards {
+		guards[g.Pool] = &Guard{Held: g.Held, Since: g.Since.UTC(), Until: g.Until.UTC()}
+	}
+	prefix := map[string]*Prefix{}
+	share := map[string]*float64{}
+	if in.observed != nil {
+		for _, p := range in.observed.Pools {
+			prefix[p.Name] = &Prefix{Entries: p.PrefixEntries, Bytes: p.PrefixBytes, PromptBlocks: p.PromptBlocks, MatchedBlocks: p.MatchedBlocks}
+			share[p.Name] = &p.SaturatedShare
+		}
+	}
+	queues := map[string]*admission.Stats{}
+	for i := range in.queues {
+		queues[in.queues[i].Pool] = &in.queues[i]
+	}
+	var out []Pool
+	for _, name := range st.PoolNames() {
+		p := st.Pools[name]
+		eps := byPool[name]
+		if eps == nil {
+			eps = []Endpoint{}
+		}
+		held := map[string]bool{}
+		for _, e := range p.Endpoints {
+			held[e.Address] = e.Held
+		}
+		for i := range eps {
+			eps[i].Held = held[eps[i].Address]
+		}
+		pool := Pool{Name: name, Engine: string(p.Engine), FailureMode: string(p.FailureMode),
+			Saturated: in.saturated[name], Guard: guards[name], Endpoints: eps,
+			GuardActivations: in.registry.GuardActivations[name], Prefix: prefix[name],
+			Queue: queues[name], SaturatedShare: share[name]}
+		if q := queues[name]; q != nil && !q.Config.Disabled {
+			pool.Admission = admissionOf(q)
+		}
+		out = append(out, pool)
+	}
+	return out
+}
+
+// admissionOf summarises a pool's admission queue for the status page.
+func admissionOf(q *admission.Stats) *Admission {
+	a := &Admission{MaxQueued: q.Config.MaxQueued, MaxQueuedBytes: q.Config.MaxQueuedBytes,
+		TTLMS: q.Config.TTL.Milliseconds(), Fairness: string(q.Config.Fairness), Waiting: []AdmissionFlow{},
+		Enqueued: q.Enqueued, Dispatched: q.Dispatched, Cancelled: q.Cancelled, Rejected: q.Rejected}
+	for _, w := range q.Waiting {
+		a.Queued += w.Requests
+		a.QueuedBytes += w.Bytes
+		a.Waiting = append(a.Waiting, AdmissionFlow{Priority: w.Priority, Flow: w.Flow, Requests: w.Requests, Bytes: w.Bytes})
+	}
+	// p90 over every band's dispatched waits: the merged histogram.
+	bounds := admission.WaitBounds()
+	cum := make([]uint64, len(bounds))
+	var count uint64
+	for k, h := range q.Wait {
+		if k.Outcome != admission.OutcomeDispatched {
+			continue
+		}
+		count += h.Count
+		for i := range cum {
+			cum[i] += h.Cumulative[i]
+		}
+	}
+	if count > 0 {
+		a.WaitP90MS = 1000 * bounds[len(bounds)-1]
+		for i, c := range cum {
+			if float64(c) >= 0.9*float64(count) {
+				a.WaitP90MS = 1000 * bounds[i]
+				break
+			}
+		}
+	}
+	return a
+}
+
+// replicas joins the configuration's replicas with the mesh's streams
+// (outbound ones by address, inbound ones by the replica ID they
+// announced) and with the Envoys whose ADS stream each holds (this
+// replica's own nodes; the others' as Peers last read them).
+func replicas(rs []registry.Replica, self string, mesh peers.Stats, nodes []xds.NodeStatus, seen map[string]PeerView) []Replica {
+	out := make([]Replica, 0, len(rs))
+	for _, r := range rs {
+		rep := Replica{ID: r.ID, Address: r.Address, Admin: r.Admin, XDS: r.XDS, Source: r.Source, Self: r.Address == self,
+			Envoys: []string{}}
+		switch v, ok := seen[r.Address]; {
+		case rep.Self:
+			for _, n := range nodes {
+				if n.Streams > 0 {
+					rep.Envoys = append(rep.Envoys, n.ID)
+				}
+			}
+			rep.EnvoysKnown = true
+		case ok && v.Err == "":
+			rep.Envoys, rep.EnvoysKnown = v.Envoys, true
+		case ok:
+			rep.EnvoysError = v.Err
+		}
+		for _, p := range mesh.Peers {
+			if p.Address == r.Address {
+				rep.Sharing, rep.Sent, rep.Dropped = p.Connected, p.Sent, p.Dropped
+			}
+		}
+		for _, in := range mesh.Inbound {
+			if in.From == r.ID {
+				rep.From, rep.LagMS = in.From, float64(in.Lag)/float64(time.Millisecond)
+			}
+		}
+		out = append(out, rep)
+	}
+	return out
+}
+
+// unhealthyReason says why an endpoint is unhealthy, from its latest
+// scrape (m may be nil: never scraped).
+func unhealthyReason(m *metrics.Snapshot, now time.Time) string {
+	switch {
+	case m == nil:
+		return "no successful metrics scrape yet; withheld while others of its pool answer"
+	case m.Err != nil && m.LastSuccess.IsZero():
+		return fmt.Sprintf("metrics scrapes failing (%d in a row, none succeeded yet): %v", m.ConsecutiveFailures, m.Err)
+	case m.Err != nil:
+		return fmt.Sprintf("metrics scrapes failing (%d in a row, last success %s ago): %v", m.ConsecutiveFailures,
+			now.Sub(m.LastSuccess).Round(time.Second), m.Err)
+	case m.Failing:
+		return "metrics scrapes failing"
+	}
+	return "metrics scrapes failing; withheld while others of its pool answer"
+}

@@ -1,0 +1,338 @@
+// Package status owns what a running switchyard reports about itself: one
+// model, the Report, read from the components, and every view of it on the
+// admin address. /api/status serves the Report as JSON, the status page
+// (status.html) renders that JSON, and the Prometheus collector behind
+// /metrics exports the same Report, so an endpoint's health or a pool's
+// load is computed once for all three. The package also serves the
+// liveness and readiness probes, the picker's decision records
+// (/api/decisions) and a 15-minute history the page charts (/api/history).
+//
+// The JSON field names and metric names are a contract: the status page,
+// the end-to-end tests and the Grafana dashboard in examples/grafana read
+// them. testdata/report.json pins the JSON, and a test checks the
+// dashboard against the collector.
+package status
+
+import (
+	"time"
+
+	"github.com/switchyard/switchyard/picker"
+	"github.com/switchyard/switchyard/picker/admission"
+	"github.com/switchyard/switchyard/picker/peers"
+	"github.com/switchyard/switchyard/registry"
+)
+
+// Report is everything switchyard knows about itself at one moment. The
+// fields tagged json:"-" are exported to Prometheus only.
+type Report struct {
+	Time    time.Time `json:"time"`
+	Version string    `json:"version"`
+	// RegistryVersion is the version of the registry state in force.
+	RegistryVersion uint64 `json:"registry_version"`
+	// ConfigError is the latest refresh error of any source, or of the
+	// merge (the last good configuration stays in force); "" when none.
+	ConfigError string  `json:"config_error,omitempty"`
+	Pools       []Pool  `json:"pools"`  // sorted by name
+	Models      []Model `json:"models"` // sorted by name
+	Picker      Picker  `json:"picker"`
+	XDS         XDS     `json:"xds"`
+	Envoys      []Envoy `json:"envoys"` // sorted by ID
+	// ReplicaID names this switchyard among the replicas.
+	ReplicaID string `json:"replica_id"`
+	// Replicas are the switchyard replicas of the configuration (empty:
+	// one switchyard), with this one's pick sharing to and from each.
+	Replicas []Replica `json:"replicas"`
+	Store    *Store    `json:"store,omitempty"` // nil without a store
+	TLS      *TLS      `json:"tls,omitempty"`   // nil without TLS
+	// Tenants are the configured tenants, their budgets and today's
+	// usage (absent without tenants).
+	Tenants []Tenant `json:"tenants,omitempty"`
+
+	// Peers and Inbound are the pick-sharing streams as the mesh sees
+	// them, by peer address and by announced replica ID (Replicas joins
+	// them to the configuration's replicas).
+	Peers   []peers.PeerStats    `json:"-"`
+	Inbound []peers.InboundStats `json:"-"`
+	// Consul is each Consul selector's latest query, sorted.
+	Consul []ConsulSelector `json:"-"`
+	// Objectives, Running and Decision are the picker's per-model counters
+	// and decision-latency histogram; nil unless the Report was read with
+	// them (see Sources.Read). EndpointLatency is the latency the router
+	// measured per endpoint, read with them.
+	Objectives      []picker.ObjectiveStats  `json:"-"`
+	Running         map[string]int64         `json:"-"`
+	Decision        *picker.Histogram        `json:"-"`
+	EndpointLatency []picker.EndpointLatency `json:"-"`
+	// Decisions describes the decision records (nil without a recorder).
+	Decisions *Decisions `json:"decision_records,omitempty"`
+}
+
+// Decisions describes the picker's decision records (/api/decisions).
+type Decisions struct {
+	// Sample is the share of requests recorded; Kept how many records the
+	// ring holds; Recorded counts records since start, FileDropped those
+	// the JSON-lines file missed.
+	Sample      float64 `json:"sample"`
+	Kept        int     `json:"kept"`
+	Recorded    uint64  `json:"recorded"`
+	FileDropped uint64  `json:"file_dropped"`
+}
+
+// Pool is one pool of the registry state in force.
+type Pool struct {
+	Name        string `json:"name"`
+	Engine      string `json:"engine"`
+	FailureMode string `json:"failure_mode"`
+	// Saturated: every eligible endpoint is over its queue or KV threshold
+	// (requests wait in the admission queue).
+	Saturated bool `json:"saturated"`
+	// Guard is set while the pool's discovery guard holds endpoints that
+	// their source reports failing (too many failed at once).
+	Guard *Guard `json:"guard,omitempty"`
+	// Endpoints are the picker's endpoints of the pool, sorted by address.
+	Endpoints []Endpoint `json:"endpoints"`
+
+	// GuardActivations counts the holds the discovery guard started.
+	GuardActivations uint64 `json:"-"`
+	// Prefix is the pool's prefix-cache index; nil unless the Report was
+	// read with the picker's observations.
+	Prefix *Prefix `json:"-"`
+
+	// Admission is the pool's admission queue (nil: admission off, or the
+	// picker not running).
+	Admission *Admission `json:"admission,omitempty"`
+	// Queue is the admission queue's raw counters and wait histograms,
+	// also of a queue that is off (nil: no queue).
+	Queue *admission.Stats `json:"-"`
+	// SaturatedShare is the share of ready endpoints over a threshold;
+	// set only when the Report was read with the picker's observations.
+	SaturatedShare *float64 `json:"-"`
+}
+
+// Admission is one pool's admission queue: its bounds, what waits now
+// (by band and flow) and its counters.
+type Admission struct {
+	MaxQueued      int               `json:"max_queued"`
+	MaxQueuedBytes int64             `json:"max_queued_bytes"`
+	TTLMS          int64             `json:"ttl_ms"`
+	Fairness       string            `json:"fairness"`
+	Queued         int               `json:"queued"`
+	QueuedBytes    int64             `json:"queued_bytes"`
+	Waiting        []AdmissionFlow   `json:"waiting"`
+	Enqueued       uint64            `json:"enqueued"`
+	Dispatched     uint64            `json:"dispatched"`
+	Cancelled      uint64            `json:"cancelled"`
+	Rejected       map[string]uint64 `json:"rejected"`
+	// WaitP90MS is the 90th percentile wait of dispatched requests (a
+	// bucket bound; 0 when none waited).
+	WaitP90MS float64 `json:"wait_p90_ms"`
+}
+
+// AdmissionFlow is one band and flow's waiting requests.
+type AdmissionFlow struct {
+	Priority int    `json:"priority"`
+	Flow     string `json:"flow"`
+	Requests int    `json:"requests"`
+	Bytes    int64  `json:"bytes"`
+}
+
+// Guard is a pool's active discovery-guard hold.
+type Guard struct {
+	Held  []string  `json:"held"`
+	Since time.Time `json:"since"`
+	Until time.Time `json:"until"`
+}
+
+// Prefix describes a pool's prefix-cache index and its hits.
+type Prefix struct {
+	Entries int
+	Bytes   int64
+	// PromptBlocks are the KV blocks of the prompts routed in the pool,
+	// MatchedBlocks those the chosen endpoint was believed to hold.
+	PromptBlocks, MatchedBlocks int64
+}
+
+// Endpoint is one endpoint of a pool as the picker sees it.
+type Endpoint struct {
+	Address  string `json:"address"`
+	Draining bool   `json:"draining"`
+	// Held: its discovery source reports it failing, but the pool's
+	// discovery guard keeps it routable for now.
+	Held             bool  `json:"held,omitempty"`
+	InFlightRequests int64 `json:"in_flight_requests"`
+	InFlightTokens   int64 `json:"in_flight_tokens"`
+	Picked           int64 `json:"picked"`
+	Served           int64 `json:"served"`
+	// Healthy is false while the endpoint's metrics scrapes fail (it is
+	// then withheld from Envoy if its pool has healthy endpoints), and
+	// UnhealthyReason then says why.
+	Healthy         bool   `json:"healthy"`
+	UnhealthyReason string `json:"unhealthy_reason,omitempty"`
+	// Scraped load; absent until the first successful scrape.
+	Waiting      *int     `json:"waiting,omitempty"`
+	Running      *int     `json:"running,omitempty"`
+	KVCacheUsage *float64 `json:"kv_cache_usage,omitempty"`
+	// KV-cache geometry and LoRA state as the server reports them (vLLM's
+	// cache_config_info and lora_requests_info); absent when it does not.
+	BlockSize       int      `json:"block_size,omitempty"`
+	NumBlocks       int      `json:"num_blocks,omitempty"`
+	MaxLoras        int      `json:"max_loras,omitempty"`
+	RunningAdapters []string `json:"running_adapters,omitempty"`
+	WaitingAdapters []string `json:"waiting_adapters,omitempty"`
+	// Models the endpoint serves as the picker sees them, and where that
+	// came from: "config" (a models list) or "server" (its /v1/models).
+	// Absent while unknown: the endpoint then gets every model of its pool.
+	Models     []string `json:"models,omitempty"`
+	ModelsFrom string   `json:"models_from,omitempty"`
+	// TTFT is the learned time-to-first-token model, for pools on the
+	// predicted-ttft profile once a pick has been accounted there.
+	TTFT *TTFT `json:"ttft,omitempty"`
+
+	// ScrapedAt is when the latest successful scrape finished (zero if
+	// none yet).
+	ScrapedAt time.Time `json:"-"`
+}
+
+// Ready reports whether the endpoint can take requests: healthy and not
+// draining.
+func (e *Endpoint) Ready() bool { return e.Healthy && !e.Draining }
+
+// TTFT is an endpoint's learned time-to-first-token model (milliseconds):
+// the fixed part and the prefill per 1,000 uncached prompt tokens, the
+// observations behind them, the prefill work in flight, and how far the
+// predictions were from the first tokens observed.
+type TTFT struct {
+	BaseMS            float64 `json:"base_ms"`
+	PrefillPer1kMS    float64 `json:"prefill_per_1k_tokens_ms"`
+	Observations      float64 `json:"observations"`
+	PrefillRequests   int64   `json:"prefill_requests"`
+	PrefillTokens     int64   `json:"prefill_tokens"`
+	Compared          int64   `json:"compared"`
+	MeanErrorMS       float64 `json:"mean_error_ms"`
+	MeanAbsoluteError float64 `json:"mean_absolute_error_ms"`
+}
+
+// Model is one model name a request may use.
+type Model struct {
+	Name     string `json:"name"`
+	Pool     string `json:"pool"`
+	Priority int    `json:"priority"`
+	// Targets are the models it is rewritten to, if any, and
+	// TargetWeights each one's weight (its share is weight / sum).
+	Targets       []string       `json:"targets,omitempty"`
+	TargetWeights []TargetWeight `json:"target_weights,omitempty"`
+}
+
+// TargetWeight is one rewrite target of a model and its weight.
+type TargetWeight struct {
+	Target string `json:"target"`
+	Weight int    `json:"weight"`
+}
+
+// Picker holds the picker's process-wide request counters.
+type Picker struct {
+	Requests       int64 `json:"requests"`
+	Picked         int64 `json:"picked"`
+	Rewritten      int64 `json:"rewritten"`
+	FallbackServed int64 `json:"fallback_served"`
+	ResponseBodies int64 `json:"response_body_messages"`
+	// PeerPicks counts the picks the other replicas shared with this one.
+	PeerPicks int64 `json:"peer_picks"`
+	// Rejected counts the picker's local replies by HTTP status.
+	Rejected map[int]int64 `json:"rejected"`
+}
+
+// XDS describes the snapshot the xDS server serves.
+type XDS struct {
+	Version string `json:"version"`
+	// Versions are the served version of each resource type: content
+	// addresses, equal on every replica serving the same configuration.
+	Versions        map[string]string `json:"versions"`
+	RegistryVersion uint64            `json:"registry_version"`
+	Snapshots       uint64            `json:"snapshots"`
+	Failures        uint64            `json:"failures"`
+	LastError       string            `json:"last_error,omitempty"`
+	ACKs            uint64            `json:"acks"`
+	NACKs           uint64            `json:"nacks"`
+	Warnings        []string          `json:"warnings,omitempty"`
+}
+
+// Envoy is one Envoy node seen since start.
+type Envoy struct {
+	ID        string            `json:"id"`
+	Cluster   string            `json:"cluster"`
+	Streams   int               `json:"streams"` // 0: disconnected
+	FirstSeen time.Time         `json:"first_seen"`
+	LastSeen  time.Time         `json:"last_seen"`
+	Acked     map[string]string `json:"acked"`
+	ACKs      uint64            `json:"acks"`
+	NACKs     uint64            `json:"nacks"`
+	LastNACK  string            `json:"last_nack,omitempty"`
+}
+
+// Replica is one switchyard replica of the configuration.
+type Replica struct {
+	ID      string `json:"id"`
+	Address string `json:"address"`
+	Admin   string `json:"admin,omitempty"`
+	XDS     string `json:"xds,omitempty"`
+	Source  string `json:"source"`
+	Self    bool   `json:"self"`
+	// Sharing is true while this replica's picks stream to it; Sent and
+	// Dropped count those events.
+	Sharing bool   `json:"sharing"`
+	Sent    uint64 `json:"events_sent"`
+	Dropped uint64 `json:"events_dropped"`
+	// From is the replica ID its stream to this one announced, and LagMS
+	// the age of its latest batch on arrival (clocks of both hosts).
+	From  string  `json:"from,omitempty"`
+	LagMS float64 `json:"lag_ms,omitempty"`
+	// Envoys are the node IDs of the Envoys whose ADS stream the replica
+	// holds: this one's own, another's as its report said when last read
+	// (EnvoysKnown false: not read, e.g. a static peer without an admin
+	// address, or it did not answer).
+	Envoys      []string `json:"envoys"`
+	EnvoysKnown bool     `json:"envoys_known"`
+	EnvoysError string   `json:"envoys_error,omitempty"`
+}
+
+// Store describes the store: where it is, what the start restored from
+// it, and the picker-memory saves since.
+type Store struct {
+	Path      string    `json:"path"`
+	LastError string    `json:"last_error,omitempty"`
+	Restored  WarmCount `json:"restored"`
+	// WarmSaves counts durable saves of the picker's memory; LastWarmSave
+	// is when the latest finished.
+	WarmSaves    int64     `json:"warm_saves"`
+	LastWarmSave time.Time `json:"last_warm_save,omitzero"`
+}
+
+// WarmCount is what a start restored of the picker's memory.
+type WarmCount struct {
+	PrefixEndpoints int `json:"prefix_endpoints"`
+	PrefixBlocks    int `json:"prefix_blocks"`
+	Sessions        int `json:"sessions"`
+	FailingEps      int `json:"failing_endpoints"`
+}
+
+// TLS describes the transport security of ADS and ext_proc.
+type TLS struct {
+	Origin      string    `json:"origin"`
+	Subject     string    `json:"subject"`
+	NotAfter    time.Time `json:"not_after"`
+	Reloads     uint64    `json:"reloads"`
+	AllowedSANs []string  `json:"allowed_sans,omitempty"`
+	// Rejected counts refused handshakes by "server/reason".
+	Rejected map[string]uint64 `json:"rejected"`
+}
+
+// ConsulSelector is the latest Consul query of one selector.
+type ConsulSelector struct {
+	Selector registry.ConsulSelector
+	Up       bool
+	// Instances is how many instances Consul's latest answer listed.
+	Instances int
+	// LastSuccess is when Consul last answered (zero if never).
+	LastSuccess time.Time
+}

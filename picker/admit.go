@@ -1,0 +1,271 @@
+package picker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/switchyard/switchyard/picker/admission"
+	"github.com/switchyard/switchyard/picker/sched"
+	"github.com/switchyard/switchyard/registry"
+)
+
+// The admission queue's wire names.
+const (
+	// HeaderAdmission, on a local reply the admission queue caused, says
+	// why: "ttl", "overflow", "no-endpoint" or "shed".
+	HeaderAdmission = "x-switchyard-admission"
+	// maxFlowKey bounds the flow header value kept per waiting request.
+	maxFlowKey = 128
+)
+
+// admissionConfig turns a pool's admission block into the queue's config.
+func admissionConfig(a *registry.Admission) admission.Config {
+	if a == nil {
+		return admission.Config{}
+	}
+	return admission.Config{
+		Disabled: a.Disabled, MaxQueued: a.MaxQueued, MaxQueuedBytes: a.MaxQueuedBytes, BandMaxQueued: a.BandMaxQueued,
+		TTL: a.TTL, NoEndpointWait: a.NoEndpointWait, Fairness: admission.Fairness(a.Fairness), ShedSheddable: a.ShedSheddable,
+	}
+}
+
+// syncQueues gives every pool of snap its admission queue, configured from
+// the pool's block, and stops the queues of pools that left (their waiting
+// requests get 503). Queues live in poolState, so they and their waiting
+// requests survive reloads. Without a running picker (before Run) there
+// is no dispatcher, so no queue: requests are forwarded.
+func (s *Server) syncQueues(st *registry.State, snap *snapshot, old *snapshot) {
+	if s.runCtx == nil {
+		return
+	}
+	for name, pv := range snap.pools {
+		cfg := admissionConfig(st.Pools[name].Admission)
+		if q := pv.state.queue.Load(); q != nil {
+			q.Configure(cfg)
+			continue
+		}
+		ctx, cancel := context.WithCancel(s.runCtx)
+		q := admission.New(name, cfg, func() admission.Capacity { return s.capacity(name) })
+		pv.state.queue.Store(q)
+		pv.state.stopQueue = cancel
+		s.queues.Add(1)
+		go func() {
+			defer s.queues.Done()
+			q.Run(ctx)
+		}()
+	}
+	if old == nil {
+		return
+	}
+	for name, pv := range old.pools {
+		if _, ok := snap.pools[name]; !ok && pv.state.stopQueue != nil {
+			pv.state.stopQueue()
+		}
+	}
+}
+
+// capacity is the dispatcher's view of pool name: NoEndpoint when no
+// endpoint is ready to take requests, Full when every one is saturated
+// (the pool's saturation rule, counting what this picker sent since the
+// last scrape), Room otherwise.
+func (s *Server) capacity(name string) admission.Capacity {
+	pv := s.snap.Load().pools[name]
+	if pv == nil {
+		return admission.NoEndpoint
+	}
+	if len(pv.ready) == 0 {
+		return admission.NoEndpoint
+	}
+	if s.saturatedAmong(pv, pv.ready, time.Now()) {
+		return admission.Full
+	}
+	return admission.Room
+}
+
+// saturatedAmong applies the pool's saturation rule (and
+// Options.Saturation) to eps.
+func (s *Server) saturatedAmong(pv *poolView, eps []*sched.Endpoint, now time.Time) bool {
+	req := sched.Request{Now: now}
+	return pv.profile.Saturated(&req, eps) || (s.opts.Saturation != nil && s.opts.Saturation.Saturated(now, eps))
+}
+
+// withHeadroom narrows cands (in place) to the endpoints that are not
+// saturated on their own, when some are: a request the admission queue
+// let go goes where the dispatcher saw room, not to a server whose own
+// queue would hold it behind others (the scorers alone may prefer that
+// one, e.g. for its cached prefix). When none has room, cands stay.
+func (s *Server) withHeadroom(pv *poolView, cands []*sched.Endpoint, now time.Time) []*sched.Endpoint {
+	room := 0
+	for i := range cands {
+		if !s.saturatedAmong(pv, cands[i:i+1], now) {
+			room++
+		}
+	}
+	if room == 0 || room == len(cands) {
+		return cands
+	}
+	out := cands[:0]
+	for i := range cands {
+		if !s.saturatedAmong(pv, cands[i:i+1], now) {
+			out = append(out, cands[i])
+		}
+	}
+	return out
+}
+
+// admitDecision is what pick says about the admission queue.
+type admitDecision int
+
+const (
+	admitGo   admitDecision = iota // forward now
+	admitWait                      // wait in the queue
+	admitShed                      // sheddable and saturated: 429 now
+)
+
+// admit decides whether a request for pool pv may go now. A request waits
+// while the pool is saturated, or while others wait (first come, first
+// served), or, when the pool has no ready endpoint at all, for the
+// queue's shorter no-endpoint wait. Without a queue (admission off, or no
+// dispatcher) the pre-admission rule holds: sheddable requests get 429
+// when the pool is saturated, the rest are forwarded.
+func (st *stream) admit(pv *poolView, req *sched.Request, cands []*sched.Endpoint, noEndpoint bool) admitDecision {
+	if st.admitted {
+		return admitGo
+	}
+	s := st.s
+	q := pv.state.queue.Load()
+	if q == nil || pv.admission.Disabled {
+		if noEndpoint || req.Priority >= 0 {
+			return admitGo
+		}
+		if pv.profile.Saturated(req, cands) || (s.opts.Saturation != nil && s.opts.Saturation.Saturated(req.Now, cands)) {
+			return admitShed
+		}
+		return admitGo
+	}
+	if noEndpoint {
+		return admitWait
+	}
+	saturated := s.capacity(pv.name) == admission.Full
+	if saturated && req.Priority < 0 && pv.admission.ShedSheddable {
+		return admitShed
+	}
+	if saturated || q.Len() > 0 {
+		return admitWait
+	}
+	return admitGo
+}
+
+// priority is the request's band: the pool's priority header clamped to
+// the operator's bounds, else model (the tenant's priority, else the
+// model's).
+func (st *stream) priority(pv *poolView, model int) int {
+	h := pv.admission.PriorityHeader
+	if h == "" {
+		return model
+	}
+	v := st.header(h)
+	if v == "" {
+		return model
+	}
+	p, err := strconv.Atoi(v)
+	if err != nil {
+		return model
+	}
+	return min(max(p, pv.admission.PriorityMin), pv.admission.PriorityMax)
+}
+
+// flow is the request's fairness key: its tenant, else the pool's flow
+// header (truncated).
+func (st *stream) flow(pv *poolView) string {
+	if st.tenant != "" {
+		return st.tenant
+	}
+	if pv.admission.FlowHeader == "" {
+		return ""
+	}
+	v := st.header(pv.admission.FlowHeader)
+	if len(v) > maxFlowKey {
+		v = v[:maxFlowKey]
+	}
+	return v
+}
+
+// queueWait holds the request in pool pv's admission queue until the
+// dispatcher lets it go (a ticket to release once picked) or rejects it.
+// In modes where Envoy times the picker's answer (everything but a
+// FULL_DUPLEX_STREAMED body), it first asks Envoy to wait longer.
+func (st *stream) queueWait(pv *poolView, send sendFunc) (admission.Ticket, error) {
+	q := pv.state.queue.Load()
+	cfg := q.Config()
+	if st.reqMode != modeDuplex || st.headerOnly {
+		wait := max(cfg.TTL, cfg.NoEndpointWait) + time.Second
+		if err := st.wrapSend(send, &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(wait)}); err != nil {
+			return admission.Ticket{}, err
+		}
+	}
+	st.s.stats.queued.Add(1)
+	st.noteQueued()
+	tk, err := q.Wait(st.ctx, st.waiting)
+	st.noteAdmitted(err)
+	return tk, err
+}
+
+// rejectAdmission answers a request the queue turned away.
+func (st *stream) rejectAdmission(err error, send sendFunc) (bool, error) {
+	var rej *admission.Rejection
+	if !errors.As(err, &rej) {
+		if errors.Is(err, admission.ErrCancelled) {
+			// Envoy or the client gave up: nobody reads an answer.
+			return true, nil
+		}
+		return true, err
+	}
+	code := 429
+	if rej.Reason == admission.ReasonNoEndpoint {
+		code = 503
+	}
+	return st.rejectWith(code, rej.Error(), send, rej.Reason, rej.RetryAfter)
+}
+
+// retryAfter formats d as a retry-after value: whole seconds, at least 1.
+func retryAfter(d time.Duration) string {
+	return strconv.Itoa(max(int((d+time.Second-1)/time.Second), 1))
+}
+
+// shedMessage is the 429 of a sheddable request in a saturated pool.
+func shedMessage(pool, model string) string {
+	return fmt.Sprintf("pool %q is saturated and model %q is sheddable", pool, model)
+}
+
+// AdmissionStats returns every pool's admission queue counters and what
+// waits now, by pool name (pools without a queue are left out).
+func (s *Server) AdmissionStats() []admission.Stats {
+	snap := s.snap.Load()
+	out := make([]admission.Stats, 0, len(snap.pools))
+	for _, name := range sortedPools(snap) {
+		if q := snap.pools[name].state.queue.Load(); q != nil {
+			st := q.Stats()
+			st.Config = q.Config()
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// sortedPools returns snap's pool names in order.
+func sortedPools(snap *snapshot) []string {
+	names := make([]string, 0, len(snap.pools))
+	for n := range snap.pools {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
