@@ -102,9 +102,11 @@ func (s errorStats) String() string {
 // real vLLM (the CPU build, two servers, the tiny generated model): a
 // streamed shared-prefix chat workload through the picker, each request's
 // prediction at its pick compared with the TTFT the picker then saw. It
-// asserts that every server's first tokens were seen and compared, and
-// reports the error (the second half of the run, once the model has
-// learned the servers, separately). SWITCHYARD_QUALITY=1 runs longer.
+// asserts that every server's first tokens were seen and compared and
+// that the predictions are loosely right (bias within 60 % of the mean
+// observed TTFT, median relative error at most 150 %), and reports the
+// error (the second half of the run, once the model has learned the
+// servers, separately). SWITCHYARD_QUALITY=1 runs longer.
 func TestRealVLLMTTFTPrediction(t *testing.T) {
 	py := realvllm.Require(t)
 	m := realvllm.EnsureModel(t, py)
@@ -144,8 +146,16 @@ func TestRealVLLMTTFTPrediction(t *testing.T) {
 	}
 	late := all[len(all)/2:]
 	t.Logf("real vLLM, 2 servers, %.1f req/s for %.0f s (TTFT p50 %.0f ms, p90 %.0f ms in the second half)", rate, secs, reps[1].TTFT.P50Ms, reps[1].TTFT.P90Ms)
-	t.Logf("all:         %s", summarise(all))
+	sum := summarise(all)
+	t.Logf("all:         %s", sum)
 	t.Logf("second half: %s", summarise(late))
+	// Loose: CPU vLLM on a shared 2-core machine is noisy (|error| p50
+	// 55 % and bias +36 ms on a 133 ms mean in the run README reports),
+	// but a model that is off by its units or its sign fails this.
+	if math.Abs(sum.meanErr) > 0.6*sum.meanObserved || sum.p50Rel > 1.5 {
+		t.Errorf("predictions too far from observed TTFT: bias %+.1f ms on a %.1f ms mean (want within 60 %%), relative |error| p50 %.0f%% (want <= 150 %%)",
+			sum.meanErr, sum.meanObserved, 100*sum.p50Rel)
+	}
 	for _, e := range f.srvs[0].Stats().Endpoints {
 		t.Logf("%s learned: base %v, prefill %v per 1k tokens (%.0f observations); page: prefill %.1f µs/token, server TTFT %.1f ms",
 			e.Address, e.TTFT.Base.Round(time.Microsecond*100), e.TTFT.PerToken.Round(time.Microsecond*100), e.TTFT.Observed,
