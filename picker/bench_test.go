@@ -153,22 +153,35 @@ type freshSource struct{ s *metrics.Snapshot }
 
 func (f freshSource) Load() *metrics.Snapshot { return f.s }
 
-// BenchmarkScheduleDecision measures one whole scheduling decision with the
-// default profile over 100 endpoints with fresh scraped metrics and an
-// 8k-token chat prompt (32 KiB): model lookup, prompt hashing (512 blocks),
-// prefix-index match, filters, every scorer, max-score pick with two
-// fallbacks, and recording the pick. 32 system prompts are spread over the
-// pool beforehand. It reports p99 latency per decision. Run:
+// BenchmarkScheduleDecision measures one whole scheduling decision over
+// 100 endpoints with fresh scraped metrics and an 8k-token chat prompt
+// (32 KiB): model lookup, prompt hashing (512 blocks), prefix-index match,
+// filters, every scorer, max-score pick with two fallbacks, and recording
+// the pick, with each profile that hashes prompts (weighted: the weighted
+// scorers; predicted-ttft: a TTFT prediction per endpoint, and the pick's
+// prefill work accounted, its expiry timer included since the bodies do
+// not stream). 32 system prompts are spread over the pool beforehand. It
+// reports p99 latency per decision. Run:
 //
 //	go test -run '^$' -bench BenchmarkScheduleDecision -benchmem ./picker/
 func BenchmarkScheduleDecision(b *testing.B) {
-	srv := New(registry.NewPublisher(benchState(100)), Options{DisableMetrics: true}, nil)
+	for _, profile := range []string{sched.ProfileWeighted, sched.ProfilePredictedTTFT} {
+		b.Run(profile, func(b *testing.B) { benchDecision(b, profile) })
+	}
+}
+
+func benchDecision(b *testing.B, profile string) {
+	st := benchState(100)
+	st.Pools["big"].Scheduling = &registry.Scheduling{Profile: profile}
+	srv := New(registry.NewPublisher(st), Options{DisableMetrics: true}, nil)
 	far := time.Now().Add(time.Hour)
 	i := 0
-	snap := buildSnapshot(benchState(100), &srv.loads, buildDeps{handle: func(metrics.Key) sched.MetricsSource {
+	snap := buildSnapshot(st, &srv.loads, buildDeps{handle: func(metrics.Key) sched.MetricsSource {
 		i++
 		return freshSource{&metrics.Snapshot{Values: metrics.Values{Waiting: i % 4, Running: 10 + i%7, KVUsage: float64(i%10) / 10,
-			BlockSize: 16, NumBlocks: 26000}, LastSuccess: far, MaxAge: 2 * time.Hour}}
+			BlockSize: 16, NumBlocks: 26000},
+			Perf:        metrics.Perf{TTFT: 0.05, Queue: 0.005, Prefill: 0.03, Inference: 2, PrefillTokens: 600, PrefillPerToken: 50e-6, Requests: 1000, Rate: 5},
+			LastSuccess: far, MaxAge: 2 * time.Hour}}
 	}})
 	srv.snap.Store(snap)
 	// An admission queue, idle as in an unsaturated pool: its check is

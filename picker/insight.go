@@ -251,6 +251,12 @@ func recordScores(r *decisions.Record, pv *poolView, b sched.Breakdown, max int)
 				row[i] = decisions.QuantizeScore(v)
 			}
 		}
+		if len(b.Predictions) >= n {
+			r.Predicted = make([]decisions.PredictedTTFT, n)
+			for i := range n {
+				r.Predicted[i] = predicted(b.Predictions[i])
+			}
+		}
 		return
 	}
 	picked := make([]*sched.Endpoint, n)
@@ -261,6 +267,17 @@ func recordScores(r *decisions.Record, pv *poolView, b sched.Breakdown, max int)
 		}
 	}
 	indexIn(r.Candidates, picked, pv.eps)
+	if len(b.Predictions) == len(b.Candidates) {
+		r.Predicted = make([]decisions.PredictedTTFT, n)
+		for c, i := range order {
+			r.Predicted[c] = predicted(b.Predictions[i])
+		}
+	}
+}
+
+// predicted is what a decision record keeps of a TTFT prediction.
+func predicted(p sched.Prediction) decisions.PredictedTTFT {
+	return decisions.PredictedTTFT{Wait: p.Wait, Prefill: p.Prefill, Total: p.Total, Uncached: p.Uncached}
 }
 
 // indexIn writes each candidate's index in pool into dst. Filters keep

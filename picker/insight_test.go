@@ -125,6 +125,54 @@ func TestDecisionRecords(t *testing.T) {
 	}
 }
 
+// With the predicted-ttft profile, a decision record carries every
+// candidate's predicted wait, prefill and total, and its JSON shows them.
+func TestDecisionRecordsPredictedTTFT(t *testing.T) {
+	rec := decisions.New(decisions.Options{})
+	h := newHarness(t, ttftTestState(), Options{Decisions: rec})
+	streamedExchange(t, h, nil, "chat", "", 0)
+	var r *decisions.Record
+	testutil.Eventually(t, 5*time.Second, "a record", func() error {
+		if got := rec.Query(decisions.Filter{}); len(got) > 0 {
+			r = got[0]
+			return nil
+		}
+		return fmt.Errorf("none yet")
+	})
+	if len(r.Candidates) != 3 || len(r.Predicted) != len(r.Candidates) {
+		t.Fatalf("%d candidates, %d predictions", len(r.Candidates), len(r.Predicted))
+	}
+	for c, p := range r.Predicted {
+		if p.Total <= 0 || p.Prefill <= 0 || p.Wait < 0 || p.Total < p.Wait+p.Prefill || p.Uncached <= 0 {
+			t.Errorf("%s: prediction %+v", r.Candidate(c), p)
+		}
+	}
+	b, err := r.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{`"predicted_ttft":{"wait_ms":`, `"prefill_ms":`, `"total_ms":`, `"uncached_tokens":`} {
+		if !strings.Contains(string(b), k) {
+			t.Errorf("record JSON lacks %s: %s", k, b)
+		}
+	}
+
+	// Other profiles predict nothing.
+	rec2 := decisions.New(decisions.Options{})
+	h2 := newHarness(t, testState(), Options{Decisions: rec2})
+	streamedExchange(t, h2, nil, "chat", "", 0)
+	testutil.Eventually(t, 5*time.Second, "a record", func() error {
+		got := rec2.Query(decisions.Filter{})
+		if len(got) == 0 {
+			return fmt.Errorf("none yet")
+		}
+		if got[0].Predicted != nil {
+			t.Errorf("weighted profile recorded predictions %+v", got[0].Predicted)
+		}
+		return nil
+	})
+}
+
 // Sampling: a recorder sampling nothing records nothing, and the picker
 // then does not ask the scheduler for breakdowns.
 func TestDecisionRecordsOff(t *testing.T) {

@@ -19,7 +19,7 @@ var _ peers.Applier = (*Server)(nil)
 // endpoint p.Endpoint. It counts in flight there, and the pool's observers
 // (prefix index, sessions) learn it exactly as for a local pick, so every
 // replica routes as if it saw every request.
-func (s *Server) Picked(_ string, p peers.Pick) {
+func (s *Server) Picked(from string, p peers.Pick) {
 	pv := s.snap.Load().pools[p.Pool]
 	ep := pv.lookup(p.Endpoint)
 	if ep == nil {
@@ -27,8 +27,13 @@ func (s *Server) Picked(_ string, p peers.Pick) {
 	}
 	ep.Load.InFlightRequests.Add(1)
 	ep.Load.InFlightTokens.Add(p.Tokens)
+	now := time.Now()
+	if pv.predictor != nil {
+		// Priced before its blocks are recorded there.
+		s.peerPicked(pv, ep, from, p, now)
+	}
 	if len(p.Hashes) > 0 || p.Session != "" {
-		req := sched.Request{Hashes: p.Hashes, Session: p.Session, Now: time.Now()}
+		req := sched.Request{Hashes: p.Hashes, Session: p.Session, Now: now}
 		pv.profile.Picked(&req, ep)
 	}
 	s.stats.peerPicks.Add(1)
@@ -36,7 +41,8 @@ func (s *Server) Picked(_ string, p peers.Pick) {
 
 // Released implements peers.Applier: another replica's request on
 // p.Endpoint ended (or that replica went away).
-func (s *Server) Released(_ string, p peers.Pick) {
+func (s *Server) Released(from string, p peers.Pick) {
+	s.peerReleased(from, p.ID)
 	ep := s.snap.Load().pools[p.Pool].lookup(p.Endpoint)
 	if ep == nil {
 		return

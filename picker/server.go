@@ -133,6 +133,8 @@ type Server struct {
 
 	// mesh shares picks with the other replicas (nil: one switchyard).
 	mesh *peers.Mesh
+	// peerWork holds the prefill work of the other replicas' picks.
+	peerWork peerWork
 	// tenants keeps the tenants' budgets across states.
 	tenants *tenant.Set
 
@@ -363,6 +365,11 @@ type EndpointStats struct {
 	Models []string
 	// Metrics is the latest scraped snapshot (nil if not scraped).
 	Metrics *metrics.Snapshot
+	// PrefillRequests and PrefillTokens are the requests in flight before
+	// their first token and their predicted prefill work (profiles that
+	// predict TTFT); TTFT is the endpoint's learned TTFT model.
+	PrefillRequests, PrefillTokens int64
+	TTFT                           sched.TTFTModel
 }
 
 // Stats is a point-in-time view for status pages and metrics.
@@ -400,9 +407,12 @@ func (s *Server) Stats() Stats {
 			out.Rejected[code] = n
 		}
 	}
+	now := time.Now()
 	for _, pv := range snap.pools {
 		for _, e := range pv.eps {
 			out.Endpoints = append(out.Endpoints, EndpointStats{
+				PrefillRequests: e.Load.PrefillRequests.Load(), PrefillTokens: e.Load.PrefillTokens.Load(),
+				TTFT: e.TTFTModel(now),
 				Pool: e.Pool, Address: e.Address, Draining: e.Draining,
 				InFlightRequests: e.Load.InFlightRequests.Load(),
 				InFlightTokens:   e.Load.InFlightTokens.Load(),

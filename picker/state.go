@@ -39,7 +39,10 @@ type poolView struct {
 	profile   *sched.Profile
 	state     *poolState
 	// What the profile needs from the request.
-	usesPrefix    bool
+	usesPrefix bool
+	// predictor is the profile's TTFT scorer (nil: none): picks account
+	// their prefill work and first tokens teach the endpoints' models.
+	predictor     *sched.TTFTScorer
 	usesSession   bool
 	sessionHeader string
 	// admission is the pool's admission block (zero: the defaults).
@@ -174,7 +177,8 @@ func buildSnapshot(st *registry.State, ls *loads, d buildDeps) *snapshot {
 		pv := &poolView{name: name, nameBytes: []byte(name), byAddr: make(map[string]*sched.Endpoint, len(p.Endpoints)), state: ps,
 			upstreamKey: p.UpstreamAPIKey}
 		pv.profile = poolProfile(p, ps, d)
-		pv.usesPrefix = pv.profile.Uses(sched.ScorerPrefix)
+		pv.usesPrefix = pv.profile.Uses(sched.ScorerPrefix) || pv.profile.Uses(sched.ScorerTTFT)
+		pv.predictor = pv.profile.Predictor()
 		pv.usesSession = pv.profile.Uses(sched.ScorerSession)
 		pv.sessionHeader = sched.DefaultSessionHeader
 		if p.Scheduling != nil && p.Scheduling.SessionHeader != "" {

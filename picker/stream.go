@@ -74,6 +74,8 @@ type stream struct {
 
 	// peerID names the pick shared with the other replicas (0: none).
 	peerID uint64
+	// ttft is the pick's TTFT accounting (profiles that predict it).
+	ttft ttftState
 
 	// Admission: waiting is the request as the pool's queue sees it (set
 	// by pick when it must wait); admitted once the queue let it go, so
@@ -109,6 +111,7 @@ func (st *stream) release() {
 		return
 	}
 	st.released = true
+	st.ttftRelease()
 	st.unpublish()
 	st.primary.Load.InFlightRequests.Add(-1)
 	st.primary.Load.InFlightTokens.Add(-st.tokens)
@@ -551,6 +554,7 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 		ph := pv.state.hasher.Load()
 		sc.Hashes = ph.h.Hash(sc.Hashes[:0], target, r.Prompt(st.body))
 		sreq.Hashes = sc.Hashes
+		sreq.BlockTokens = ph.blockTokens
 	}
 	picked := prof.Rank(sreq, cands, s.opts.MaxEndpoints, sc)
 	if len(picked) == 0 {
@@ -579,6 +583,11 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	}
 	dest = d
 	st.pool, st.primary, st.tokens = pv, picked[0], sreq.Tokens
+	if pv.predictor != nil {
+		if pred, ok := sc.Prediction(st.primary.Address); ok {
+			st.trackTTFT(st.primary, pred, sreq.Now, r.Stream)
+		}
+	}
 	st.primary.Load.InFlightRequests.Add(1)
 	st.primary.Load.InFlightTokens.Add(st.tokens)
 	st.publish(pv.name, st.primary.Address, st.tokens, sreq.Hashes, sreq.Session)
@@ -673,6 +682,7 @@ func (st *stream) recordServed(req *extprocv3.ProcessingRequest) {
 			ep.Load.InFlightRequests.Add(1)
 			ep.Load.InFlightTokens.Add(st.tokens)
 			st.primary = ep
+			st.moveTTFT(ep)
 			// The other replicas move it too.
 			st.unpublish()
 			st.publish(st.pool.name, ep.Address, st.tokens, nil, "")
@@ -695,6 +705,7 @@ func (pv *poolView) lookup(addr string) *sched.Endpoint {
 }
 
 func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, send sendFunc) error {
+	st.ttftHeaders()
 	dropLength := false
 	if st.rewritten && st.respMode != modeNone && !h.GetEndOfStream() {
 		ct, encoded := "", false
@@ -728,6 +739,7 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 
 func (st *stream) onResponseBody(b *extprocv3.HttpBody, send sendFunc) error {
 	data, eos := b.GetBody(), b.GetEndOfStream()
+	st.ttftBody()
 	var r *extprocv3.ProcessingResponse
 	switch st.respMode {
 	case modeDuplex:

@@ -177,8 +177,9 @@ func (p *Pool) EffectiveGuard() Guard {
 // picker owns the meaning of profiles and scorer names; the registry only
 // carries them.
 type Scheduling struct {
-	// Profile names a built-in profile ("default", "round-robin", "random",
-	// "least-queue", "least-request").
+	// Profile names a built-in profile ("default", "weighted",
+	// "predicted-ttft", "round-robin", "random", "least-queue",
+	// "least-request").
 	Profile string
 	// Scorers overrides scorer weights by scorer name.
 	Scorers map[string]float64

@@ -114,10 +114,10 @@ func ValidationErrors(err error) []*ValidationError {
 // Names of the scheduling options the registry accepts; the picker owns what
 // they mean.
 var (
-	profileNames = []string{"default", "round-robin", "random", "least-queue", "least-request"}
+	profileNames = []string{"default", "weighted", "predicted-ttft", "round-robin", "random", "least-queue", "least-request"}
 	pickerNames  = []string{"max-score", "weighted-random"}
 	metricNames  = []string{"waiting", "running", "kv_usage", "lora_info", "cache_config"}
-	scorerNames  = []string{"queue", "running", "kv-cache", "in-flight", "in-flight-tokens", "prefix", "lora", "session"}
+	scorerNames  = []string{"queue", "running", "kv-cache", "in-flight", "in-flight-tokens", "prefix", "lora", "session", "ttft"}
 )
 
 // Scorers returns the scorer names Scheduling.Scorers may weigh.

@@ -620,6 +620,86 @@ func TestEOSModelAndMinTokens(t *testing.T) {
 	}
 }
 
+// A stream's first bytes come with the first token, as vLLM's do (for
+// chat, the role chunk goes out with it): the client sees them no earlier
+// than the engine's own time to first token for that request (its
+// vllm:time_to_first_token_seconds sample, timed from its arrival, after
+// the client sent it), nor before the frontend latency and the prompt's
+// prefill step could have passed (a lower bound, so a busy machine cannot
+// break it). Each request then shows in vLLM's queue, prefill, running
+// and computed-token histograms.
+func TestStreamStartsWithFirstToken(t *testing.T) {
+	s := startSim(t, "-time-scale", "1", "-frontend-latency", "50ms")
+	const promptTokens = 2000
+	// One step of 7 ms + 0.04 ms x 2,000 prompt tokens, after the 50 ms
+	// frontend latency.
+	const prefill = 7*time.Millisecond + promptTokens*40*time.Microsecond
+	const minFirst = 50*time.Millisecond + prefill
+	hist := func(name string) *dto.Histogram {
+		t.Helper()
+		f := s.metrics(t)[name]
+		if f == nil || len(f.GetMetric()) == 0 {
+			t.Fatalf("/metrics has no %s", name)
+		}
+		return f.GetMetric()[0].GetHistogram()
+	}
+	reqs := []struct {
+		path string
+		body map[string]any
+	}{
+		{"/v1/chat/completions", map[string]any{"model": baseModel, "max_tokens": 2, "stream": true,
+			"messages": []map[string]string{{"role": "user", "content": words("w", promptTokens)}}}},
+		{"/v1/completions", map[string]any{"model": baseModel, "max_tokens": 2, "stream": true,
+			"prompt": words("p", promptTokens)}},
+	}
+	for i, rq := range reqs {
+		before := hist("vllm:time_to_first_token_seconds")
+		body, _ := json.Marshal(rq.body)
+		start := time.Now()
+		resp, err := http.Post(s.url(rq.path), "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 1)
+		if _, err := io.ReadFull(resp.Body, buf); err != nil {
+			t.Fatal(err)
+		}
+		first := time.Since(start)
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if first < minFirst {
+			t.Errorf("%s: first body byte after %v, before the first token could exist (%v)", rq.path, first, minFirst)
+		}
+		after := hist("vllm:time_to_first_token_seconds")
+		if after.GetSampleCount() != before.GetSampleCount()+1 {
+			t.Fatalf("%s: TTFT histogram count %d -> %d, want one more", rq.path, before.GetSampleCount(), after.GetSampleCount())
+		}
+		engine := time.Duration((after.GetSampleSum() - before.GetSampleSum()) * float64(time.Second))
+		if engine < minFirst {
+			t.Errorf("%s: engine TTFT %v, want at least %v", rq.path, engine, minFirst)
+		}
+		if first < engine {
+			t.Errorf("%s: first body byte after %v, before the engine's first token (%v after arrival)", rq.path, first, engine)
+		}
+		t.Logf("%s: first body byte after %v, engine TTFT %v", rq.path, first, engine)
+		n := uint64(i + 1)
+		for _, name := range []string{"vllm:request_prefill_time_seconds", "vllm:request_inference_time_seconds"} {
+			h := hist(name)
+			if h.GetSampleCount() != n || h.GetSampleSum() < float64(n)*prefill.Seconds() {
+				t.Errorf("%s: count %d sum %g; want %d requests that prefilled for at least one step each", name, h.GetSampleCount(), h.GetSampleSum(), n)
+			}
+		}
+		if h := hist("vllm:request_queue_time_seconds"); h.GetSampleCount() != n {
+			t.Errorf("queue time: count %d, want %d", h.GetSampleCount(), n)
+		}
+		if h := hist("vllm:request_prefill_kv_computed_tokens"); h.GetSampleCount() != n || h.GetSampleSum() < float64(n*promptTokens) {
+			t.Errorf("computed tokens: count %d sum %g; want %d requests of at least %d", h.GetSampleCount(), h.GetSampleSum(), n, promptTokens)
+		}
+	}
+}
+
 // TestAPIKey: with -api-key, /v1 needs the key (vLLM's --api-key: 401
 // {"error":"Unauthorized"}), while /health and /metrics stay open.
 func TestAPIKey(t *testing.T) {

@@ -368,12 +368,17 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, h *sim.Handle, r
 		}
 		return true
 	}
-	if rs.chat && !send(rs.chunk(map[string]any{"role": "assistant", "content": ""}, nil)) {
-		return
-	}
+	first := true
 	for {
 		select {
 		case ev := <-h.Events:
+			// As vLLM: the chat role chunk goes out with the first token
+			// (vLLM sends it on the first output of its engine), so the
+			// first body bytes mark the time to first token.
+			if first && rs.chat && !send(rs.chunk(map[string]any{"role": "assistant", "content": ""}, nil)) {
+				return
+			}
+			first = false
 			var delta any = map[string]any{"content": ev.Text}
 			if !rs.chat {
 				delta = ev.Text

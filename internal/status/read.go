@@ -256,6 +256,12 @@ func pools(in *inputs) []Pool {
 		if !es.Healthy {
 			es.UnhealthyReason = unhealthyReason(e.Metrics, in.now)
 		}
+		if m := e.TTFT; m.Compared > 0 || e.PrefillRequests > 0 {
+			ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+			es.TTFT = &TTFT{BaseMS: ms(m.Base), PrefillPer1kMS: ms(m.PerToken), Observations: m.Observed,
+				PrefillRequests: e.PrefillRequests, PrefillTokens: e.PrefillTokens,
+				Compared: m.Compared, MeanErrorMS: ms(m.MeanError), MeanAbsoluteError: ms(m.MeanAbs)}
+		}
 		byPool[e.Pool] = append(byPool[e.Pool], es)
 	}
 	guards := map[string]*Guard{}

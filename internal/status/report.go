@@ -184,6 +184,9 @@ type Endpoint struct {
 	// Absent while unknown: the endpoint then gets every model of its pool.
 	Models     []string `json:"models,omitempty"`
 	ModelsFrom string   `json:"models_from,omitempty"`
+	// TTFT is the learned time-to-first-token model, for pools on the
+	// predicted-ttft profile once a pick has been accounted there.
+	TTFT *TTFT `json:"ttft,omitempty"`
 
 	// ScrapedAt is when the latest successful scrape finished (zero if
 	// none yet).
@@ -193,6 +196,21 @@ type Endpoint struct {
 // Ready reports whether the endpoint can take requests: healthy and not
 // draining.
 func (e *Endpoint) Ready() bool { return e.Healthy && !e.Draining }
+
+// TTFT is an endpoint's learned time-to-first-token model (milliseconds):
+// the fixed part and the prefill per 1,000 uncached prompt tokens, the
+// observations behind them, the prefill work in flight, and how far the
+// predictions were from the first tokens observed.
+type TTFT struct {
+	BaseMS            float64 `json:"base_ms"`
+	PrefillPer1kMS    float64 `json:"prefill_per_1k_tokens_ms"`
+	Observations      float64 `json:"observations"`
+	PrefillRequests   int64   `json:"prefill_requests"`
+	PrefillTokens     int64   `json:"prefill_tokens"`
+	Compared          int64   `json:"compared"`
+	MeanErrorMS       float64 `json:"mean_error_ms"`
+	MeanAbsoluteError float64 `json:"mean_absolute_error_ms"`
+}
 
 // Model is one model name a request may use.
 type Model struct {

@@ -18,6 +18,7 @@ import (
 	"github.com/switchyard/switchyard/picker/decisions"
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/peers"
+	"github.com/switchyard/switchyard/picker/sched"
 	"github.com/switchyard/switchyard/registry"
 	"github.com/switchyard/switchyard/registry/consul"
 	"github.com/switchyard/switchyard/xds"
@@ -180,6 +181,26 @@ func TestBuildEndpointHealthAndLoad(t *testing.T) {
 	if e := endpoint(t, r, "llama", "10.0.0.1:8000"); *e.Waiting != 1 || *e.Running != 2 || *e.KVCacheUsage != 0.5 ||
 		e.BlockSize != 16 || e.NumBlocks != 1000 || e.MaxLoras != 2 || !slices.Equal(e.RunningAdapters, []string{"sql-lora"}) {
 		t.Errorf("scraped values of 10.0.0.1:8000: %+v", e)
+	}
+}
+
+// An endpoint of a predicted-ttft pool shows its learned TTFT model in
+// milliseconds; one with nothing learned or counted shows none.
+func TestBuildEndpointTTFT(t *testing.T) {
+	t.Parallel()
+	in := sample()
+	in.picker.Endpoints[0].PrefillRequests, in.picker.Endpoints[0].PrefillTokens = 2, 3000
+	in.picker.Endpoints[0].TTFT = sched.TTFTModel{Base: 25 * time.Millisecond, PerToken: 80 * time.Millisecond, Observed: 12.5,
+		Compared: 40, MeanError: -3 * time.Millisecond, MeanAbs: 7500 * time.Microsecond}
+	r := build(in)
+	got := endpoint(t, r, "llama", "10.0.0.1:8000").TTFT
+	want := &TTFT{BaseMS: 25, PrefillPer1kMS: 80, Observations: 12.5, PrefillRequests: 2, PrefillTokens: 3000,
+		Compared: 40, MeanErrorMS: -3, MeanAbsoluteError: 7.5}
+	if got == nil || *got != *want {
+		t.Errorf("TTFT %+v, want %+v", got, want)
+	}
+	if e := endpoint(t, r, "llama", "10.0.0.2:8000"); e.TTFT != nil {
+		t.Errorf("an endpoint with nothing learned shows %+v", e.TTFT)
 	}
 }
 

@@ -55,6 +55,10 @@ type Record struct {
 	Totals     []float32
 	Scores     []uint16
 	Omitted    int
+	// Predicted is, with the predicted-ttft profile, each candidate's
+	// predicted time to first token, in Candidates' order (nil with other
+	// profiles).
+	Predicted []PredictedTTFT
 	// Picked is the primary endpoint, Fallbacks the others in the
 	// destination list, in order.
 	Picked    string
@@ -94,6 +98,15 @@ type FilterStep struct {
 type Scorer struct {
 	Name   string  `json:"name"`
 	Weight float64 `json:"weight"`
+}
+
+// PredictedTTFT is a candidate's predicted time to first token: the wait
+// before its prefill (prefill queued ahead or a slot), the prefill of the
+// Uncached prompt tokens, and the total (with the fixed part and an
+// adapter load).
+type PredictedTTFT struct {
+	Wait, Prefill, Total time.Duration
+	Uncached             int64
 }
 
 // Candidate returns candidate c's address.
@@ -144,9 +157,17 @@ type recordJSON struct {
 }
 
 type candidateJSON struct {
-	Endpoint string             `json:"endpoint"`
-	Total    float64            `json:"total"`
-	Scores   map[string]float64 `json:"scores"`
+	Endpoint  string             `json:"endpoint"`
+	Total     float64            `json:"total"`
+	Scores    map[string]float64 `json:"scores"`
+	Predicted *predictedJSON     `json:"predicted_ttft,omitempty"`
+}
+
+type predictedJSON struct {
+	WaitMS         float64 `json:"wait_ms"`
+	PrefillMS      float64 `json:"prefill_ms"`
+	TotalMS        float64 `json:"total_ms"`
+	UncachedTokens int64   `json:"uncached_tokens"`
 }
 
 type queueJSON struct {
@@ -197,6 +218,10 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 			for j := range k {
 				cj.Scores[r.Scorers[j].Name] = round(r.Score(c, j))
 			}
+		}
+		if c < len(r.Predicted) {
+			p := r.Predicted[c]
+			cj.Predicted = &predictedJSON{WaitMS: millis(p.Wait), PrefillMS: millis(p.Prefill), TotalMS: millis(p.Total), UncachedTokens: p.Uncached}
 		}
 		out.Candidates = append(out.Candidates, cj)
 	}

@@ -2,7 +2,8 @@
 // engine's Prometheus dialect (vLLM, SGLang, trtllm-serve, Triton
 // TensorRT-LLM), parses one /metrics page into an immutable Snapshot, and
 // runs a Manager that scrapes every endpoint on its own interval and
-// publishes the latest Snapshot per endpoint for lock-free reads.
+// publishes the latest Snapshot per endpoint for lock-free reads, with
+// the endpoint's speed (Perf) as successive pages tell it.
 //
 // The package knows nothing about scheduling; scorers read Snapshots.
 package metrics
@@ -66,8 +67,12 @@ type dialect struct {
 	blockSize []source
 	numBlocks []source
 	// ttft is the engine's own time-to-first-token histogram (shown next
-	// to what the router measures); none for the TensorRT-LLM engines.
+	// to what the router measures, and the TTFT in Perf); none for the
+	// TensorRT-LLM engines.
 	ttft []selector
+	// hists are the other latency histograms' family names by HistKind,
+	// alternatives in order; their _sum and _count samples are read.
+	hists [NumHists][]string
 }
 
 func builtinDialect(e registry.Engine) (dialect, bool) {
@@ -84,6 +89,12 @@ func builtinDialect(e registry.Engine) (dialect, bool) {
 			blockSize: []source{{sel: info, fromLabel: "block_size"}},
 			numBlocks: []source{{sel: info, fromLabel: "num_gpu_blocks"}},
 			ttft:      []selector{{name: "vllm:time_to_first_token_seconds"}},
+			hists: [NumHists][]string{
+				HistQueue:         {"vllm:request_queue_time_seconds"},
+				HistPrefill:       {"vllm:request_prefill_time_seconds"},
+				HistInference:     {"vllm:request_inference_time_seconds"},
+				HistPrefillTokens: {"vllm:request_prefill_kv_computed_tokens"},
+			},
 		}, true
 	case registry.EngineSGLang:
 		info := selector{name: "sglang:cache_config_info"}
@@ -214,6 +225,12 @@ func (d dialect) families() []string {
 	for _, list := range [][]source{d.blockSize, d.numBlocks} {
 		for _, s := range list {
 			add(s.sel)
+		}
+	}
+	for _, names := range d.hists {
+		for _, n := range names {
+			add(selector{name: n + "_sum"})
+			add(selector{name: n + "_count"})
 		}
 	}
 	return out

@@ -85,6 +85,10 @@ type Snapshot struct {
 	// ModelsInterval; nil while unknown (never answered, or no such API).
 	// It is shared between snapshots: read only.
 	ServedModels []string
+	// Perf is the endpoint's speed as its successive pages tell it
+	// (latency histogram means, the slot limit it showed); kept across
+	// failed scrapes.
+	Perf Perf
 }
 
 // ModelsInterval is how often each server's /v1/models is read (after a
@@ -398,9 +402,16 @@ func (w *worker) once() int {
 	s := &Snapshot{Key: w.t.Key(), ScrapedAt: now, MaxAge: w.maxAge, Err: err}
 	if prev != nil {
 		s.ServedModels = prev.ServedModels
+		s.Perf = prev.Perf
 	}
 	if err == nil {
 		s.Values = vals
+		var before *Values
+		var dt time.Duration
+		if prev != nil && !prev.LastSuccess.IsZero() {
+			before, dt = &prev.Values, now.Sub(prev.LastSuccess)
+		}
+		s.Perf = s.Perf.next(before, &s.Values, dt)
 		s.LastSuccess = now
 		if !now.Before(w.modelsDue) {
 			w.modelsDue = now.Add(ModelsInterval)

@@ -39,20 +39,53 @@ type Values struct {
 	// TTFT is the engine's own time-to-first-token histogram, summed over
 	// its series (nil when the engine exports none).
 	TTFT *Histogram
+	// Hists are the cumulative sums and counts of the engine's other
+	// latency histograms, by HistKind (vLLM's names; zero where the page
+	// lacks one). Successive pages give Perf.
+	Hists [NumHists]Hist
 }
 
 // Histogram is a cumulative Prometheus histogram: Cumulative[i] counts
-// observations <= Bounds[i] (seconds); the +Inf bucket is Count.
+// observations <= Bounds[i] (seconds); the +Inf bucket is Count, and Sum
+// is the sum of the observations.
 type Histogram struct {
 	Bounds     []float64
 	Cumulative []float64
-	Count      float64
+	Count, Sum float64
+}
+
+// HistKind names one latency histogram the parser reads besides TTFT.
+type HistKind int
+
+// The histograms read (vLLM 0.11+ names in brackets).
+const (
+	// HistQueue: time waiting for admission (vllm:request_queue_time_seconds).
+	HistQueue HistKind = iota
+	// HistPrefill: time from admission to the first token
+	// (vllm:request_prefill_time_seconds).
+	HistPrefill
+	// HistInference: time running, prefill and decode
+	// (vllm:request_inference_time_seconds).
+	HistInference
+	// HistPrefillTokens: prompt tokens computed in prefill, cached ones
+	// excluded (vllm:request_prefill_kv_computed_tokens).
+	HistPrefillTokens
+	// NumHists counts the kinds.
+	NumHists
+)
+
+// Hist is a histogram's cumulative sum and count, summed over its series.
+type Hist struct {
+	Sum, Count float64
 }
 
 // Parser turns one engine's metrics page into Values. It filters the page
 // down to the few metric families it needs before handing them to the
-// Prometheus text parser, so histograms and other series cost one line
-// scan. A Parser is not safe for concurrent use; it reuses its buffers.
+// Prometheus text parser, so other series cost one line scan; of a
+// histogram it keeps the _sum and _count samples (as untyped series: its
+// TYPE line and buckets are dropped). The TTFT histogram is read whole,
+// as the page is filtered. A Parser is not safe for concurrent use; it
+// reuses its buffers.
 type Parser struct {
 	d      dialect
 	wanted map[string]struct{}
@@ -60,9 +93,9 @@ type Parser struct {
 	buf    bytes.Buffer
 	// The engine's TTFT histogram's sample names, and what this page had
 	// of it (bounds in page order, summed over series).
-	ttftBucket, ttftCount []byte
-	ttft                  Histogram
-	ttftSeen              bool
+	ttftBucket, ttftCount, ttftSum []byte
+	ttft                           Histogram
+	ttftSeen                       bool
 }
 
 // NewParser returns a parser for engine ("" means vLLM) with per-pool
@@ -83,7 +116,7 @@ func NewParser(engine registry.Engine, overrides map[string]string) (*Parser, er
 	if len(d.ttft) > 0 {
 		// Read by readTTFTLine as the page is filtered: the text parser
 		// would cost more than every other family together.
-		p.ttftBucket, p.ttftCount = []byte(d.ttft[0].name+"_bucket"), []byte(d.ttft[0].name+"_count")
+		p.ttftBucket, p.ttftCount, p.ttftSum = []byte(d.ttft[0].name+"_bucket"), []byte(d.ttft[0].name+"_count"), []byte(d.ttft[0].name+"_sum")
 	}
 	return p, nil
 }
@@ -92,7 +125,7 @@ func NewParser(engine registry.Engine, overrides map[string]string) (*Parser, er
 // a page lacking some metrics is not (see Values.Missing).
 func (p *Parser) Parse(page []byte) (Values, error) {
 	p.buf.Reset()
-	p.ttft.Bounds, p.ttft.Cumulative, p.ttft.Count, p.ttftSeen = p.ttft.Bounds[:0], p.ttft.Cumulative[:0], 0, false
+	p.ttft.Bounds, p.ttft.Cumulative, p.ttft.Count, p.ttft.Sum, p.ttftSeen = p.ttft.Bounds[:0], p.ttft.Cumulative[:0], 0, 0, false
 	p.filter(page)
 	fams, err := p.tp.TextToMetricFamilies(&p.buf)
 	if err != nil {
@@ -115,11 +148,21 @@ func (p *Parser) Parse(page []byte) (Values, error) {
 	} else {
 		v.Missing = append(v.Missing, LogicalKVUsage)
 	}
+	for k, names := range d.hists {
+		for _, n := range names {
+			sum, okS := pick(fams, []selector{{name: n + "_sum"}}, sumValues)
+			count, okC := pick(fams, []selector{{name: n + "_count"}}, sumValues)
+			if okS && okC {
+				v.Hists[k] = Hist{Sum: sum, Count: count}
+				break
+			}
+		}
+	}
 	v.BlockSize = readSource(fams, d.blockSize)
 	v.NumBlocks = readSource(fams, d.numBlocks)
 	readLora(fams, d.loraInfo, &v)
 	if p.ttftSeen && len(p.ttft.Bounds) > 0 {
-		v.TTFT = &Histogram{Bounds: slices.Clone(p.ttft.Bounds), Cumulative: slices.Clone(p.ttft.Cumulative), Count: p.ttft.Count}
+		v.TTFT = &Histogram{Bounds: slices.Clone(p.ttft.Bounds), Cumulative: slices.Clone(p.ttft.Cumulative), Count: p.ttft.Count, Sum: p.ttft.Sum}
 	}
 	return v, nil
 }
@@ -132,10 +175,9 @@ func (p *Parser) readTTFTLine(l []byte) bool {
 		return false
 	}
 	name := l[:nameEnd(l)]
-	isBucket, isCount := bytes.Equal(name, p.ttftBucket), bytes.Equal(name, p.ttftCount)
-	if !isBucket && !isCount {
-		// The _sum series is not needed; anything else is not ours.
-		return bytes.HasPrefix(name, p.ttftCount[:len(p.ttftCount)-len("count")]) && bytes.HasSuffix(name, []byte("_sum"))
+	isBucket, isCount, isSum := bytes.Equal(name, p.ttftBucket), bytes.Equal(name, p.ttftCount), bytes.Equal(name, p.ttftSum)
+	if !isBucket && !isCount && !isSum {
+		return false
 	}
 	end := bytes.LastIndexByte(l, '}')
 	rest := l
@@ -153,8 +195,12 @@ func (p *Parser) readTTFTLine(l []byte) bool {
 		return true
 	}
 	p.ttftSeen = true
-	if isCount {
+	switch {
+	case isCount:
 		p.ttft.Count += val
+		return true
+	case isSum:
+		p.ttft.Sum += val
 		return true
 	}
 	i := bytes.Index(l, []byte(`le="`))

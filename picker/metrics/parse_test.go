@@ -36,7 +36,10 @@ func TestParseDialects(t *testing.T) {
 			desc: "vllm 0.11 page with histograms and lora history", engine: registry.EngineVLLM, fixture: "vllm.txt",
 			want: Values{Waiting: 3, Running: 7, KVUsage: 0.4213, BlockSize: 16, NumBlocks: 27904, MaxLoras: 4,
 				// The series with the largest timestamp value wins.
-				RunningAdapters: []string{"sql-lora", "chat-lora"}, WaitingAdapters: []string{"tone-lora"}},
+				RunningAdapters: []string{"sql-lora", "chat-lora"}, WaitingAdapters: []string{"tone-lora"},
+				// The 0.11 page has no inference-time or prefill-token
+				// histograms (later versions added them).
+				Hists: [NumHists]Hist{HistQueue: {2771.42, 1500}, HistPrefill: {3485.92, 1704}}},
 		},
 		{
 			desc: "legacy vllm gpu_cache_usage_perc, two model_name series", engine: registry.EngineVLLM, fixture: "vllm_legacy.txt",
@@ -265,11 +268,24 @@ func TestParseRealVLLM032(t *testing.T) {
 		if len(v.RunningAdapters) != 0 || len(v.WaitingAdapters) != 0 {
 			t.Fatalf("adapters running %v waiting %v: an older series won", v.RunningAdapters, v.WaitingAdapters)
 		}
+		// Every latency histogram the TTFT prediction learns from is
+		// on a 0.32 page (values as recorded).
+		want := [NumHists]Hist{
+			HistQueue: {9.153399878414348e-05, 5}, HistPrefill: {0.04569521099801932, 5},
+			HistInference: {0.10833344199818384, 5}, HistPrefillTokens: {54, 5},
+		}
+		if v.Hists != want {
+			t.Fatalf("histograms %+v, want %+v", v.Hists, want)
+		}
+		if v.TTFT == nil || v.TTFT.Sum != 0.0697789192199707 || v.TTFT.Count != 5 {
+			t.Fatalf("TTFT histogram %+v, want sum 0.0698 over 5", v.TTFT)
+		}
 	}
 }
 
 // The engine's own TTFT histogram is read (summed over its series), for
-// the status page to show beside the router's measurement.
+// the status page to show beside the router's measurement and for Perf's
+// mean TTFT (its sum too).
 func TestEngineTTFT(t *testing.T) {
 	page, err := os.ReadFile("testdata/vllm.txt")
 	if err != nil {
@@ -287,7 +303,7 @@ func TestEngineTTFT(t *testing.T) {
 	if h == nil {
 		t.Fatal("no TTFT histogram")
 	}
-	if h.Count != 2279 || len(h.Bounds) != 16 || h.Bounds[0] != 0.001 || h.Cumulative[0] != 298 || h.Cumulative[15] != 2279 {
+	if h.Count != 2279 || len(h.Bounds) != 16 || h.Bounds[0] != 0.001 || h.Cumulative[0] != 298 || h.Cumulative[15] != 2279 || h.Sum != 5779.2783 {
 		t.Fatalf("histogram %+v", h)
 	}
 	// Engines without one have none.

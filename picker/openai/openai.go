@@ -32,6 +32,9 @@ type Request struct {
 	// top-level "messages" (chat) or "prompt" (completions) key; both are
 	// zero when there is none.
 	PromptStart, PromptEnd int
+	// Stream is set when the top-level "stream" is true: the answer comes
+	// as server-sent events, its first bytes with the first token.
+	Stream bool
 }
 
 // Prompt returns the part of body that carries the prompt, for prefix
@@ -174,6 +177,8 @@ func scanRequest(body []byte) (Request, []byte, error) {
 				raw = body[vs:sc.i]
 			case r.PromptEnd == 0 && (keyIs(key, "messages") || keyIs(key, "prompt")):
 				r.PromptStart, r.PromptEnd = vs, sc.i
+			case keyIs(key, "stream"):
+				r.Stream = body[vs] == 't'
 			}
 			sc.ws()
 			c := sc.peek()

@@ -237,3 +237,28 @@ func BenchmarkParseRequest(b *testing.B) {
 		}
 	}
 }
+
+// Stream is read from the top-level "stream" only, and only true counts.
+func TestParseRequestStream(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		body string
+		want bool
+	}{
+		{`{"model":"m","stream":true}`, true},
+		{`{"stream" : true , "model":"m"}`, true},
+		{`{"model":"m","stream":false}`, false},
+		{`{"model":"m"}`, false},
+		{`{"model":"m","stream":"true"}`, false},
+		{`{"model":"m","options":{"stream":true}}`, false},
+		{`{"model":"m","stream":true,"stream":false}`, false},
+	} {
+		r, err := ParseRequest([]byte(tc.body))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.body, err)
+		}
+		if r.Stream != tc.want {
+			t.Errorf("%s: stream %v, want %v", tc.body, r.Stream, tc.want)
+		}
+	}
+}

@@ -3,8 +3,10 @@ package quality
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -66,6 +68,9 @@ func startReplicaFleet(t testing.TB, cfg fleetConfig, replicas int, share bool) 
 		port := testutil.FreePort(t)
 		args := append([]string{"-port", strconv.Itoa(port), "-model", modelName,
 			"-time-scale", strconv.FormatFloat(cfg.timeScale, 'g', -1, 64),
+			// Room for the mixed workload's 8,000-token prompts with
+			// 1,024-token answers.
+			"-max-model-len", "10240",
 			"-num-gpu-blocks", strconv.Itoa(cfg.gpuBlocks), "-seed", strconv.Itoa(i + 1), "-log-level", "warn"}, cfg.simArgs...)
 		testutil.Start(t, fmt.Sprintf("vllm-sim-%d", i), bin, args...)
 		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(port))
@@ -73,13 +78,20 @@ func startReplicaFleet(t testing.TB, cfg fleetConfig, replicas int, share bool) 
 	for _, a := range addrs {
 		testutil.WaitHTTP(t, "http://"+a+"/health", 15*time.Second)
 	}
+	return startPickers(t, addrs, cfg.scrape, replicas, share, decisionLog(t))
+}
+
+// startPickers runs replicas pickers (sharing their picks or not) for the
+// model servers at addrs, and the data plane in front of them.
+func startPickers(t testing.TB, addrs []string, scrape time.Duration, replicas int, share bool, logger *slog.Logger) *fleet {
+	t.Helper()
 	sort.Strings(addrs)
 	f := &fleet{t: t, addrs: addrs}
 	f.pub = registry.NewPublisher(f.state(nil))
 	var pickerAddrs []string
 	var meshes []*peers.Mesh
 	for i := range replicas {
-		srv := picker.New(f.pub, picker.Options{Metrics: metrics.Options{Interval: cfg.scrape}}, nil)
+		srv := picker.New(f.pub, picker.Options{Metrics: metrics.Options{Interval: scrape}}, logger)
 		f.srvs = append(f.srvs, srv)
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -129,6 +141,22 @@ func startReplicaFleet(t testing.TB, cfg fleetConfig, replicas int, share bool) 
 	}
 	f.url = startDataPlane(t, pickerAddrs...)
 	return f
+}
+
+// decisionLog returns a debug logger writing JSON lines to the file
+// SWITCHYARD_QUALITY_LOG names (every decision with its scores and, for
+// predicted-ttft, every candidate's prediction), or nil.
+func decisionLog(t testing.TB) *slog.Logger {
+	path := os.Getenv("SWITCHYARD_QUALITY_LOG")
+	if path == "" {
+		return nil
+	}
+	fh, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fh.Close() })
+	return slog.New(slog.NewJSONHandler(fh, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 func (f *fleet) state(sc *registry.Scheduling) *registry.State {
@@ -272,9 +300,25 @@ func TestQualitySmoke(t *testing.T) {
 	}
 }
 
-// TestQuality is the full comparison (minutes): set SWITCHYARD_QUALITY=1.
-// Knobs: SWITCHYARD_QUALITY_SCALE (simulator -time-scale, default 1),
-// SWITCHYARD_QUALITY_SECONDS (measured seconds per run, default 15).
+// TestQuality is the full comparison (tens of minutes): set
+// SWITCHYARD_QUALITY=1. It measures round-robin's saturation rate on the
+// shared-prefix workload, then runs each profile unloaded (10 % of it,
+// after a warm-up at 50 %, so the prefixes are cached) and at 50, 80 and
+// 95 %; the two candidate profiles (weighted, predicted-ttft) repeat their
+// 80 and 95 % runs SWITCHYARD_QUALITY_RUNS times. Then a workload without
+// shared prefixes and a mixed one (prompts of 100-8,000 tokens, answers
+// of 16-1,024) at 80 % of round-robin's saturation on each (for the mixed
+// one, its closed-loop throughput: its answers outlast the sweep's
+// stages). Knobs:
+// SWITCHYARD_QUALITY_SCALE (simulator -time-scale, default 1),
+// SWITCHYARD_QUALITY_SECONDS (measured seconds per run, default 15),
+// SWITCHYARD_QUALITY_BLOCKS (-num-gpu-blocks, 3000), SWITCHYARD_QUALITY_SEQS
+// (-max-num-seqs, simulator default 256), SWITCHYARD_QUALITY_GROUPS /
+// _USERS / _SYSTEM / _OUTPUT (the shared-prefix workload: 32 x 16, 2048
+// tokens, 128), SWITCHYARD_QUALITY_PROFILES (comma list),
+// SWITCHYARD_QUALITY_ONLY (prefix, random or mixed),
+// SWITCHYARD_QUALITY_RR_SAT / _RANDOM_SAT / _MIXED_SAT (skip a saturation
+// measurement).
 func TestQuality(t *testing.T) {
 	if os.Getenv("SWITCHYARD_QUALITY") == "" {
 		t.Skip("set SWITCHYARD_QUALITY=1 to run the routing-quality comparison (minutes)")
@@ -282,84 +326,204 @@ func TestQuality(t *testing.T) {
 	scale := envFloat("SWITCHYARD_QUALITY_SCALE", 1)
 	secs := envFloat("SWITCHYARD_QUALITY_SECONDS", 15)
 	blocks := int(envFloat("SWITCHYARD_QUALITY_BLOCKS", 3000))
-	f := startFleet(t, fleetConfig{sims: 4, timeScale: scale, gpuBlocks: blocks, scrape: 50 * time.Millisecond})
+	seqs := int(envFloat("SWITCHYARD_QUALITY_SEQS", 0))
+	var simArgs []string
+	if seqs > 0 {
+		simArgs = []string{"-max-num-seqs", strconv.Itoa(seqs)}
+	}
+	f := startFleet(t, fleetConfig{sims: 4, timeScale: scale, gpuBlocks: blocks, scrape: 50 * time.Millisecond, simArgs: simArgs})
 	w := load.Workload{Kind: load.WorkloadSharedPrefix,
 		Groups: int(envFloat("SWITCHYARD_QUALITY_GROUPS", 32)), UsersPerGroup: int(envFloat("SWITCHYARD_QUALITY_USERS", 16)),
 		SystemLen: int(envFloat("SWITCHYARD_QUALITY_SYSTEM", 2048)), QuestionLen: 128, Output: load.Fixed(int(envFloat("SWITCHYARD_QUALITY_OUTPUT", 128)))}
-	dur := time.Duration(secs * float64(time.Second))
-	warmDur := dur / 3
-	seed := uint64(100)
-	next := func() uint64 { seed++; return seed }
-	var rows []row
+	q := &experiment{t: t, f: f, dur: time.Duration(secs * float64(time.Second)), seed: 100,
+		runs: int(envFloat("SWITCHYARD_QUALITY_RUNS", 1)), conc: int(envFloat("SWITCHYARD_QUALITY_CONCURRENCY", 160))}
+	q.warm = q.dur / 3
 	defer func() {
-		fmt.Printf("\nRouting quality: 4 x vllm-sim (-time-scale %g, -num-gpu-blocks %d), measured %v per run after %v warm-up\n\n%s\n",
-			scale, blocks, dur, warmDur, table(rows))
+		seqsNote := "256"
+		if seqs > 0 {
+			seqsNote = strconv.Itoa(seqs)
+		}
+		fmt.Printf("\nRouting quality: 4 x vllm-sim (-time-scale %g, -num-gpu-blocks %d, -max-num-seqs %s), shared prefix %d x %d users, %d-token system prompt; measured %v per run after %v warm-up\n\n%s\n%s\n",
+			scale, blocks, seqsNote, w.Groups, w.UsersPerGroup, w.SystemLen, q.dur, q.warm, table(q.rows), strings.Join(q.summary, "\n"))
 	}()
-	only := os.Getenv("SWITCHYARD_QUALITY_ONLY") // "prefix" or "random"
-	conc := int(envFloat("SWITCHYARD_QUALITY_CONCURRENCY", 160))
-	if only != "random" {
-		rows = append(rows, f.prefixRuns(t, w, conc, dur, warmDur, next)...)
+	only := os.Getenv("SWITCHYARD_QUALITY_ONLY")
+	if only == "" || only == "prefix" {
+		q.prefixRuns(w)
 	}
-	if only != "prefix" {
-		rows = append(rows, f.randomRuns(t, conc, dur, warmDur, next)...)
+	if only == "" || only == "random" {
+		q.otherRuns("random", load.Workload{Kind: load.WorkloadRandom, Input: load.Range{Min: 256, Max: 2048}, Output: load.Fixed(128)}, "SWITCHYARD_QUALITY_RANDOM_SAT", false)
+	}
+	if only == "" || only == "mixed" {
+		q.otherRuns("mixed", load.Workload{Kind: load.WorkloadRandom, Input: load.Range{Min: 100, Max: 8000}, Output: load.Range{Min: 16, Max: 1024}}, "SWITCHYARD_QUALITY_MIXED_SAT", true)
 	}
 }
 
-func (f *fleet) prefixRuns(t *testing.T, w load.Workload, conc int, dur, warmDur time.Duration, next func() uint64) []row {
-	var rows []row
-	// Saturation: closed loop, enough requests in flight to queue everywhere.
-	sat := map[string]load.StageReport{}
-	for _, p := range []string{"round-robin", "default"} {
-		r := f.run(p, w, load.ArrivalConcurrency, load.Stage{Concurrency: conc, Duration: warmDur}, load.Stage{Concurrency: conc, Duration: dur}, next())
-		sat[p] = r
-		rows = append(rows, row{fmt.Sprintf("shared-prefix saturation (%d in flight)", conc), p, 0, r})
-		t.Logf("saturation %s: %.1f req/s", p, r.RequestThroughput)
+// experiment is one TestQuality run: its fleet, settings and results.
+type experiment struct {
+	t          *testing.T
+	f          *fleet
+	dur, warm  time.Duration
+	seed       uint64
+	runs, conc int
+	rows       []row
+	summary    []string
+}
+
+func (q *experiment) nextSeed() uint64 { q.seed++; return q.seed }
+
+func (q *experiment) note(format string, args ...any) {
+	s := fmt.Sprintf(format, args...)
+	q.summary = append(q.summary, s)
+	q.t.Log(s)
+}
+
+// saturation returns round-robin's saturation rate on w (or the value of
+// env), adding the measurement's rows. With closedOnly it is the
+// closed-loop throughput: requests that run for seconds outlast the
+// sweep's stages, whose TTFTs then say nothing about the knee.
+func (q *experiment) saturation(label string, w load.Workload, env string, closedOnly bool) float64 {
+	if v := envFloat(env, 0); v > 0 {
+		return v
 	}
-	rrSat, sweep := f.saturation(w, sat["round-robin"], dur/2, next())
+	closed := q.f.run("round-robin", w, load.ArrivalConcurrency, load.Stage{Concurrency: q.conc, Duration: q.warm}, load.Stage{Concurrency: q.conc, Duration: q.dur}, q.nextSeed())
+	q.rows = append(q.rows, row{fmt.Sprintf("%s saturation (%d in flight)", label, q.conc), "round-robin", 0, closed})
+	if closedOnly {
+		q.note("%s: round-robin's closed-loop throughput (%d in flight) %.1f req/s", label, q.conc, closed.RequestThroughput)
+		return closed.RequestThroughput
+	}
+	sat, sweep := q.f.saturation(w, closed, q.dur/2, q.nextSeed())
 	for _, r := range sweep {
-		rows = append(rows, row{"shared-prefix sweep", "round-robin", r.Rate, r})
+		q.rows = append(q.rows, row{label + " sweep", "round-robin", r.Rate, r})
 	}
-	t.Logf("round-robin saturation rate: %.1f req/s", rrSat)
-	for _, frac := range []float64{0.5, 0.8, 0.95} {
-		rate := frac * rrSat
-		for _, p := range []string{"round-robin", "random", "least-queue", "default"} {
-			r := f.run(p, w, load.ArrivalPoisson, load.Stage{Rate: rate, Duration: warmDur}, load.Stage{Rate: rate, Duration: dur}, next())
-			rows = append(rows, row{fmt.Sprintf("shared-prefix %.0f%%", frac*100), p, rate, r})
-			t.Logf("%.0f%% %s: TTFT p90 %.0f ms, %.1f req/s, hit %.2f", frac*100, p, r.TTFT.P90Ms, r.RequestThroughput, r.PrefixCacheHitRate)
-		}
-	}
-	return rows
+	q.note("%s: round-robin saturates at %.1f req/s", label, sat)
+	return sat
 }
 
-// randomRuns: no shared prefix, random prompts at 80% of round-robin's
-// saturation rate on that workload.
-func (f *fleet) randomRuns(t *testing.T, conc int, dur, warmDur time.Duration, next func() uint64) []row {
-	var rows []row
-	rw := load.Workload{Kind: load.WorkloadRandom, Input: load.Range{Min: 256, Max: 2048}, Output: load.Fixed(128)}
-	rrate := envFloat("SWITCHYARD_QUALITY_RANDOM_SAT", 0) // skip the measurement when set
-	if rrate == 0 {
-		rsat := f.run("round-robin", rw, load.ArrivalConcurrency, load.Stage{Concurrency: conc, Duration: warmDur}, load.Stage{Concurrency: conc, Duration: dur}, next())
-		rows = append(rows, row{fmt.Sprintf("random saturation (%d in flight)", conc), "round-robin", 0, rsat})
-		var rsweep []load.StageReport
-		rrate, rsweep = f.saturation(rw, rsat, dur/2, next())
-		for _, r := range rsweep {
-			rows = append(rows, row{"random sweep", "round-robin", r.Rate, r})
+// unloaded measures p at 10 % of sat after a warm-up at 50 %, so its
+// prefixes are where it puts them.
+func (q *experiment) unloaded(label, p string, w load.Workload, sat float64) load.StageReport {
+	reps := q.f.runStages(p, w, load.ArrivalPoisson, []load.Stage{{Rate: sat / 2, Duration: q.warm}, {Rate: sat / 10, Duration: 2 * q.dur}}, q.nextSeed())
+	r := reps[len(reps)-1]
+	q.rows = append(q.rows, row{label + " unloaded (10%)", p, sat / 10, r})
+	return r
+}
+
+func (q *experiment) at(label, p string, w load.Workload, rate float64, seed uint64, dur time.Duration) load.StageReport {
+	r := q.f.run(p, w, load.ArrivalPoisson, load.Stage{Rate: rate, Duration: q.warm}, load.Stage{Rate: rate, Duration: dur}, seed)
+	q.rows = append(q.rows, row{label, p, rate, r})
+	q.t.Logf("%s %s: TTFT p50 %.0f ms, p90 %.0f ms, %.1f req/s, hit %.2f", label, p, r.TTFT.P50Ms, r.TTFT.P90Ms, r.RequestThroughput, r.PrefixCacheHitRate)
+	return r
+}
+
+// candidates are the profiles the summary compares.
+var candidates = []string{"weighted", "predicted-ttft"}
+
+func (q *experiment) prefixRuns(w load.Workload) {
+	profiles := []string{"round-robin", "random", "least-queue", "weighted", "predicted-ttft"}
+	if p := os.Getenv("SWITCHYARD_QUALITY_PROFILES"); p != "" {
+		profiles = strings.Split(p, ",")
+	}
+	if os.Getenv("SWITCHYARD_QUALITY_RR_SAT") == "" {
+		for _, p := range profiles {
+			if !slices.Contains(candidates, p) {
+				continue
+			}
+			r := q.f.run(p, w, load.ArrivalConcurrency, load.Stage{Concurrency: q.conc, Duration: q.warm}, load.Stage{Concurrency: q.conc, Duration: q.dur}, q.nextSeed())
+			q.rows = append(q.rows, row{fmt.Sprintf("shared-prefix saturation (%d in flight)", q.conc), p, 0, r})
+			q.note("shared-prefix, %d in flight: %s %.1f req/s", q.conc, p, r.RequestThroughput)
 		}
 	}
-	// Same seed for both: random prompts share nothing, so the runs see
-	// identical arrivals and prompts.
-	rseed := next()
-	profiles := []string{"least-queue", "default"}
-	if p := os.Getenv("SWITCHYARD_QUALITY_RANDOM_PROFILES"); p != "" {
-		profiles = strings.Split(p, ";")
+	sat := q.saturation("shared-prefix", w, "SWITCHYARD_QUALITY_RR_SAT", false)
+	type result struct {
+		unloaded load.StageReport
+		p90      map[float64][]float64
+		hit      map[float64][]float64
 	}
+	res := map[string]*result{}
 	for _, p := range profiles {
-		rate := 0.8 * rrate
-		r := f.run(p, rw, load.ArrivalPoisson, load.Stage{Rate: rate, Duration: warmDur}, load.Stage{Rate: rate, Duration: 2 * dur}, rseed)
-		rows = append(rows, row{"random 80%", p, rate, r})
-		t.Logf("random 80%% %s: TTFT p90 %.0f ms, %.1f req/s", p, r.TTFT.P90Ms, r.RequestThroughput)
+		r := &result{p90: map[float64][]float64{}, hit: map[float64][]float64{}}
+		res[p] = r
+		r.unloaded = q.unloaded("shared-prefix", p, w, sat)
+		q.t.Logf("unloaded %s: TTFT p90 %.0f ms", p, r.unloaded.TTFT.P90Ms)
+		for _, frac := range []float64{0.5, 0.8, 0.95} {
+			n := 1
+			if frac >= 0.8 && slices.Contains(candidates, p) {
+				n = max(q.runs, 1)
+			}
+			for k := range n {
+				label := fmt.Sprintf("shared-prefix %.0f%%", frac*100)
+				if n > 1 {
+					label += fmt.Sprintf(" (run %d)", k+1)
+				}
+				rep := q.at(label, p, w, frac*sat, q.nextSeed(), q.dur)
+				r.p90[frac] = append(r.p90[frac], rep.TTFT.P90Ms)
+				r.hit[frac] = append(r.hit[frac], rep.PrefixCacheHitRate)
+			}
+		}
 	}
-	return rows
+	base := res["weighted"]
+	for _, p := range profiles {
+		r := res[p]
+		u := r.unloaded.TTFT.P90Ms
+		line := fmt.Sprintf("shared-prefix %s: unloaded p90 %.0f ms", p, u)
+		for _, frac := range []float64{0.8, 0.95} {
+			lo, hi := slices.Min(r.p90[frac]), slices.Max(r.p90[frac])
+			med := median(r.p90[frac])
+			line += fmt.Sprintf("; %.0f%%: p90 %.0f ms (%.2fx unloaded", frac*100, med, med/u)
+			if len(r.p90[frac]) > 1 {
+				line += fmt.Sprintf(", %d runs %.0f-%.0f ms, max/min %.2f", len(r.p90[frac]), lo, hi, hi/lo)
+			}
+			line += fmt.Sprintf("), hit rate %.3f", median(r.hit[frac]))
+			if base != nil && p != "weighted" {
+				line += fmt.Sprintf(" (%.2fx weighted)", median(r.hit[frac])/median(base.hit[frac]))
+			}
+		}
+		q.note("%s", line)
+	}
+}
+
+// otherRuns: a workload without shared prefixes at 80 % of round-robin's
+// saturation rate on it, every profile on the same seed (the prompts
+// share nothing, so each run sees the same arrivals and prompts).
+func (q *experiment) otherRuns(label string, w load.Workload, satEnv string, closedOnly bool) {
+	sat := q.saturation(label, w, satEnv, closedOnly)
+	profiles := []string{"least-queue", "weighted", "predicted-ttft"}
+	p90 := map[string][]float64{}
+	n := max(q.runs, 1)
+	for k := range n {
+		// One seed per round, the profiles in turn within it.
+		seed := q.nextSeed()
+		l := label + " 80%"
+		if n > 1 {
+			l += fmt.Sprintf(" (run %d)", k+1)
+		}
+		for _, p := range profiles {
+			r := q.at(l, p, w, 0.8*sat, seed, 2*q.dur)
+			p90[p] = append(p90[p], r.TTFT.P90Ms)
+		}
+	}
+	lq := median(p90["least-queue"])
+	for _, p := range profiles {
+		line := fmt.Sprintf("%s 80%%: %s p90 %.0f ms", label, p, median(p90[p]))
+		if n > 1 {
+			line += fmt.Sprintf(" (median of %d, %.0f-%.0f)", n, slices.Min(p90[p]), slices.Max(p90[p]))
+		}
+		if p != "least-queue" {
+			line += fmt.Sprintf(", %.3fx least-queue", median(p90[p])/lq)
+		}
+		q.note("%s", line)
+	}
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(xs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func envFloat(name string, def float64) float64 {

@@ -28,6 +28,9 @@ type Breakdown struct {
 	// Candidates[i].
 	Scorers []WeightedScorer
 	Scores  [][]float64
+	// Predictions are the TTFT scorer's predictions for Candidates, in
+	// their order (empty unless the profile predicts TTFT).
+	Predictions []Prediction
 }
 
 // Breakdown returns the latest decision's breakdown when its request had
@@ -40,6 +43,9 @@ func (sc *Scratch) Breakdown() Breakdown {
 	b := Breakdown{Pool: r.pool, Filters: r.filters, Ranked: r.ranked}
 	if r.ranked {
 		b.Candidates, b.Totals, b.Scorers, b.Scores = r.cands, r.totals, r.scorers, sc.per
+		if sc.predsOK && len(sc.preds) == len(r.cands) {
+			b.Predictions = sc.preds
+		}
 	}
 	return b
 }

@@ -39,26 +39,40 @@ const (
 	// ScorerSession: the endpoint that served the session's previous
 	// request, unless it is overloaded.
 	ScorerSession = "session"
+	// ScorerTTFT: predicted time to first token (prefill queued ahead or
+	// slot wait, prefill of the uncached prompt, adapter load), as
+	// min/own, so the fastest scores 1.
+	ScorerTTFT = "ttft"
 )
 
 // ScorerNames lists every scorer name, in documentation order.
 func ScorerNames() []string {
-	return []string{ScorerQueue, ScorerRunning, ScorerKVCache, ScorerInFlight, ScorerInFlightTokens, ScorerPrefix, ScorerLoRA, ScorerSession}
+	return []string{ScorerQueue, ScorerRunning, ScorerKVCache, ScorerInFlight, ScorerInFlightTokens, ScorerPrefix, ScorerLoRA, ScorerSession, ScorerTTFT}
 }
 
 // Profile names (registry.Scheduling.Profile).
 const (
-	ProfileDefault      = "default"
+	// ProfileDefault is what a pool without a profile gets: the profile
+	// DefaultProfileIs names.
+	ProfileDefault = "default"
+	// ProfileWeighted is the weighted mix of DefaultWeights.
+	ProfileWeighted     = "weighted"
 	ProfileRoundRobin   = "round-robin"
 	ProfileRandom       = "random"
 	ProfileLeastQueue   = "least-queue"
 	ProfileLeastRequest = "least-request"
+	// ProfilePredictedTTFT sends each request where its predicted time to
+	// first token is lowest (TTFTScorer).
+	ProfilePredictedTTFT = "predicted-ttft"
 )
 
 // ProfileNames lists every profile name.
 func ProfileNames() []string {
-	return []string{ProfileDefault, ProfileRoundRobin, ProfileRandom, ProfileLeastQueue, ProfileLeastRequest}
+	return []string{ProfileDefault, ProfileWeighted, ProfilePredictedTTFT, ProfileRoundRobin, ProfileRandom, ProfileLeastQueue, ProfileLeastRequest}
 }
+
+// DefaultProfileIs is the profile "default" (and no profile) stands for.
+const DefaultProfileIs = ProfileWeighted
 
 // Picker names (registry.Scheduling.Picker).
 const (
@@ -95,6 +109,8 @@ func profileWeights(name string) map[string]float64 {
 		return map[string]float64{ScorerQueue: 1}
 	case ProfileLeastRequest:
 		return map[string]float64{ScorerInFlight: 1}
+	case ProfilePredictedTTFT:
+		return map[string]float64{ScorerTTFT: 1}
 	case ProfileRoundRobin, ProfileRandom:
 		return map[string]float64{}
 	}
@@ -182,8 +198,8 @@ func BuildProfile(sc *registry.Scheduling, deps Deps) (*Profile, error) {
 		sc = &registry.Scheduling{}
 	}
 	name := sc.Profile
-	if name == "" {
-		name = ProfileDefault
+	if name == "" || name == ProfileDefault {
+		name = DefaultProfileIs
 	}
 	guard := deps.Guard
 	if guard == (LoadGuard{}) {
@@ -199,7 +215,7 @@ func BuildProfile(sc *registry.Scheduling, deps Deps) (*Profile, error) {
 		// EDS does; the per-request filters follow.
 		Filters: []Filter{DrainingFilter{}, HealthFilter{}, SubsetFilter{}, ModelFilter{AnyAdapter: sc.AdaptersOnDemand}},
 	}
-	if name == ProfileDefault {
+	if name == ProfileWeighted || name == ProfilePredictedTTFT {
 		p.Filters = append(p.Filters, LoRAFilter{})
 	}
 	for _, n := range ScorerNames() {
@@ -231,6 +247,8 @@ func BuildProfile(sc *registry.Scheduling, deps Deps) (*Profile, error) {
 				continue
 			}
 			s = &SessionScorer{Table: deps.Sessions, Guard: guard}
+		case ScorerTTFT:
+			s = &TTFTScorer{Index: deps.Prefix}
 		}
 		p.Scorers = append(p.Scorers, WeightedScorer{Scorer: s, Weight: w})
 	}

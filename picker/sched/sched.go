@@ -32,6 +32,18 @@ type Load struct {
 	Picked atomic.Int64
 	// Served counts responses Envoy reported as served by this endpoint.
 	Served atomic.Int64
+	// PrefillRequests counts the requests sent to the endpoint (by this
+	// picker or, when replicas share picks, another) whose first token has
+	// not come yet, and PrefillTokens the prompt tokens they are predicted
+	// to compute: the prefill work ahead of a new request (profiles with
+	// the TTFT scorer keep them; see StartPrefill).
+	PrefillRequests atomic.Int64
+	PrefillTokens   atomic.Int64
+	// prefillUntil (Unix nanoseconds) is when the prefill work counted
+	// in PrefillRequests is predicted to be done.
+	prefillUntil atomic.Int64
+	// ttft learns the endpoint's time to first token.
+	ttft ttftLearner
 	// cacheBlocks is the KV block count last applied to the prefix index.
 	cacheBlocks atomic.Int64
 	// mark is the in-flight count when the latest scrape was taken, and
@@ -203,6 +215,9 @@ type Request struct {
 	// Hashes are the prompt's chained block hashes (picker/prefix), root
 	// first; empty disables prefix affinity for this request.
 	Hashes []uint64
+	// BlockTokens is the KV block size (tokens) Hashes were cut with;
+	// 0 means prefix.DefaultBlockTokens.
+	BlockTokens int
 	// Session is the session-affinity key (the session header's value);
 	// empty means none.
 	Session string
@@ -292,6 +307,9 @@ type Scratch struct {
 	names     []string
 	matchedOK bool
 	per       [][]float64
+	// The TTFT scorer's predictions, by the candidate order in names.
+	preds   []Prediction
+	predsOK bool
 	// What Record keeps (see Breakdown).
 	rec recorded
 }
@@ -363,7 +381,7 @@ func (p *Profile) Rank(req *Request, cands []*Endpoint, n int, sc *Scratch) []*E
 		req.Now = time.Now()
 	}
 	req.scratch = sc
-	sc.matchedOK = false
+	sc.matchedOK, sc.predsOK = false, false
 	defer func() { req.scratch = nil }()
 	sc.scores = grow(sc.scores, len(cands))
 	sc.tmp = grow(sc.tmp, len(cands))
@@ -417,9 +435,17 @@ func (p *Profile) explain(cands []*Endpoint, sc *Scratch) string {
 		order[i] = i
 	}
 	sort.SliceStable(order, func(a, b int) bool { return sc.scores[order[a]] > sc.scores[order[b]] })
+	// Three candidates, or every one when a scorer explains its own
+	// figures (the TTFT scorer's predictions).
+	limit := 3
+	for _, ws := range p.Scorers {
+		if _, ok := ws.Scorer.(explainer); ok && ws.Weight != 0 {
+			limit = len(order)
+		}
+	}
 	var b strings.Builder
 	for k, i := range order {
-		if k == 3 {
+		if k == limit {
 			fmt.Fprintf(&b, "; %d more", len(order)-k)
 			break
 		}
@@ -439,6 +465,10 @@ func (p *Profile) explain(cands []*Endpoint, sc *Scratch) string {
 			j++
 		}
 		b.WriteByte(']')
+		if d := explainDetail(p, sc, cands[i].Address); d != "" {
+			b.WriteByte(' ')
+			b.WriteString(d)
+		}
 	}
 	return b.String()
 }

@@ -90,7 +90,7 @@ func TestAttributeErrors(t *testing.T) {
 		}},
 		{"sched-map-values", "pool \"p\" {\n  scheduling {\n    scorers = { queue = \"x\", kv_cache = 2, \"\" = 1 }\n    metrics = { waiting = [], \"\" = \"y\" }\n  }\n}\n", []string{
 			`a.hcl:3:25: error: Incorrect value type: Expected a number, got a string`,
-			`a.hcl:3:49: error: Invalid scheduling: Unknown scorer "": want one of "queue", "running", "kv-cache", "in-flight", "in-flight-tokens", "prefix", "lora", "session"`,
+			`a.hcl:3:49: error: Invalid scheduling: Unknown scorer "": want one of "queue", "running", "kv-cache", "in-flight", "in-flight-tokens", "prefix", "lora", "session", "ttft"`,
 			`a.hcl:4:27: error: Incorrect value type: Expected a string, got a tuple`,
 			`a.hcl:4:31: error: Invalid scheduling: Unknown metric "": want one of "waiting", "running", "kv_usage", "lora_info", "cache_config"`,
 		}},

@@ -112,8 +112,9 @@
 //
 //	  scheduling {                # optional, at most one; every attribute
 //	                              # optional, unset means the picker default
-//	    profile         = "default"   # default | round-robin | random |
-//	                                  # least-queue | least-request
+//	    profile         = "default"   # default (= weighted) | weighted |
+//	                                  # predicted-ttft | round-robin |
+//	                                  # random | least-queue | least-request
 //	    picker          = "max-score" # max-score | weighted-random
 //	    scrape_interval = "50ms"      # Go duration, at least 1ms
 //	    queue_threshold = 2           # whole number >= 0: queue length at
@@ -132,7 +133,8 @@
 //	    scorers = { queue = 1, kv_cache = 1, prefix = 2 } # scorer weight
 //	                                  # overrides (>= 0) of: queue, running,
 //	                                  # kv_cache, in_flight, in_flight_tokens,
-//	                                  # prefix, lora, session ("_" or "-")
+//	                                  # prefix, lora, session, ttft ("_" or
+//	                                  # "-")
 //	    metrics = { waiting = "vllm:num_requests_waiting" } # metric name
 //	                                  # overrides; keys: waiting, running,
 //	                                  # kv_usage, lora_info, cache_config

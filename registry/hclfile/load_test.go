@@ -135,7 +135,7 @@ func TestLoadErrors(t *testing.T) {
 			`2:18: Unknown engine: Unknown engine "tgi": want one of "vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm"`,
 			`3:18: Unknown failure_mode: Unknown failure_mode "open": want "fail_closed" or "fail_open"`,
 			`4:18: Invalid metrics_path: Bad metrics_path "metrics": want an absolute path`,
-			`7:15: Invalid scheduling: Unknown profile "fastest": want one of "default", "round-robin"`,
+			`7:15: Invalid scheduling: Unknown profile "fastest": want one of "default", "weighted"`,
 			`8:15: Invalid scheduling: Unknown picker "best": want one of "max-score", "weighted-random"`,
 		}},
 		{"weights.hcl", []string{

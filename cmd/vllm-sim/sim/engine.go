@@ -142,6 +142,8 @@ type seq struct {
 	cachedTokens    int
 	everScheduled   bool
 	arrival         time.Time
+	scheduled       time.Time // first admission
+	firstToken      time.Time
 	queued          time.Time
 	lastToken       time.Time
 	aborted         atomic.Bool
@@ -414,6 +416,7 @@ func (e *Engine) schedule(now time.Time) []work {
 		}
 		if !s.everScheduled {
 			s.everScheduled = true
+			s.scheduled = now
 			s.cachedTokens = numCached
 			e.stats.queueTime.observe(max(0, now.Sub(s.queued).Seconds()))
 		}
@@ -477,6 +480,10 @@ func (e *Engine) finish(s *seq, now time.Time, reason string) {
 	if reason != "abort" {
 		e.stats.reqPrompt.observe(float64(s.numPrompt))
 		e.stats.reqGeneration.observe(float64(s.generated))
+		// As vLLM: the phases of a request that ran, observed at its end.
+		e.stats.prefillTime.observe(max(0, s.firstToken.Sub(s.scheduled).Seconds()))
+		e.stats.inferenceTime.observe(max(0, now.Sub(s.scheduled).Seconds()))
+		e.stats.prefillComputed.observe(float64(s.numPrompt - s.cachedTokens))
 	}
 }
 
@@ -500,6 +507,7 @@ func (e *Engine) commit(plan []work, now time.Time) {
 		s.generated++
 		e.stats.generationTokens++
 		if idx == 0 {
+			s.firstToken = now
 			e.stats.promptTokens += uint64(s.numPrompt)
 			e.stats.ttft.observe(now.Sub(s.arrival).Seconds())
 		} else {

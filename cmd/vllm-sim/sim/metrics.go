@@ -71,6 +71,9 @@ type counters struct {
 	itl              histogram
 	e2e              histogram
 	queueTime        histogram
+	prefillTime      histogram // first scheduled to first token
+	inferenceTime    histogram // first scheduled to the last token
+	prefillComputed  histogram // prompt tokens computed, cached ones excluded
 	reqPrompt        histogram
 	reqGeneration    histogram
 	loraInfo         map[string]loraInfo
@@ -78,14 +81,17 @@ type counters struct {
 
 func newCounters(maxModelLen int) counters {
 	return counters{
-		success:       map[string]uint64{"stop": 0, "length": 0, "abort": 0},
-		ttft:          newHistogram(ttftBuckets),
-		itl:           newHistogram(itlBuckets),
-		e2e:           newHistogram(requestLatencyBuckets),
-		queueTime:     newHistogram(requestLatencyBuckets),
-		reqPrompt:     newHistogram(buckets125(maxModelLen)),
-		reqGeneration: newHistogram(buckets125(maxModelLen)),
-		loraInfo:      map[string]loraInfo{},
+		success:         map[string]uint64{"stop": 0, "length": 0, "abort": 0},
+		ttft:            newHistogram(ttftBuckets),
+		itl:             newHistogram(itlBuckets),
+		e2e:             newHistogram(requestLatencyBuckets),
+		queueTime:       newHistogram(requestLatencyBuckets),
+		prefillTime:     newHistogram(requestLatencyBuckets),
+		inferenceTime:   newHistogram(requestLatencyBuckets),
+		prefillComputed: newHistogram(buckets125(maxModelLen)),
+		reqPrompt:       newHistogram(buckets125(maxModelLen)),
+		reqGeneration:   newHistogram(buckets125(maxModelLen)),
+		loraInfo:        map[string]loraInfo{},
 	}
 }
 
@@ -147,6 +153,9 @@ func (e *Engine) WriteMetrics(w io.Writer) error {
 	mw.histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &st.itl)
 	mw.histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", &st.e2e)
 	mw.histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", &st.queueTime)
+	mw.histogram("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", &st.inferenceTime)
+	mw.histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", &st.prefillTime)
+	mw.histogram("vllm:request_prefill_kv_computed_tokens", "Histogram of new KV tokens computed during prefill (excluding cached tokens).", &st.prefillComputed)
 
 	if e.cfg.EnableLoRA {
 		fmt.Fprintf(bw, "# HELP vllm:lora_requests_info Running stats on lora requests.\n# TYPE vllm:lora_requests_info gauge\n")

@@ -1,0 +1,603 @@
+package sched
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchyard/switchyard/picker/metrics"
+	"github.com/switchyard/switchyard/picker/prefix"
+)
+
+// Cold-start values of the TTFT prediction: used only for an endpoint
+// about which neither its metrics page nor the picker's own observations
+// say anything yet, and pulled towards what they say as soon as they do.
+const (
+	// DefaultMaxNumSeqs is vLLM's default --max-num-seqs for the OpenAI
+	// server (256 on most GPUs; 1024 on large ones): the slot limit
+	// assumed until an endpoint's batch is learned (Load.MarkScrape).
+	DefaultMaxNumSeqs = 256
+	// DefaultPrefillPerToken is the prefill time per prompt token assumed
+	// before any is measured (an 8B model on one current GPU computes
+	// some 10-20k prompt tokens a second).
+	DefaultPrefillPerToken = 50 * time.Microsecond
+	// DefaultTTFTBase is the fixed part of a time to first token assumed
+	// before any is measured: API server, network, one engine step.
+	DefaultTTFTBase = 25 * time.Millisecond
+	// DefaultLoRALoad is what loading an adapter into a free slot is
+	// assumed to add before any such load is observed.
+	DefaultLoRALoad = 50 * time.Millisecond
+	// DefaultHold is how long a request is assumed to hold its slot
+	// before the endpoint's running time is measured.
+	DefaultHold = time.Second
+)
+
+// Learning constants of the TTFT model.
+const (
+	// ttftWindow: the observations a fit mostly reflects (each new one
+	// scales the earlier ones' weight by 1-1/ttftWindow).
+	ttftWindow = 128
+	// ttftPriorWeight: how many observations the prior (metrics page or
+	// cold-start values) counts as for the level while there are none (it
+	// fades as they come); for the per-token part it counts as much as two
+	// observations ttftPriorSpread tokens apart (see solve).
+	ttftPriorWeight = 4
+	ttftPriorSpread = 1000
+	// minPerToken keeps the per-token cost positive, so more work is
+	// never predicted to be faster.
+	minPerToken = 1e-8
+)
+
+// Prediction is one endpoint's predicted time to first token for one
+// request, in parts: Total = Base + Wait + Prefill + LoRA.
+type Prediction struct {
+	// Base is the fixed part: API server, network, the first engine step.
+	Base time.Duration
+	// Wait is the time before the request's own prefill: the prefill work
+	// already queued ahead of it (Queued: what is left of it now, as
+	// Ahead tokens), or waiting for a slot when the endpoint runs at its
+	// limit or for KV blocks when its cache cannot take the prompt
+	// (SlotWait), whichever is longer (prefill ahead runs while a request
+	// waits for a slot).
+	Wait     time.Duration
+	Queued   time.Duration
+	SlotWait time.Duration
+	// Prefill computes the Uncached part of the request's prompt.
+	Prefill time.Duration
+	// LoRA is the adapter's load, or waiting for an adapter slot.
+	LoRA  time.Duration
+	Total time.Duration
+	// Delay is what the request's prefill is predicted to add to the
+	// requests that reach the endpoint while it runs (each of the
+	// endpoint's Rate arrivals a second during Prefill waits half of it
+	// on average): the cost a request imposes on others, which TTFTScorer
+	// adds to Total when it ranks, so a cache miss goes where it holds up
+	// the fewest requests and a cached prefix is not given up for a
+	// small gain.
+	Delay time.Duration
+	Rate  float64
+	// Tokens is the request's prompt estimate, Uncached the part the
+	// endpoint is believed not to hold, Ahead the prompt tokens of the
+	// requests sent to it whose first token has not come yet.
+	Tokens, Uncached, Ahead int64
+	// PerToken is the prefill seconds per token used; Observed how many
+	// of the endpoint's observed TTFTs (decayed) the fit rests on.
+	PerToken float64
+	Observed float64
+	// Waiting is the endpoint's scraped queue at the prediction (0 when
+	// unknown): only observations of requests that met no queue teach
+	// the fixed and per-token parts.
+	Waiting int
+}
+
+// String renders p for decision logs: "ttft=93.0ms (base 21.0 + wait
+// 12.0 [prefill ahead 12.0, slot 0.0] + prefill 60.0 + lora 0.0;
+// 1200/2600 tokens uncached, 300 ahead) delays others 18.0ms (10.0
+// req/s)".
+func (p Prediction) String() string {
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/1e6) }
+	return fmt.Sprintf("ttft=%sms (base %s + wait %s [prefill ahead %s, slot %s] + prefill %s + lora %s; %d/%d tokens uncached, %d ahead) delays others %sms (%.1f req/s)",
+		ms(p.Total), ms(p.Base), ms(p.Wait), ms(p.Queued), ms(p.SlotWait), ms(p.Prefill), ms(p.LoRA), p.Uncached, p.Tokens, p.Ahead, ms(p.Delay), p.Rate)
+}
+
+// ttftLearner learns one endpoint's TTFT from the picker's observations.
+//
+// The fixed and per-token parts come from a linear fit TTFT = base +
+// perToken * x, where x is the uncached part of the request's prompt (in
+// the picker's token estimate). Only requests that met no queue, no
+// prefill ahead and no slot wait teach it: under load, delays the model
+// does not explain would otherwise land in the fixed part (and make an
+// endpoint look slow for good) or flatten the per-token part (and make
+// cached prefixes look worthless). The fit is least squares over
+// exponentially decayed observations with a prior (the endpoint's metrics
+// page, else the cold-start values), and the per-token part stays within
+// a band around the page's own figure.
+//
+// Slot-wait observations calibrate slot waits, adapter observations the
+// adapter load. It keeps the prediction's error too.
+type ttftLearner struct {
+	mu  sync.Mutex
+	cur ttftStats
+	fit atomic.Pointer[ttftStats] // immutable copy of cur, read per decision
+}
+
+// ttftStats are a learner's decayed sums.
+type ttftStats struct {
+	// Weighted sums of the quiet observations: weight, x, y, x², xy.
+	n, sx, sy, sxx, sxy float64
+	// Adapter load time (mean of observed excess when a load was
+	// predicted), and its weight.
+	lora, loraN float64
+	// hold is the mean time from pick to the response's end.
+	hold float64
+	// slotScale calibrates predicted slot waits against observed ones
+	// (1 until a slot wait is observed).
+	slotScale, slotN float64
+	// Prediction error: count, sum and sum of absolute values of
+	// observed - predicted, in seconds (not decayed).
+	errN            int64
+	errSum, errAbs  float64
+	lastObservation time.Time
+}
+
+// ttftPrior is what a fit falls back on, and the band its per-token
+// part stays in.
+type ttftPrior struct {
+	base, perToken float64
+	lo, hi         float64
+}
+
+// Bands around the prior's per-token cost: the page's own figure (prefill
+// time over computed tokens) differs from the picker's view by the
+// tokenizer estimate and fixed per-step costs; the cold-start value may
+// be off by a lot more.
+const (
+	pageBand = 3
+	coldBand = 20
+)
+
+// prior derives the prior from an endpoint's metrics page: prefill time
+// per computed token, and the part of the server's own TTFT that is
+// neither queueing nor prefill. Missing figures take cold-start values.
+func prior(s *metrics.Snapshot) ttftPrior {
+	p := ttftPrior{base: DefaultTTFTBase.Seconds(), perToken: DefaultPrefillPerToken.Seconds()}
+	band := float64(coldBand)
+	if s != nil && s.Perf.PrefillPerToken > 0 {
+		p.perToken = s.Perf.PrefillPerToken
+		band = pageBand
+	}
+	if s != nil && s.Perf.TTFT > 0 {
+		p.base = max(s.Perf.TTFT-s.Perf.Queue-p.perToken*s.Perf.PrefillTokens, 0.001)
+	}
+	p.lo, p.hi = p.perToken/band, p.perToken*band
+	return p
+}
+
+// solve returns base and perToken: a least-squares line through the
+// decayed observations and the prior. The per-token part is fitted to how
+// TTFT varies with x around the observations' mean, pulled towards the
+// prior's as if two more observations sat ttftPriorSpread tokens apart;
+// the level at that mean blends the observed mean TTFT with the prior's
+// prediction there, the prior counting as ttftPriorWeight observations at
+// first and less as observations accumulate. So a few observations move
+// the fit a little, many decide it, and observations that all compute the
+// same number of tokens set the level and leave the per-token part to the
+// prior.
+func (st *ttftStats) solve(pr ttftPrior) (base, perToken float64) {
+	if st == nil || st.n <= 0 {
+		return pr.base, pr.perToken
+	}
+	mx, my := st.sx/st.n, st.sy/st.n
+	vxx := max(st.sxx-st.n*mx*mx, 0)
+	cxy := st.sxy - st.n*mx*my
+	k := ttftPriorSpread * ttftPriorSpread / 2.0
+	n0 := ttftPriorWeight / (1 + st.n/8)
+	perToken = (cxy + k*pr.perToken) / (vxx + k)
+	if math.IsNaN(perToken) {
+		perToken = pr.perToken
+	}
+	perToken = min(max(perToken, pr.lo, minPerToken), max(pr.hi, minPerToken))
+	level := (st.n*my + n0*(pr.base+pr.perToken*mx)) / (st.n + n0)
+	return max(level-perToken*mx, 0), perToken
+}
+
+// observe adds one observation: x tokens computed before the first
+// token, y seconds of TTFT.
+func (st *ttftStats) observe(x, y float64) {
+	d := 1 - 1.0/ttftWindow
+	st.n = st.n*d + 1
+	st.sx = st.sx*d + x
+	st.sy = st.sy*d + y
+	st.sxx = st.sxx*d + x*x
+	st.sxy = st.sxy*d + x*y
+}
+
+// Observation is one request's observed time to first token on the
+// endpoint it was predicted for.
+type Observation struct {
+	Predicted Prediction
+	TTFT      time.Duration
+	At        time.Time
+}
+
+// ObserveTTFT teaches the endpoint's model one observed time to first
+// token (from the pick to the first response bytes of a streamed answer)
+// with the prediction made at the pick.
+func (l *Load) ObserveTTFT(o Observation) {
+	t := &l.ttft
+	p := o.Predicted
+	y := o.TTFT.Seconds()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := &t.cur
+	err := y - p.Total.Seconds()
+	c.errN++
+	c.errSum += err
+	c.errAbs += math.Abs(err)
+	c.lastObservation = o.At
+	switch {
+	case p.LoRA > 0:
+		// What the adapter added beyond the rest of the prediction.
+		excess := y - (p.Base + p.Wait + p.Prefill).Seconds()
+		c.loraN = c.loraN*(1-1.0/ttftWindow) + 1
+		c.lora += (max(excess, 0) - c.lora) / min(c.loraN, 16)
+	case p.SlotWait > p.Queued:
+		// A predicted slot wait: how long the wait really was, as a
+		// share of the prediction, calibrates later ones (a slot wait
+		// that does not happen fades out). It does not teach the
+		// prefill model: its error would land in the fixed part.
+		ratio := min(max((y-(p.Base+p.Prefill).Seconds())/p.SlotWait.Seconds(), 0), 4)
+		if c.slotN == 0 {
+			c.slotScale = 1
+		}
+		c.slotN = min(c.slotN+1, 16)
+		c.slotScale += (ratio - c.slotScale) / c.slotN
+	case p.SlotWait == 0 && p.Queued == 0 && p.Waiting == 0:
+		// A request that met nothing ahead of it: the fixed and
+		// per-token parts.
+		c.observe(float64(p.Uncached), y)
+	}
+	snap := *c
+	t.fit.Store(&snap)
+}
+
+// ObserveHold records how long a request held the endpoint, from the pick
+// to the end of its response: the fallback for the slot hold time when
+// the endpoint does not report its running time.
+func (l *Load) ObserveHold(d time.Duration) {
+	t := &l.ttft
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := &t.cur
+	if c.hold == 0 {
+		c.hold = d.Seconds()
+	} else {
+		c.hold += (d.Seconds() - c.hold) / 64
+	}
+	snap := *c
+	t.fit.Store(&snap)
+}
+
+// TTFTModel is an endpoint's learned TTFT model, for status pages.
+type TTFTModel struct {
+	// Base and PerToken are the fit in force (prior included); Observed
+	// the decayed count of observations behind it.
+	Base     time.Duration
+	PerToken time.Duration // per 1,000 tokens
+	Observed float64
+	LoRALoad time.Duration
+	// Errors: how many observations were compared with their prediction,
+	// the mean error (observed - predicted) and the mean absolute error.
+	Compared           int64
+	MeanError, MeanAbs time.Duration
+}
+
+// TTFTModel returns e's learned model at now.
+func (e *Endpoint) TTFTModel(now time.Time) TTFTModel {
+	st := e.Load.ttft.fit.Load()
+	base, per := st.solve(prior(e.fresh(now)))
+	m := TTFTModel{Base: secs(base), PerToken: secs(per * 1000), LoRALoad: DefaultLoRALoad}
+	if st != nil {
+		m.Observed = st.n
+		if st.loraN > 0 {
+			m.LoRALoad = secs(st.lora)
+		}
+		if st.errN > 0 {
+			m.Compared = st.errN
+			m.MeanError = secs(st.errSum / float64(st.errN))
+			m.MeanAbs = secs(st.errAbs / float64(st.errN))
+		}
+	}
+	return m
+}
+
+func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// predict estimates the request's TTFT on e, given how many leading
+// prompt blocks e is believed to hold and whether the request's adapter
+// must be loaded (1) or wait for a slot (2) there.
+func predict(req *Request, e *Endpoint, matched int, lora loraNeed) Prediction {
+	s := e.fresh(req.Now)
+	st := e.Load.ttft.fit.Load()
+	pr := prior(s)
+	base, per := st.solve(pr)
+	bt := int64(req.BlockTokens)
+	if bt <= 0 {
+		bt = prefix.DefaultBlockTokens
+	}
+	p := Prediction{Tokens: req.Tokens, PerToken: per}
+	if st != nil {
+		p.Observed = st.n
+	}
+	p.Uncached = max(req.Tokens-int64(matched)*bt, 0)
+	p.Queued = e.Load.queuedPrefill(req.Now)
+	p.Ahead = int64(p.Queued.Seconds() / per)
+	hold := holdTime(s, st)
+	slot := max(slotWait(e, s, req.Now, hold), kvWait(e, s, hold, p.Uncached))
+	if st != nil && st.slotN > 0 {
+		slot *= st.slotScale
+	}
+	p.SlotWait = secs(slot)
+	p.Wait = max(p.SlotWait, p.Queued)
+	p.Base = secs(base)
+	p.Prefill = secs(float64(p.Uncached) * per)
+	if s != nil {
+		p.Waiting = s.Waiting
+		p.Rate = s.Perf.Rate
+	}
+	p.Delay = secs(p.Rate * p.Prefill.Seconds() * p.Prefill.Seconds() / 2)
+	switch lora {
+	case loraLoad:
+		p.LoRA = DefaultLoRALoad
+		if st != nil && st.loraN > 0 {
+			p.LoRA = secs(st.lora)
+		}
+	case loraWaitSlot:
+		p.LoRA = secs(hold)
+	}
+	p.Total = max(p.Base+p.Wait+p.Prefill+p.LoRA, time.Microsecond)
+	return p
+}
+
+// holdTime is how long a running request holds its slot: the server's
+// mean running time, else the picker's observed request time.
+func holdTime(s *metrics.Snapshot, st *ttftStats) float64 {
+	switch {
+	case s != nil && s.Perf.Inference > 0:
+		return s.Perf.Inference
+	case st != nil && st.hold > 0:
+		return st.hold
+	}
+	return DefaultHold.Seconds()
+}
+
+// slotWait predicts how long a new request waits for a slot on e: the
+// requests that would wait there if it were sent now, each freeing a
+// slot after a share hold/batch of a hold time. Once the server's batch
+// is learned (its max-num-seqs, or what its KV cache holds: see
+// Load.MarkScrape) that count is waitingIfSent's, the same the queue
+// scorer and the admission queue use; until then the batch is taken as
+// DefaultMaxNumSeqs and the server holds its scraped running and waiting
+// requests, or the picker's in-flight ones when more.
+func slotWait(e *Endpoint, s *metrics.Snapshot, now time.Time, hold float64) float64 {
+	if s != nil {
+		if n, exact := waitingIfSent(e, s, now); exact {
+			return n * hold / float64(e.Load.batch.Load())
+		}
+	}
+	inflight := e.Load.InFlightRequests.Load()
+	occupied := inflight
+	if s != nil {
+		occupied = max(int64(s.Running+s.Waiting), inflight)
+	}
+	over := occupied + 1 - DefaultMaxNumSeqs
+	if over <= 0 {
+		return 0
+	}
+	return float64(over) * hold / DefaultMaxNumSeqs
+}
+
+// StartPrefill counts a request's prefill work on the endpoint: tokens to
+// compute, taking d, from now. The work queues behind what is counted
+// already (the endpoint's prefill clock moves on by d from the later of
+// now and where it stood), so the wait a new request is predicted is
+// what remains of the queued work at its time, and work finishing as it
+// goes needs no correction. EndPrefill takes it off again, at the first
+// token; with nothing counted the clock restarts from the next request.
+func (l *Load) StartPrefill(tokens int64, d time.Duration, now time.Time) {
+	busy := l.PrefillRequests.Add(1) > 1
+	l.PrefillTokens.Add(tokens)
+	t := now.UnixNano()
+	for {
+		cur := l.prefillUntil.Load()
+		start := t
+		if busy && cur > t {
+			start = cur
+		}
+		if l.prefillUntil.CompareAndSwap(cur, start+int64(d)) {
+			return
+		}
+	}
+}
+
+// EndPrefill takes back work StartPrefill counted.
+func (l *Load) EndPrefill(tokens int64) {
+	l.PrefillRequests.Add(-1)
+	l.PrefillTokens.Add(-tokens)
+}
+
+// queuedPrefill is what remains at now of the prefill work counted on the
+// endpoint.
+func (l *Load) queuedPrefill(now time.Time) time.Duration {
+	if l.PrefillRequests.Load() <= 0 {
+		return 0
+	}
+	return max(time.Duration(l.prefillUntil.Load()-now.UnixNano()), 0)
+}
+
+// kvWait predicts how long a request of uncached prompt tokens waits for
+// KV blocks on e: the blocks it and the prefill work already counted there
+// need beyond the free ones (as of the scrape) come free as running
+// requests end, a share hold/used of a hold time per block. A server that
+// does not report its block count is never predicted to wait for blocks.
+// Tokens are the picker's estimate (4 characters a token; prompts of
+// English text run a little under that), so the demand errs large.
+func kvWait(e *Endpoint, s *metrics.Snapshot, hold float64, uncached int64) float64 {
+	if s == nil || s.NumBlocks <= 0 || s.BlockSize <= 0 {
+		return 0
+	}
+	total := float64(s.NumBlocks)
+	used := s.KVUsage * total
+	free := total - used
+	need := float64(uncached+max(e.Load.PrefillTokens.Load(), 0)) / float64(s.BlockSize)
+	if need <= free || used < 1 {
+		return 0
+	}
+	return min(need-free, used) * hold / used
+}
+
+// loraNeed says what a request's adapter needs on an endpoint.
+type loraNeed int
+
+const (
+	loraNone     loraNeed = iota // base model, or the adapter is running
+	loraLoad                     // a free adapter slot: load it
+	loraWaitSlot                 // every slot taken by other adapters
+)
+
+// cost is what TTFTScorer ranks by: the request's predicted TTFT plus
+// the delay its prefill is predicted to add to others.
+func (p Prediction) cost() time.Duration { return p.Total + p.Delay }
+
+// TTFTScorer ranks endpoints by predicted time to first token (see
+// Prediction), counting what the request's prefill will add to the
+// requests that arrive behind it (Prediction.Delay): each candidate
+// scores min(cost)/cost, so the best scores 1 and the picker's order is
+// the predicted order. Matching the prompt's
+// blocks against the prefix index tells what each endpoint holds; Picked
+// records the blocks on the chosen endpoint, like PrefixScorer. The
+// predictions stay in the Scratch (Scratch.Prediction) for the caller to
+// account the pick's prefill work and, once the first token is seen,
+// teach the endpoint's model (Load.ObserveTTFT).
+type TTFTScorer struct {
+	Index *prefix.Index
+}
+
+// Name implements Scorer.
+func (*TTFTScorer) Name() string { return ScorerTTFT }
+
+// Score implements Scorer.
+func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
+	sc := req.scratch
+	if sc == nil {
+		sc = new(Scratch)
+	}
+	sc.names = sc.names[:0]
+	for _, e := range eps {
+		sc.names = append(sc.names, e.Address)
+	}
+	if cap(sc.matched) < len(eps) {
+		sc.matched = make([]int, len(eps))
+	}
+	m := sc.matched[:len(eps)]
+	clear(m)
+	if t.Index != nil && len(req.Hashes) > 0 {
+		t.Index.MatchInto(req.Hashes, sc.names, m)
+	}
+	sc.matchedOK = true
+	adapter := isAdapter(req, eps)
+	if cap(sc.preds) < len(eps) {
+		sc.preds = make([]Prediction, len(eps))
+	}
+	sc.preds = sc.preds[:len(eps)]
+	best := time.Duration(math.MaxInt64)
+	for i, e := range eps {
+		need := loraNone
+		if adapter {
+			switch loraAffinity(req, e) {
+			case loraFreeSlot:
+				need = loraLoad
+			case loraNoSlot:
+				need = loraWaitSlot
+			}
+		}
+		sc.preds[i] = predict(req, e, m[i], need)
+		best = min(best, sc.preds[i].cost())
+	}
+	for i := range eps {
+		scores[i] = float64(best) / float64(sc.preds[i].cost())
+	}
+	sc.predsOK = true
+}
+
+// Picked implements Observer: the prompt's blocks are now on primary.
+func (t *TTFTScorer) Picked(req *Request, primary *Endpoint) {
+	(&PrefixScorer{Index: t.Index}).Picked(req, primary)
+}
+
+// explain implements explainer.
+func (t *TTFTScorer) explain(sc *Scratch, addr string) string {
+	if p, ok := sc.Prediction(addr); ok {
+		return p.String()
+	}
+	return ""
+}
+
+// Predict returns the request's predicted TTFT on e alone, matching the
+// prompt against the index first (call it before the pick is recorded).
+// It is how a replica prices a pick another replica made.
+func (t *TTFTScorer) Predict(req *Request, e *Endpoint) Prediction {
+	m := [1]int{}
+	if t.Index != nil && len(req.Hashes) > 0 {
+		t.Index.MatchInto(req.Hashes, []string{e.Address}, m[:])
+	}
+	if req.Now.IsZero() {
+		req.Now = time.Now()
+	}
+	return predict(req, e, m[0], loraNone)
+}
+
+// Prediction returns the TTFT scorer's prediction for addr in the last
+// Rank; ok is false when it did not run or addr was not a candidate.
+func (sc *Scratch) Prediction(addr string) (Prediction, bool) {
+	if !sc.predsOK {
+		return Prediction{}, false
+	}
+	for i, n := range sc.names {
+		if n == addr && i < len(sc.preds) {
+			return sc.preds[i], true
+		}
+	}
+	return Prediction{}, false
+}
+
+// Predictor returns the profile's TTFT scorer, or nil when it has none.
+func (p *Profile) Predictor() *TTFTScorer {
+	for _, ws := range p.Scorers {
+		if t, ok := ws.Scorer.(*TTFTScorer); ok && ws.Weight != 0 {
+			return t
+		}
+	}
+	return nil
+}
+
+// explainer is implemented by scorers that add a per-candidate detail to
+// decision explanations.
+type explainer interface {
+	explain(sc *Scratch, addr string) string
+}
+
+func explainDetail(p *Profile, sc *Scratch, addr string) string {
+	var parts []string
+	for _, ws := range p.Scorers {
+		if x, ok := ws.Scorer.(explainer); ok && ws.Weight != 0 {
+			if d := x.explain(sc, addr); d != "" {
+				parts = append(parts, d)
+			}
+		}
+	}
+	return strings.Join(parts, " ")
+}

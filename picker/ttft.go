@@ -1,0 +1,151 @@
+package picker
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchyard/switchyard/picker/peers"
+	"github.com/switchyard/switchyard/picker/sched"
+)
+
+// prefillWork is one request's prefill work counted on an endpoint
+// (sched.Load.PrefillRequests and PrefillTokens) from its pick until its
+// first token: the first response bytes of a streamed answer, the end of
+// the response, or, where the first token cannot be seen (answers that
+// are not streamed, picks of other replicas), the time the prediction
+// gave it. finish may race with the timer; the counts go back once.
+type prefillWork struct {
+	load   *sched.Load
+	tokens int64
+	done   atomic.Bool
+	timer  *time.Timer
+}
+
+// startPrefill counts tokens of prefill work on load; with expire > 0 the
+// work ends by itself after expire.
+func startPrefill(load *sched.Load, tokens int64, d time.Duration, now time.Time, expire time.Duration) *prefillWork {
+	w := &prefillWork{load: load, tokens: tokens}
+	load.StartPrefill(tokens, d, now)
+	if expire > 0 {
+		w.timer = time.AfterFunc(expire, func() { w.finish() })
+	}
+	return w
+}
+
+// finish takes the work off its endpoint; it reports whether this call
+// did (false: it was already finished).
+func (w *prefillWork) finish() bool {
+	if w == nil || !w.done.CompareAndSwap(false, true) {
+		return false
+	}
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	w.load.EndPrefill(w.tokens)
+	return true
+}
+
+// ttftState is a stream's TTFT accounting, kept when the pool's profile
+// predicts TTFT.
+type ttftState struct {
+	on       bool
+	pred     sched.Prediction
+	predOK   bool // pred is for the endpoint that serves the request
+	pickedAt time.Time
+	work     *prefillWork
+	answered bool // response headers came
+}
+
+// trackTTFT starts the accounting of a pick: its predicted prefill work
+// counts on the primary until the first token.
+func (st *stream) trackTTFT(e *sched.Endpoint, pred sched.Prediction, at time.Time, streamed bool) {
+	var expire time.Duration
+	if !streamed {
+		// The first bytes of a whole JSON answer come at its end.
+		expire = pred.Total
+	}
+	st.ttft = ttftState{on: true, pred: pred, predOK: true, pickedAt: at, work: startPrefill(e.Load, pred.Uncached, pred.Prefill, at, expire)}
+}
+
+// moveTTFT follows a fallback: the work moves to the endpoint that serves,
+// whose prediction was not made (nothing is learned from this request).
+func (st *stream) moveTTFT(e *sched.Endpoint) {
+	t := &st.ttft
+	if !t.on {
+		return
+	}
+	t.predOK = false
+	if t.work.finish() {
+		now := time.Now()
+		t.work = startPrefill(e.Load, t.pred.Tokens, time.Duration(float64(t.pred.Tokens)*t.pred.PerToken*float64(time.Second)), now, 0)
+	}
+}
+
+// ttftHeaders notes that the response headers came.
+func (st *stream) ttftHeaders() {
+	if t := &st.ttft; t.on {
+		t.answered = true
+	}
+}
+
+// ttftBody is called after each response body message has been noted by
+// the router's latency measurement (st.obs.lat, latency.go), which says
+// whether the response is a successful event stream and when its first
+// bytes came: those are the first token, observed against the prediction.
+func (st *stream) ttftBody() {
+	t, lat := &st.ttft, &st.obs.lat
+	if !t.on || lat.first.IsZero() || !t.work.finish() {
+		return
+	}
+	if lat.sse && lat.status/100 == 2 && t.predOK && st.primary != nil {
+		ttft := lat.first.Sub(t.pickedAt)
+		st.primary.Load.ObserveTTFT(sched.Observation{Predicted: t.pred, TTFT: ttft, At: lat.first})
+		if st.s.debug {
+			st.s.log.Debug("first token", "pool", poolName(st.pool), "endpoint", st.primary.Address,
+				"ttft_ms", float64(ttft)/1e6, "predicted_ms", float64(t.pred.Total)/1e6, "prediction", t.pred.String())
+		}
+	}
+}
+
+// ttftRelease ends the accounting with the stream.
+func (st *stream) ttftRelease() {
+	t := &st.ttft
+	if !t.on {
+		return
+	}
+	t.work.finish()
+	if t.answered && st.primary != nil {
+		st.primary.Load.ObserveHold(time.Since(t.pickedAt))
+	}
+}
+
+// peerWork holds the prefill work of other replicas' picks until they
+// end, by sender and pick ID.
+type peerWork struct {
+	m sync.Map // peerKey -> *prefillWork
+}
+
+type peerKey struct {
+	from string
+	id   uint64
+}
+
+// peerPicked counts another replica's pick's prefill work on ep, priced
+// by this replica's own prediction (made before the pick's blocks are
+// recorded), for as long as that prediction says its prefill takes.
+func (s *Server) peerPicked(pv *poolView, ep *sched.Endpoint, from string, p peers.Pick, now time.Time) {
+	req := sched.Request{Tokens: p.Tokens, Hashes: p.Hashes, BlockTokens: pv.state.hasher.Load().blockTokens, Now: now}
+	pred := pv.predictor.Predict(&req, ep)
+	w := startPrefill(ep.Load, pred.Uncached, pred.Prefill, now, pred.Total)
+	if old, loaded := s.peerWork.m.Swap(peerKey{from, p.ID}, w); loaded {
+		old.(*prefillWork).finish()
+	}
+}
+
+// peerReleased ends a peer pick's prefill work if it has not ended yet.
+func (s *Server) peerReleased(from string, id uint64) {
+	if w, ok := s.peerWork.m.LoadAndDelete(peerKey{from, id}); ok {
+		w.(*prefillWork).finish()
+	}
+}
