@@ -27,7 +27,7 @@ DEPLOY        := $(GO) -C deploy
 export SWITCHYARD_ENVOY := $(ENVOY_BIN)
 export SWITCHYARD_CONSUL := $(CONSUL_BIN)
 
-.PHONY: all build test test-vllm unit bench bench-routing run envoy consul chromium tools vllm vet fmt tidy-check clean fuzz compose-certs
+.PHONY: all build test test-vllm unit race bench bench-routing run envoy consul chromium tools vllm vet fmt tidy-check clean fuzz compose-certs
 
 all: build
 
@@ -59,10 +59,12 @@ fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
 
 # Everything: real Envoy, real Consul and real vLLM are installed first, then
-# every test runs: the fast pass, then the real-vLLM pass (one package at a
-# time: each vLLM server takes ~2.5 GB and a core while it starts).
+# every test runs: the fast pass, the library packages' unit tests under the
+# race detector, then the real-vLLM pass (one package at a time: each vLLM
+# server takes ~2.5 GB and a core while it starts).
 test: tools vllm fmt vet tidy-check
 	$(GO) test -count=1 -timeout 45m -skip 'RealVLLM' ./... 2>&1
+	$(MAKE) --no-print-directory race
 	$(DEPLOY) test -count=1 -timeout 15m ./... 2>&1
 	SWITCHYARD_REQUIRE_VLLM=1 $(GO) test -count=1 -p 1 -timeout 30m -run 'RealVLLM' ./... 2>&1
 
@@ -75,6 +77,12 @@ test-vllm: envoy vllm
 # that venv exists.
 vllm:
 	@internal/realvllm/install.sh $(CACHE_DIR) >/dev/null
+
+# The library packages' unit tests under the race detector: the picker's
+# hot path, the registry, xDS and the store share state across goroutines
+# by design (atomics, immutable snapshots, lock-free index writes).
+race:
+	SWITCHYARD_ENVOY= SWITCHYARD_CONSUL= $(GO) test -race -short -count=1 -timeout 20m ./picker/... ./registry/... ./xds/... ./internal/... ./store/... 2>&1
 
 # Unit tests only (no Envoy/Consul processes needed; integration tests skip).
 unit:
