@@ -1,7 +1,7 @@
 package sched
 
-// FilterCount is one filter of a decision and the candidates it left.
-type FilterCount struct {
+// filterCount is one filter of a decision and the candidates it left.
+type filterCount struct {
 	Name string
 	Left int
 }
@@ -15,7 +15,7 @@ type Breakdown struct {
 	Pool int
 	// Filters are the filters that ran, in order (a filter that left no
 	// candidate is the last).
-	Filters []FilterCount
+	Filters []filterCount
 	// Ranked is false when Rank did not run (no candidate, or the
 	// request stopped after filtering); the fields below are then empty.
 	Ranked bool
@@ -26,7 +26,7 @@ type Breakdown struct {
 	// Scorers are the profile's scorers that ran (weight != 0), and
 	// Scores[j][i] scorer j's score, in [0, 1] before its weight, of
 	// Candidates[i].
-	Scorers []WeightedScorer
+	Scorers []weightedScorer
 	Scores  [][]float64
 	// Predictions are the TTFT scorer's predictions for Candidates, in
 	// their order (empty unless the profile predicts TTFT).
@@ -56,10 +56,10 @@ type recorded struct {
 	on      bool
 	ranked  bool
 	pool    int
-	filters []FilterCount
+	filters []filterCount
 	cands   []*Endpoint
 	totals  []float64
-	scorers []WeightedScorer
+	scorers []weightedScorer
 }
 
 // reset starts a decision over pool endpoints (on: Record is set).
@@ -72,7 +72,7 @@ func (r *recorded) reset(on bool, pool int) {
 
 // keepScores appends the scores in sc.tmp as scorer ws's row, reusing the
 // row's memory from earlier decisions.
-func (sc *Scratch) keepScores(ws WeightedScorer) {
+func (sc *Scratch) keepScores(ws weightedScorer) {
 	k := len(sc.per)
 	if k < cap(sc.per) {
 		sc.per = sc.per[:k+1]

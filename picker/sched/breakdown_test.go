@@ -29,12 +29,12 @@ func TestBreakdown(t *testing.T) {
 	}
 	drained := false
 	for _, f := range b.Filters {
-		if f.Name == FilterNotDraining && f.Left == 2 {
+		if f.Name == filterNotDraining && f.Left == 2 {
 			drained = true
 		}
 	}
 	if !drained {
-		t.Errorf("filters %+v: want %s leaving 2", b.Filters, FilterNotDraining)
+		t.Errorf("filters %+v: want %s leaving 2", b.Filters, filterNotDraining)
 	}
 	if len(b.Candidates) != 2 || len(b.Totals) != 2 {
 		t.Fatalf("candidates %d totals %d, want 2", len(b.Candidates), len(b.Totals))

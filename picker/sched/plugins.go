@@ -9,21 +9,21 @@ import (
 
 // Filter names (Filter.Name), e.g. for Scratch.EmptiedBy.
 const (
-	FilterNotDraining = "not-draining"
+	filterNotDraining = "not-draining"
 	FilterHealthy     = "healthy"
 	FilterSubset      = "subset-hint"
 	FilterModel       = "model"
 	FilterLoRASlot    = "lora-slot"
 )
 
-// DrainingFilter drops endpoints that are draining.
-type DrainingFilter struct{}
+// drainingFilter drops endpoints that are draining.
+type drainingFilter struct{}
 
 // Name implements Filter.
-func (DrainingFilter) Name() string { return FilterNotDraining }
+func (drainingFilter) Name() string { return filterNotDraining }
 
 // Filter implements Filter.
-func (DrainingFilter) Filter(_ *Request, eps []*Endpoint) []*Endpoint {
+func (drainingFilter) Filter(_ *Request, eps []*Endpoint) []*Endpoint {
 	out := eps[:0]
 	for _, e := range eps {
 		if !e.Draining {
@@ -33,7 +33,7 @@ func (DrainingFilter) Filter(_ *Request, eps []*Endpoint) []*Endpoint {
 	return out
 }
 
-// ModelFilter keeps the endpoints that serve the request's target model
+// modelFilter keeps the endpoints that serve the request's target model
 // (or the client's model name): those that advertise it (a models list in
 // the configuration or Consul meta), or, advertising nothing, whose server
 // lists it in GET /v1/models, or whose server has not answered that yet.
@@ -41,15 +41,15 @@ func (DrainingFilter) Filter(_ *Request, eps []*Endpoint) []*Endpoint {
 // server would answer its own 404, so no candidate is the honest answer
 // (503, no ready endpoint serves the model). AnyAdapter, for pools whose
 // servers load LoRA adapters on demand, keeps every endpoint.
-type ModelFilter struct {
+type modelFilter struct {
 	AnyAdapter bool
 }
 
 // Name implements Filter.
-func (ModelFilter) Name() string { return FilterModel }
+func (modelFilter) Name() string { return FilterModel }
 
 // Filter implements Filter.
-func (f ModelFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
+func (f modelFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
 	if f.AnyAdapter || (req.TargetModel == "" && req.Model == "") {
 		return eps
 	}
@@ -66,15 +66,15 @@ func servesRequest(e *Endpoint, req *Request) bool {
 	return e.serves(req.TargetModel, true) || (req.Model != req.TargetModel && e.serves(req.Model, true))
 }
 
-// SubsetFilter keeps only endpoints named in the request's subset hint when
+// subsetFilter keeps only endpoints named in the request's subset hint when
 // one is present.
-type SubsetFilter struct{}
+type subsetFilter struct{}
 
 // Name implements Filter.
-func (SubsetFilter) Name() string { return FilterSubset }
+func (subsetFilter) Name() string { return FilterSubset }
 
 // Filter implements Filter.
-func (SubsetFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
+func (subsetFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
 	if !req.HasSubset {
 		return eps
 	}
@@ -90,7 +90,7 @@ func (SubsetFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
 	return out
 }
 
-// HealthFilter drops endpoints whose metrics are stale (scrapes failing or
+// healthFilter drops endpoints whose metrics are stale (scrapes failing or
 // too old) as long as at least one endpoint is fresh or not yet scraped;
 // when every one is stale it keeps them all, so a broken metrics path
 // degrades scheduling instead of failing every request. Profiles run it on
@@ -99,13 +99,13 @@ func (SubsetFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
 // endpoints only when all are unhealthy), so the picker never chooses an
 // endpoint Envoy no longer has while a healthy one exists, and a model
 // served only by stale endpoints has no candidate rather than a wrong one.
-type HealthFilter struct{}
+type healthFilter struct{}
 
 // Name implements Filter.
-func (HealthFilter) Name() string { return FilterHealthy }
+func (healthFilter) Name() string { return FilterHealthy }
 
 // Filter implements Filter.
-func (HealthFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
+func (healthFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
 	ok := 0
 	for _, e := range eps {
 		if f, _ := e.Freshness(req.Now); f != Stale {
@@ -124,17 +124,17 @@ func (HealthFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
 	return out
 }
 
-// LoRAFilter, for requests whose target model is a LoRA adapter (see
+// loraFilter, for requests whose target model is a LoRA adapter (see
 // loraAffinity), keeps the endpoints that run the adapter or have a free
 // adapter slot, when any exist: elsewhere the request would wait for a
 // slot behind other adapters.
-type LoRAFilter struct{}
+type loraFilter struct{}
 
 // Name implements Filter.
-func (LoRAFilter) Name() string { return FilterLoRASlot }
+func (loraFilter) Name() string { return FilterLoRASlot }
 
 // Filter implements Filter.
-func (LoRAFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
+func (loraFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
 	if !isAdapter(req, eps) {
 		return eps
 	}
@@ -156,16 +156,16 @@ func (LoRAFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
 	return out
 }
 
-// MaxScore picks the highest total scores, breaking exact ties uniformly at
+// maxScore picks the highest total scores, breaking exact ties uniformly at
 // random; fallbacks follow in score order.
-type MaxScore struct{}
+type maxScore struct{}
 
 // Name implements Picker.
-func (MaxScore) Name() string { return "max-score" }
+func (maxScore) Name() string { return "max-score" }
 
 // Pick implements Picker. It runs n selection passes, which is cheaper than
 // sorting for the small fallback counts the picker uses.
-func (MaxScore) Pick(eps []*Endpoint, scores []float64, n int, dst []*Endpoint) []*Endpoint {
+func (maxScore) Pick(eps []*Endpoint, scores []float64, n int, dst []*Endpoint) []*Endpoint {
 	return maxScorePick(eps, scores, 0, n, dst)
 }
 
@@ -205,17 +205,17 @@ func maxScorePick(eps []*Endpoint, scores []float64, from, n int, dst []*Endpoin
 	return dst
 }
 
-// WeightedRandom draws the primary with probability proportional to its
+// weightedRandom draws the primary with probability proportional to its
 // score (uniformly when every score is zero), then orders the fallbacks by
-// score. It spreads load more evenly than MaxScore when scores are close,
+// score. It spreads load more evenly than maxScore when scores are close,
 // at the cost of sometimes skipping the best endpoint.
-type WeightedRandom struct{}
+type weightedRandom struct{}
 
 // Name implements Picker.
-func (WeightedRandom) Name() string { return "weighted-random" }
+func (weightedRandom) Name() string { return "weighted-random" }
 
 // Pick implements Picker.
-func (WeightedRandom) Pick(eps []*Endpoint, scores []float64, n int, dst []*Endpoint) []*Endpoint {
+func (weightedRandom) Pick(eps []*Endpoint, scores []float64, n int, dst []*Endpoint) []*Endpoint {
 	if len(eps) == 0 || n <= 0 {
 		return dst
 	}
@@ -242,18 +242,18 @@ func (WeightedRandom) Pick(eps []*Endpoint, scores []float64, n int, dst []*Endp
 	return maxScorePick(eps, scores, 1, n, dst)
 }
 
-// RoundRobin ignores scores and walks the candidates in order, one step per
+// roundRobin ignores scores and walks the candidates in order, one step per
 // request; fallbacks are the next candidates. Counter is shared by every
 // request of a pool (nil: a package-level draw is used instead).
-type RoundRobin struct {
+type roundRobin struct {
 	Counter *atomic.Uint64
 }
 
 // Name implements Picker.
-func (RoundRobin) Name() string { return "round-robin" }
+func (roundRobin) Name() string { return "round-robin" }
 
 // Pick implements Picker.
-func (r RoundRobin) Pick(eps []*Endpoint, _ []float64, n int, dst []*Endpoint) []*Endpoint {
+func (r roundRobin) Pick(eps []*Endpoint, _ []float64, n int, dst []*Endpoint) []*Endpoint {
 	if len(eps) == 0 {
 		return dst
 	}
@@ -300,7 +300,7 @@ const (
 // now, counting what the picker sent since the scrape. An endpoint with
 // stale metrics (scrapes failing or too old) counts as saturated, unless
 // every candidate is stale: then the metrics path is broken, not the
-// servers, and the rule does not judge (as HealthFilter keeps them all),
+// servers, and the rule does not judge (as healthFilter keeps them all),
 // so broken scraping degrades scheduling instead of shedding or queueing
 // every request. An endpoint never scraped is not judged either, so a
 // pool without metrics is never saturated by this rule.
@@ -331,12 +331,12 @@ func (t Thresholds) Saturated(now time.Time, eps []*Endpoint) bool {
 	return stale < len(eps)
 }
 
-// InFlightLimit reports saturation when every candidate already has at
+// inFlightLimit reports saturation when every candidate already has at
 // least Max requests in flight through this picker. Max <= 0 disables it.
-type InFlightLimit struct{ Max int64 }
+type inFlightLimit struct{ Max int64 }
 
 // Saturated implements Saturation.
-func (l InFlightLimit) Saturated(_ time.Time, eps []*Endpoint) bool {
+func (l inFlightLimit) Saturated(_ time.Time, eps []*Endpoint) bool {
 	if l.Max <= 0 || len(eps) == 0 {
 		return false
 	}
@@ -348,10 +348,10 @@ func (l InFlightLimit) Saturated(_ time.Time, eps []*Endpoint) bool {
 	return true
 }
 
-// AnySaturated is saturated when any of its rules is.
-type AnySaturated []Saturation
+// anySaturated is saturated when any of its rules is.
+type anySaturated []Saturation
 
 // Saturated implements Saturation.
-func (a AnySaturated) Saturated(now time.Time, eps []*Endpoint) bool {
+func (a anySaturated) Saturated(now time.Time, eps []*Endpoint) bool {
 	return slices.ContainsFunc(a, func(s Saturation) bool { return s != nil && s.Saturated(now, eps) })
 }

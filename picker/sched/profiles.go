@@ -131,7 +131,7 @@ type Deps struct {
 	MaxInFlightPerEndpoint int64
 	// Guard overrides DefaultLoadGuard for affinity scorers (zero value:
 	// the default).
-	Guard LoadGuard
+	Guard loadGuard
 }
 
 // ValidateScheduling checks the names and numbers of a pool's scheduling
@@ -202,7 +202,7 @@ func BuildProfile(sc *registry.Scheduling, deps Deps) (*Profile, error) {
 		name = DefaultProfileIs
 	}
 	guard := deps.Guard
-	if guard == (LoadGuard{}) {
+	if guard == (loadGuard{}) {
 		guard = DefaultLoadGuard
 	}
 	weights := profileWeights(name)
@@ -213,10 +213,10 @@ func BuildProfile(sc *registry.Scheduling, deps Deps) (*Profile, error) {
 		Name: name,
 		// Health first (after draining): it judges the whole pool, as
 		// EDS does; the per-request filters follow.
-		Filters: []Filter{DrainingFilter{}, HealthFilter{}, SubsetFilter{}, ModelFilter{AnyAdapter: sc.AdaptersOnDemand}},
+		Filters: []Filter{drainingFilter{}, healthFilter{}, subsetFilter{}, modelFilter{AnyAdapter: sc.AdaptersOnDemand}},
 	}
 	if name == ProfileWeighted || name == ProfilePredictedTTFT {
-		p.Filters = append(p.Filters, LoRAFilter{})
+		p.Filters = append(p.Filters, loraFilter{})
 	}
 	for _, n := range ScorerNames() {
 		w := weights[n]
@@ -226,39 +226,39 @@ func BuildProfile(sc *registry.Scheduling, deps Deps) (*Profile, error) {
 		var s Scorer
 		switch n {
 		case ScorerQueue:
-			s = QueueScorer{}
+			s = queueScorer{}
 		case ScorerRunning:
-			s = RunningScorer{}
+			s = runningScorer{}
 		case ScorerKVCache:
-			s = KVCacheScorer{}
+			s = kvCacheScorer{}
 		case ScorerInFlight:
-			s = LeastInFlight{}
+			s = leastInFlight{}
 		case ScorerInFlightTokens:
-			s = InFlightTokensScorer{}
+			s = inFlightTokensScorer{}
 		case ScorerPrefix:
 			if deps.Prefix == nil {
 				continue
 			}
-			s = &PrefixScorer{Index: deps.Prefix, Guard: guard}
+			s = &prefixScorer{Index: deps.Prefix, Guard: guard}
 		case ScorerLoRA:
-			s = LoRAScorer{}
+			s = loraScorer{}
 		case ScorerSession:
 			if deps.Sessions == nil {
 				continue
 			}
-			s = &SessionScorer{Table: deps.Sessions, Guard: guard}
+			s = &sessionScorer{Table: deps.Sessions, Guard: guard}
 		case ScorerTTFT:
 			s = &TTFTScorer{Index: deps.Prefix}
 		}
-		p.Scorers = append(p.Scorers, WeightedScorer{Scorer: s, Weight: w})
+		p.Scorers = append(p.Scorers, weightedScorer{Scorer: s, Weight: w})
 	}
 	switch {
 	case name == ProfileRoundRobin:
-		p.Picker = RoundRobin{Counter: deps.RoundRobin}
+		p.Picker = roundRobin{Counter: deps.RoundRobin}
 	case sc.Picker == PickerWeightedRandom:
-		p.Picker = WeightedRandom{}
+		p.Picker = weightedRandom{}
 	default:
-		p.Picker = MaxScore{}
+		p.Picker = maxScore{}
 	}
 	th := Thresholds{Queue: sc.QueueThreshold, KV: sc.KVThreshold}
 	if th.Queue == 0 {
@@ -267,7 +267,7 @@ func BuildProfile(sc *registry.Scheduling, deps Deps) (*Profile, error) {
 	if th.KV == 0 {
 		th.KV = DefaultKVThreshold
 	}
-	p.Saturation = AnySaturated{th, InFlightLimit{Max: deps.MaxInFlightPerEndpoint}}
+	p.Saturation = anySaturated{th, inFlightLimit{Max: deps.MaxInFlightPerEndpoint}}
 	return p, nil
 }
 

@@ -265,8 +265,8 @@ type Picker interface {
 	Pick(eps []*Endpoint, scores []float64, n int, dst []*Endpoint) []*Endpoint
 }
 
-// WeightedScorer is a scorer with its weight in a profile.
-type WeightedScorer struct {
+// weightedScorer is a scorer with its weight in a profile.
+type weightedScorer struct {
 	Scorer Scorer
 	Weight float64
 }
@@ -277,7 +277,7 @@ type WeightedScorer struct {
 type Profile struct {
 	Name       string
 	Filters    []Filter
-	Scorers    []WeightedScorer
+	Scorers    []weightedScorer
 	Picker     Picker
 	Saturation Saturation
 }
@@ -353,7 +353,7 @@ func (p *Profile) Filter(req *Request, pool []*Endpoint, sc *Scratch) []*Endpoin
 			sc.EmptiedBy = f.Name()
 		}
 		if req.Record {
-			sc.rec.filters = append(sc.rec.filters, FilterCount{Name: f.Name(), Left: len(cands)})
+			sc.rec.filters = append(sc.rec.filters, filterCount{Name: f.Name(), Left: len(cands)})
 		}
 	}
 	return cands

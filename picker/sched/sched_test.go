@@ -33,7 +33,7 @@ func TestLeastInFlightScores(t *testing.T) {
 			t.Parallel()
 			e := eps(tc.loads...)
 			s := make([]float64, len(e))
-			LeastInFlight{}.Score(&Request{}, e, s)
+			leastInFlight{}.Score(&Request{}, e, s)
 			for i, v := range s {
 				if v < 0 || v > 1 {
 					t.Errorf("score %d = %v outside [0,1]", i, v)
@@ -67,12 +67,12 @@ func TestFilters(t *testing.T) {
 		req  Request
 		want string
 	}{
-		{"draining dropped", DrainingFilter{}, Request{}, "bc"},
-		{"model list honoured", ModelFilter{}, Request{Model: "m2", TargetModel: "m2"}, "ac"},
-		{"client name matches too", ModelFilter{}, Request{Model: "m1", TargetModel: "m1-lora"}, "abc"},
-		{"no subset keeps all", SubsetFilter{}, Request{}, "abc"},
-		{"subset", SubsetFilter{}, Request{HasSubset: true, Subset: []string{"c", "zz"}}, "c"},
-		{"empty subset keeps none", SubsetFilter{}, Request{HasSubset: true}, ""},
+		{"draining dropped", drainingFilter{}, Request{}, "bc"},
+		{"model list honoured", modelFilter{}, Request{Model: "m2", TargetModel: "m2"}, "ac"},
+		{"client name matches too", modelFilter{}, Request{Model: "m1", TargetModel: "m1-lora"}, "abc"},
+		{"no subset keeps all", subsetFilter{}, Request{}, "abc"},
+		{"subset", subsetFilter{}, Request{HasSubset: true, Subset: []string{"c", "zz"}}, "c"},
+		{"empty subset keeps none", subsetFilter{}, Request{HasSubset: true}, ""},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			t.Parallel()
@@ -95,7 +95,7 @@ func TestMaxScoreOrderAndTies(t *testing.T) {
 	for i := 0; i < 4000; i++ {
 		c := append([]*Endpoint(nil), e...)
 		scores := []float64{0.2, 0.9, 0.5, 0.9}
-		got := MaxScore{}.Pick(c, scores, 3, nil)
+		got := maxScore{}.Pick(c, scores, 3, nil)
 		if len(got) != 3 || got[2].Address != "c" || got[0] == got[1] {
 			t.Fatalf("pick order %v", []string{got[0].Address, got[1].Address, got[2].Address})
 		}
@@ -120,10 +120,10 @@ func TestProfileScheduleAndSaturation(t *testing.T) {
 		t.Error("Schedule must not reorder the caller's pool slice")
 	}
 	now := time.Now()
-	if (InFlightLimit{Max: 1}).Saturated(now, e) != true || (InFlightLimit{Max: 2}).Saturated(now, e) {
+	if (inFlightLimit{Max: 1}).Saturated(now, e) != true || (inFlightLimit{Max: 2}).Saturated(now, e) {
 		t.Error("saturation: all >= Max saturates, any below does not")
 	}
-	if (InFlightLimit{Max: 0}).Saturated(now, e) {
+	if (inFlightLimit{Max: 0}).Saturated(now, e) {
 		t.Error("Max 0 disables saturation")
 	}
 }

@@ -14,7 +14,7 @@ import (
 // most loaded, if further) to 0, so one extra queued request does not swing
 // a whole weight.
 const (
-	QueueSpan   = 4     // requests
+	queueSpan   = 4     // requests
 	RunningSpan = 16    // requests
 	TokenSpan   = 16384 // prompt tokens in flight
 )
@@ -120,31 +120,31 @@ func fillUnknown(scores []float64, known int, sum float64) {
 	}
 }
 
-// QueueScorer prefers short queues: scraped waiting requests plus the
+// queueScorer prefers short queues: scraped waiting requests plus the
 // requests sent since the scrape (see queueLoad), normalised with a span of
-// QueueSpan requests.
-type QueueScorer struct{}
+// queueSpan requests.
+type queueScorer struct{}
 
 // Name implements Scorer.
-func (QueueScorer) Name() string { return "queue" }
+func (queueScorer) Name() string { return "queue" }
 
 // Score implements Scorer.
-func (QueueScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
+func (queueScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	for i, e := range eps {
 		scores[i] = queueLoad(e, req.Now)
 	}
-	lowerIsBetter(scores[:len(eps)], QueueSpan)
+	lowerIsBetter(scores[:len(eps)], queueSpan)
 }
 
-// RunningScorer prefers fewer running requests (scraped), normalised with a
+// runningScorer prefers fewer running requests (scraped), normalised with a
 // span of RunningSpan; neutral without fresh metrics.
-type RunningScorer struct{}
+type runningScorer struct{}
 
 // Name implements Scorer.
-func (RunningScorer) Name() string { return "running" }
+func (runningScorer) Name() string { return "running" }
 
 // Score implements Scorer.
-func (RunningScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
+func (runningScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	for i, e := range eps {
 		scores[i] = math.NaN()
 		if s := e.fresh(req.Now); s != nil {
@@ -154,28 +154,28 @@ func (RunningScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	lowerIsBetter(scores[:len(eps)], RunningSpan)
 }
 
-// KVKnee is the KV-cache utilisation below which KVCacheScorer sees no
+// kvKnee is the KV-cache utilisation below which kvCacheScorer sees no
 // difference between endpoints.
-const KVKnee = 0.6
+const kvKnee = 0.6
 
-// KVCacheScorer steers away from nearly full KV caches: 1 up to KVKnee
+// kvCacheScorer steers away from nearly full KV caches: 1 up to kvKnee
 // utilisation (scraped), then falling linearly to 0 at a full cache;
 // neutral without fresh metrics. Below the knee utilisation does not delay
 // a request (admission and preemption only bite near full), and a stale
 // fine-grained KV score would override the random tie-breaks that spread
 // simultaneous requests.
-type KVCacheScorer struct{}
+type kvCacheScorer struct{}
 
 // Name implements Scorer.
-func (KVCacheScorer) Name() string { return "kv-cache" }
+func (kvCacheScorer) Name() string { return "kv-cache" }
 
 // Score implements Scorer.
-func (KVCacheScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
+func (kvCacheScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	known, sum := 0, 0.0
 	for i, e := range eps {
 		scores[i] = math.NaN()
 		if s := e.fresh(req.Now); s != nil {
-			scores[i] = min(max((1-s.KVUsage)/(1-KVKnee), 0), 1)
+			scores[i] = min(max((1-s.KVUsage)/(1-kvKnee), 0), 1)
 			known++
 			sum += scores[i]
 		}
@@ -183,17 +183,17 @@ func (KVCacheScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	fillUnknown(scores[:len(eps)], known, sum)
 }
 
-// LeastInFlight scores endpoints by the requests this picker has in flight
+// leastInFlight scores endpoints by the requests this picker has in flight
 // to them, fewest best, with in-flight tokens as a strict tie-breaker: the
 // key requests+tokens/(maxTokens+1) orders lexicographically and is min-max
 // normalised into [0,1]. It needs no metrics.
-type LeastInFlight struct{}
+type leastInFlight struct{}
 
 // Name implements Scorer.
-func (LeastInFlight) Name() string { return "in-flight" }
+func (leastInFlight) Name() string { return "in-flight" }
 
 // Score implements Scorer.
-func (LeastInFlight) Score(_ *Request, eps []*Endpoint, scores []float64) {
+func (leastInFlight) Score(_ *Request, eps []*Endpoint, scores []float64) {
 	var maxTok int64
 	for _, e := range eps {
 		if t := e.Load.InFlightTokens.Load(); t > maxTok {
@@ -206,37 +206,37 @@ func (LeastInFlight) Score(_ *Request, eps []*Endpoint, scores []float64) {
 	lowerIsBetter(scores[:len(eps)], 0)
 }
 
-// InFlightTokensScorer prefers endpoints with fewer estimated prompt tokens
+// inFlightTokensScorer prefers endpoints with fewer estimated prompt tokens
 // in flight from this picker (outstanding prefill work is what delays a new
 // request's first token), normalised with a span of TokenSpan.
-type InFlightTokensScorer struct{}
+type inFlightTokensScorer struct{}
 
 // Name implements Scorer.
-func (InFlightTokensScorer) Name() string { return "in-flight-tokens" }
+func (inFlightTokensScorer) Name() string { return "in-flight-tokens" }
 
 // Score implements Scorer.
-func (InFlightTokensScorer) Score(_ *Request, eps []*Endpoint, scores []float64) {
+func (inFlightTokensScorer) Score(_ *Request, eps []*Endpoint, scores []float64) {
 	for i, e := range eps {
 		scores[i] = float64(e.Load.InFlightTokens.Load())
 	}
 	lowerIsBetter(scores[:len(eps)], TokenSpan)
 }
 
-// LoadGuard bounds affinity scorers: an endpoint whose queue (queueLoad)
+// loadGuard bounds affinity scorers: an endpoint whose queue (queueLoad)
 // exceeds the least loaded candidate's by Queue requests, or whose
 // in-flight prompt tokens exceed the least's by Tokens, loses its affinity;
 // between half the threshold and the threshold the affinity fades
 // linearly. Zero fields disable that check.
-type LoadGuard struct {
+type loadGuard struct {
 	Queue  float64
 	Tokens float64
 }
 
 // DefaultLoadGuard is the guard the default profile uses.
-var DefaultLoadGuard = LoadGuard{Queue: 8, Tokens: 32768}
+var DefaultLoadGuard = loadGuard{Queue: 8, Tokens: 32768}
 
 // factors writes each candidate's affinity multiplier in [0,1] into out.
-func (g LoadGuard) factors(now time.Time, eps []*Endpoint, out []float64) {
+func (g loadGuard) factors(now time.Time, eps []*Endpoint, out []float64) {
 	if g.Queue <= 0 && g.Tokens <= 0 {
 		for i := range eps {
 			out[i] = 1
@@ -266,22 +266,22 @@ func fade(x, limit float64) float64 {
 	return min(max((limit-x)/(limit/2), 0), 1)
 }
 
-// PrefixScorer prefers endpoints that likely hold the prompt's leading KV
+// prefixScorer prefers endpoints that likely hold the prompt's leading KV
 // blocks: the fraction of the request's block hashes (Request.Hashes) the
 // endpoint matches in Index, times the load guard's factor, so a hot prefix
 // spills to other endpoints once its holder queues up. Picked records the
 // hashes on the chosen endpoint and sizes its LRU from the scraped KV
 // block count.
-type PrefixScorer struct {
+type prefixScorer struct {
 	Index *prefix.Index
-	Guard LoadGuard
+	Guard loadGuard
 }
 
 // Name implements Scorer.
-func (*PrefixScorer) Name() string { return "prefix" }
+func (*prefixScorer) Name() string { return "prefix" }
 
 // Score implements Scorer.
-func (p *PrefixScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
+func (p *prefixScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	if p.Index == nil || len(req.Hashes) == 0 {
 		return // all zero: no preference
 	}
@@ -314,7 +314,7 @@ func (p *PrefixScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 }
 
 // Picked implements Observer.
-func (p *PrefixScorer) Picked(req *Request, primary *Endpoint) {
+func (p *prefixScorer) Picked(req *Request, primary *Endpoint) {
 	if p.Index == nil || len(req.Hashes) == 0 {
 		return
 	}
@@ -374,16 +374,16 @@ func loraAffinity(req *Request, e *Endpoint) float64 {
 	return loraNoSlot
 }
 
-// LoRAScorer prefers, for adapter requests, endpoints already running the
+// loraScorer prefers, for adapter requests, endpoints already running the
 // adapter, then endpoints with a free adapter slot; base-model requests
 // get a neutral score.
-type LoRAScorer struct{}
+type loraScorer struct{}
 
 // Name implements Scorer.
-func (LoRAScorer) Name() string { return "lora" }
+func (loraScorer) Name() string { return "lora" }
 
 // Score implements Scorer.
-func (LoRAScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
+func (loraScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	if !isAdapter(req, eps) {
 		for i := range eps {
 			scores[i] = 1
@@ -402,21 +402,21 @@ func (LoRAScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	fillUnknown(scores[:len(eps)], known, sum)
 }
 
-// SessionScorer keeps a session (Request.Session) on the endpoint that
+// sessionScorer keeps a session (Request.Session) on the endpoint that
 // served its previous request: that endpoint scores 1, others 0. When the
 // endpoint is gone, filtered out (unhealthy, draining) or overloaded per
 // Guard.Queue, no one scores and normal scoring decides; Picked then
 // rebinds the session.
-type SessionScorer struct {
+type sessionScorer struct {
 	Table *Sessions
-	Guard LoadGuard
+	Guard loadGuard
 }
 
 // Name implements Scorer.
-func (*SessionScorer) Name() string { return "session" }
+func (*sessionScorer) Name() string { return "session" }
 
 // Score implements Scorer.
-func (s *SessionScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
+func (s *sessionScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	if s.Table == nil || req.Session == "" {
 		return
 	}
@@ -443,7 +443,7 @@ func (s *SessionScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 }
 
 // Picked implements Observer.
-func (s *SessionScorer) Picked(req *Request, primary *Endpoint) {
+func (s *sessionScorer) Picked(req *Request, primary *Endpoint) {
 	if s.Table != nil && req.Session != "" {
 		s.Table.Put(req.Session, primary.Address, req.Now)
 	}

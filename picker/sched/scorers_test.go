@@ -75,22 +75,22 @@ func TestScorers(t *testing.T) {
 		eps  []m
 		want []float64
 	}{
-		{desc: "queue: spread wider than span", s: QueueScorer{}, eps: []m{{waiting: 0}, {waiting: 2}, {waiting: 8}}, want: []float64{1, 0.75, 0}},
-		{desc: "queue: one extra request costs a quarter", s: QueueScorer{}, eps: []m{{waiting: 0}, {waiting: 1}}, want: []float64{1, 0.75}},
-		{desc: "queue: in flight beyond the scrape counts", s: QueueScorer{},
+		{desc: "queue: spread wider than span", s: queueScorer{}, eps: []m{{waiting: 0}, {waiting: 2}, {waiting: 8}}, want: []float64{1, 0.75, 0}},
+		{desc: "queue: one extra request costs a quarter", s: queueScorer{}, eps: []m{{waiting: 0}, {waiting: 1}}, want: []float64{1, 0.75}},
+		{desc: "queue: in flight beyond the scrape counts", s: queueScorer{},
 			// a: 0 waiting, 2 running, 5 in flight -> 3 unseen; b: 1 waiting.
 			eps: []m{{running: 2, inflight: 5}, {waiting: 1}}, want: []float64{0.5, 1}},
-		{desc: "queue: no metrics falls back to in flight", s: QueueScorer{}, eps: []m{{none: true, inflight: 2}, {waiting: 0}}, want: []float64{0.5, 1}},
-		{desc: "queue: all equal", s: QueueScorer{}, eps: []m{{waiting: 3}, {waiting: 3}}, want: []float64{1, 1}},
-		{desc: "running: normalised, unknown gets the mean", s: RunningScorer{}, eps: []m{{running: 0}, {running: 8}, {running: 32}, {stale: true}},
+		{desc: "queue: no metrics falls back to in flight", s: queueScorer{}, eps: []m{{none: true, inflight: 2}, {waiting: 0}}, want: []float64{0.5, 1}},
+		{desc: "queue: all equal", s: queueScorer{}, eps: []m{{waiting: 3}, {waiting: 3}}, want: []float64{1, 1}},
+		{desc: "running: normalised, unknown gets the mean", s: runningScorer{}, eps: []m{{running: 0}, {running: 8}, {running: 32}, {stale: true}},
 			want: []float64{1, 0.75, 0, 1.75 / 3}},
-		{desc: "running: nothing known is neutral", s: RunningScorer{}, eps: []m{{none: true}, {stale: true}}, want: []float64{1, 1}},
-		{desc: "kv: flat below the knee, linear above, unknown gets the mean", s: KVCacheScorer{}, eps: []m{{kv: 0.2}, {kv: 0.9}, {kv: 0.7}, {none: true}},
+		{desc: "running: nothing known is neutral", s: runningScorer{}, eps: []m{{none: true}, {stale: true}}, want: []float64{1, 1}},
+		{desc: "kv: flat below the knee, linear above, unknown gets the mean", s: kvCacheScorer{}, eps: []m{{kv: 0.2}, {kv: 0.9}, {kv: 0.7}, {none: true}},
 			want: []float64{1, 0.25, 0.75, 2.0 / 3}},
-		{desc: "in-flight tokens: span 16384", s: InFlightTokensScorer{}, eps: []m{{tokens: 0}, {tokens: 8192}, {tokens: 4096}},
+		{desc: "in-flight tokens: span 16384", s: inFlightTokensScorer{}, eps: []m{{tokens: 0}, {tokens: 8192}, {tokens: 4096}},
 			want: []float64{1, 0.5, 0.75}},
-		{desc: "in-flight: min-max", s: LeastInFlight{}, eps: []m{{inflight: 2}, {inflight: 0}, {inflight: 1}}, want: []float64{0, 1, 0.5}},
-		{desc: "lora: running > free slot > full, no info gets the mean", s: LoRAScorer{}, req: Request{Model: "ad", TargetModel: "ad"},
+		{desc: "in-flight: min-max", s: leastInFlight{}, eps: []m{{inflight: 2}, {inflight: 0}, {inflight: 1}}, want: []float64{0, 1, 0.5}},
+		{desc: "lora: running > free slot > full, no info gets the mean", s: loraScorer{}, req: Request{Model: "ad", TargetModel: "ad"},
 			eps: []m{
 				{maxLoras: 2, runningLoRAs: []string{"ad"}},
 				{maxLoras: 2, runningLoRAs: []string{"x"}},
@@ -98,7 +98,7 @@ func TestScorers(t *testing.T) {
 				{},
 			},
 			want: []float64{1, 0.5, 0, 0.5}},
-		{desc: "lora: base model is neutral", s: LoRAScorer{}, req: Request{Model: "base", TargetModel: "base"},
+		{desc: "lora: base model is neutral", s: loraScorer{}, req: Request{Model: "base", TargetModel: "base"},
 			eps:  []m{{maxLoras: 1, runningLoRAs: []string{"x"}}, {maxLoras: 1}},
 			want: []float64{1, 1}},
 	} {
@@ -131,13 +131,13 @@ func TestMetricFilters(t *testing.T) {
 		eps  []m
 		want string
 	}{
-		{"stale dropped, unscraped kept", HealthFilter{}, Request{}, []m{{}, {stale: true}, {none: true}}, "ac"},
-		{"all stale kept", HealthFilter{}, Request{}, []m{{stale: true}, {stale: true}}, "ab"},
-		{"adapter: running or free slot", LoRAFilter{}, Request{Model: "ad", TargetModel: "ad"},
+		{"stale dropped, unscraped kept", healthFilter{}, Request{}, []m{{}, {stale: true}, {none: true}}, "ac"},
+		{"all stale kept", healthFilter{}, Request{}, []m{{stale: true}, {stale: true}}, "ab"},
+		{"adapter: running or free slot", loraFilter{}, Request{Model: "ad", TargetModel: "ad"},
 			[]m{{maxLoras: 1, runningLoRAs: []string{"x"}}, {maxLoras: 1, runningLoRAs: []string{"ad"}}, {maxLoras: 2, runningLoRAs: []string{"x"}}}, "bc"},
-		{"adapter: no slot anywhere keeps all", LoRAFilter{}, Request{Model: "ad", TargetModel: "ad"},
+		{"adapter: no slot anywhere keeps all", loraFilter{}, Request{Model: "ad", TargetModel: "ad"},
 			[]m{{maxLoras: 1, runningLoRAs: []string{"x"}, waitingLoRAs: []string{"ad"}}, {maxLoras: 1, runningLoRAs: []string{"y"}}}, "ab"},
-		{"base model untouched", LoRAFilter{}, Request{Model: "base", TargetModel: "base"},
+		{"base model untouched", loraFilter{}, Request{Model: "base", TargetModel: "base"},
 			[]m{{maxLoras: 1, runningLoRAs: []string{"x"}}, {maxLoras: 1}}, "ab"},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
@@ -172,7 +172,7 @@ func TestPrefixScorerAndLoadGuard(t *testing.T) {
 			idx := prefix.NewIndex(prefix.Config{})
 			idx.Add("a", hashes[:4])
 			idx.Add("b", hashes[:2])
-			p := &PrefixScorer{Index: idx, Guard: DefaultLoadGuard}
+			p := &prefixScorer{Index: idx, Guard: DefaultLoadGuard}
 			req := Request{Now: now, Hashes: hashes}
 			got := make([]float64, 3)
 			p.Score(&req, mkEps(tc.eps...), got)
@@ -181,7 +181,7 @@ func TestPrefixScorerAndLoadGuard(t *testing.T) {
 	}
 	t.Run("picked endpoint learns the whole prompt and its capacity", func(t *testing.T) {
 		idx := prefix.NewIndex(prefix.Config{})
-		p := &PrefixScorer{Index: idx}
+		p := &prefixScorer{Index: idx}
 		e := mkEps(m{numBlocks: 1000}, m{})
 		req := Request{Now: now, Hashes: hashes}
 		got := make([]float64, 2)
@@ -217,7 +217,7 @@ func TestSessionAffinity(t *testing.T) {
 			t.Parallel()
 			tab := NewSessions(10, time.Minute)
 			tab.Put("s1", "b", now)
-			s := &SessionScorer{Table: tab, Guard: DefaultLoadGuard}
+			s := &sessionScorer{Table: tab, Guard: DefaultLoadGuard}
 			e := mkEps(tc.eps...)
 			if tc.drop {
 				e[1].Address = "c" // b is not among the candidates
@@ -230,7 +230,7 @@ func TestSessionAffinity(t *testing.T) {
 	}
 	t.Run("picked rebinds and LRU is bounded", func(t *testing.T) {
 		tab := NewSessions(2, time.Minute)
-		s := &SessionScorer{Table: tab}
+		s := &sessionScorer{Table: tab}
 		e := mkEps(m{}, m{})
 		s.Picked(&Request{Session: "s1", Now: now}, e[0])
 		s.Picked(&Request{Session: "s1", Now: now}, e[1])
@@ -273,8 +273,8 @@ func TestSaturation(t *testing.T) {
 	}
 	t.Run("any rule", func(t *testing.T) {
 		e := mkEps(m{inflight: 3}, m{inflight: 3})
-		if !(AnySaturated{th, InFlightLimit{Max: 3}}).Saturated(now, e) || (AnySaturated{th, InFlightLimit{Max: 4}}).Saturated(now, e) {
-			t.Error("in-flight guard must count in AnySaturated")
+		if !(anySaturated{th, inFlightLimit{Max: 3}}).Saturated(now, e) || (anySaturated{th, inFlightLimit{Max: 4}}).Saturated(now, e) {
+			t.Error("in-flight guard must count in anySaturated")
 		}
 	})
 }
@@ -284,7 +284,7 @@ func TestPickers(t *testing.T) {
 	t.Run("weighted random follows scores, fallbacks by score", func(t *testing.T) {
 		for range 200 {
 			e := mkEps(m{}, m{}, m{})
-			got := WeightedRandom{}.Pick(e, []float64{0, 1, 0.5, 0.25}[:3], 3, nil)
+			got := weightedRandom{}.Pick(e, []float64{0, 1, 0.5, 0.25}[:3], 3, nil)
 			// b or c first (weights 1 : 0.5, a has 0), then by score.
 			if n := names(got); n != "bca" && n != "cba" {
 				t.Fatalf("order %q, want bca or cba", n)
@@ -293,7 +293,7 @@ func TestPickers(t *testing.T) {
 		counts := map[string]int{}
 		for range 4000 {
 			e := mkEps(m{}, m{})
-			counts[WeightedRandom{}.Pick(e, []float64{1, 3}, 1, nil)[0].Address]++
+			counts[weightedRandom{}.Pick(e, []float64{1, 3}, 1, nil)[0].Address]++
 		}
 		if counts["b"] < 2700 || counts["b"] > 3300 {
 			t.Errorf("b picked %d of 4000, want ~3000 (weights 1:3)", counts["b"])
@@ -301,7 +301,7 @@ func TestPickers(t *testing.T) {
 	})
 	t.Run("round robin walks", func(t *testing.T) {
 		var c atomic.Uint64
-		rr := RoundRobin{Counter: &c}
+		rr := roundRobin{Counter: &c}
 		e := mkEps(m{}, m{}, m{})
 		var got []string
 		for range 4 {
@@ -457,7 +457,7 @@ func TestModelFilterUsesServedModels(t *testing.T) {
 	} {
 		in := append([]*Endpoint(nil), e...)
 		got := ""
-		for _, x := range (ModelFilter{}).Filter(&tc.req, in) {
+		for _, x := range (modelFilter{}).Filter(&tc.req, in) {
 			got += x.Address
 		}
 		if got != tc.want {
@@ -470,12 +470,12 @@ func TestModelFilterUsesServedModels(t *testing.T) {
 	known[0].Metrics = served("llama-3-8b")
 	known[1].Metrics = served("llama-3-8b")
 	req := Request{Model: "llama", TargetModel: "llama"}
-	if got := (ModelFilter{}).Filter(&req, append([]*Endpoint(nil), known...)); len(got) != 0 {
+	if got := (modelFilter{}).Filter(&req, append([]*Endpoint(nil), known...)); len(got) != 0 {
 		t.Errorf("model nobody lists: kept %d endpoints, want none", len(got))
 	}
 	// Adapters loaded on demand: any endpoint may take the adapter.
 	req = Request{Model: "sql-lora", TargetModel: "sql-lora"}
-	if got := (ModelFilter{AnyAdapter: true}).Filter(&req, append([]*Endpoint(nil), known...)); len(got) != 2 {
+	if got := (modelFilter{AnyAdapter: true}).Filter(&req, append([]*Endpoint(nil), known...)); len(got) != 2 {
 		t.Errorf("adapters on demand: kept %d endpoints, want both", len(got))
 	}
 }

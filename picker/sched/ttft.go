@@ -478,7 +478,7 @@ func (p Prediction) cost() time.Duration { return p.Total + p.Delay }
 // scores min(cost)/cost, so the best scores 1 and the picker's order is
 // the predicted order. Matching the prompt's
 // blocks against the prefix index tells what each endpoint holds; Picked
-// records the blocks on the chosen endpoint, like PrefixScorer. The
+// records the blocks on the chosen endpoint, like prefixScorer. The
 // predictions stay in the Scratch (Scratch.Prediction) for the caller to
 // account the pick's prefill work and, once the first token is seen,
 // teach the endpoint's model (Load.ObserveTTFT).
@@ -535,7 +535,7 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 
 // Picked implements Observer: the prompt's blocks are now on primary.
 func (t *TTFTScorer) Picked(req *Request, primary *Endpoint) {
-	(&PrefixScorer{Index: t.Index}).Picked(req, primary)
+	(&prefixScorer{Index: t.Index}).Picked(req, primary)
 }
 
 // explain implements explainer.

@@ -189,7 +189,7 @@ func TestTTFTScorerRanksByPrediction(t *testing.T) {
 	idle := perfEp("idle", metrics.Values{}, perf)
 	idx.Add("holder", hashes)
 	req := Request{Tokens: int64(len(prompt)) / 4, Hashes: hashes, BlockTokens: 16, Now: now, Explain: true}
-	prof := &Profile{Name: "t", Scorers: []WeightedScorer{{Scorer: &TTFTScorer{Index: idx}, Weight: 1}}, Picker: MaxScore{}}
+	prof := &Profile{Name: "t", Scorers: []weightedScorer{{Scorer: &TTFTScorer{Index: idx}, Weight: 1}}, Picker: maxScore{}}
 	sc := new(Scratch)
 
 	holder.Load.StartPrefill(500, 20*time.Millisecond, now)
