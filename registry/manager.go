@@ -26,6 +26,7 @@ const (
 // the last good state; the problem is logged and kept for LastError.
 type Manager struct {
 	pub      *Publisher
+	rules    SchedulingRules
 	log      *slog.Logger
 	holdoff  time.Duration
 	maxDelay time.Duration
@@ -76,6 +77,12 @@ func WithDebounce(holdoff, maxDelay time.Duration) ManagerOption {
 // publishes gets v+1, so versions never repeat across restarts.
 func WithInitialVersion(v uint64) ManagerOption {
 	return func(m *Manager) { m.version = v }
+}
+
+// WithSchedulingRules sets the rules pools' scheduling blocks are judged
+// by (the picker's sched.Rules); without it they are not judged here.
+func WithSchedulingRules(r SchedulingRules) ManagerOption {
+	return func(m *Manager) { m.rules = r }
 }
 
 // WithLogger sets the logger (slog.Default() otherwise).
@@ -280,7 +287,7 @@ func (m *Manager) apply(srcs []*sourceState) {
 	}
 	m.warnings = warnings
 	if err == nil {
-		err = Validate(s)
+		err = Validate(s, m.rules)
 	}
 	if err == nil {
 		prev := m.last

@@ -42,7 +42,7 @@ func TestValidateTenants(t *testing.T) {
 			s := validState()
 			s.Tenants = map[string]*Tenant{}
 			tc.mutate(s)
-			err := Validate(s)
+			err := Validate(s, nil)
 			if tc.err == nil {
 				if err != nil {
 					t.Fatalf("Validate: %v", err)

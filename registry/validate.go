@@ -3,7 +3,6 @@ package registry
 import (
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"time"
@@ -111,26 +110,22 @@ func ValidationErrors(err error) []*ValidationError {
 	return out
 }
 
-// Names of the scheduling options the registry accepts; the picker owns what
-// they mean.
-var (
-	profileNames = []string{"default", "weighted", "predicted-ttft", "round-robin", "random", "least-queue", "least-request"}
-	pickerNames  = []string{"max-score", "weighted-random"}
-	metricNames  = []string{"waiting", "running", "kv_usage", "lora_info", "cache_config"}
-	scorerNames  = []string{"queue", "running", "kv-cache", "in-flight", "in-flight-tokens", "prefix", "lora", "session", "ttft"}
-)
+// SchedulingRules judges a pool's scheduling block: its profile, picker,
+// scorer and metric names, weights and thresholds, whose meaning the picker
+// owns (the picker's sched.Rules). The registry carries the block and
+// reports each Problem as a ValidationError on the block's field, so a
+// configuration file shows it at its line and column. Nil rules leave
+// scheduling blocks unjudged (the picker still refuses what it cannot
+// build); switchyard serve and validate always pass the picker's.
+type SchedulingRules func(*Scheduling) []Problem
 
-// Scorers returns the scorer names Scheduling.Scorers may weigh.
-func Scorers() []string { return slices.Clone(scorerNames) }
-
-// Profiles returns the scheduling profile names Validate accepts.
-func Profiles() []string { return slices.Clone(profileNames) }
-
-// Pickers returns the picker names Validate accepts.
-func Pickers() []string { return slices.Clone(pickerNames) }
-
-// MetricNames returns the logical metric names Scheduling.Metrics may override.
-func MetricNames() []string { return slices.Clone(metricNames) }
+// Problem is one thing SchedulingRules found wrong: Field is the path in
+// the scheduling block ("profile", "scorers.prefix", "metrics.waiting",
+// "queue_threshold"), Msg says what is wrong and what is wanted.
+type Problem struct {
+	Field string
+	Msg   string
+}
 
 // CheckEngine reports whether e names a supported engine.
 func CheckEngine(e Engine) error {
@@ -156,30 +151,6 @@ func CheckMetricsPath(p string) error {
 	return fmt.Errorf("%w %q: want an absolute path such as \"/metrics\"", ErrBadMetricsPath, p)
 }
 
-// CheckProfile reports whether p is a known profile ("" means default).
-func CheckProfile(p string) error {
-	if p == "" || slices.Contains(profileNames, p) {
-		return nil
-	}
-	return fmt.Errorf("%w: unknown profile %q: want one of %s", ErrBadScheduling, p, quoteList(profileNames))
-}
-
-// CheckPicker reports whether p is a known picker ("" means default).
-func CheckPicker(p string) error {
-	if p == "" || slices.Contains(pickerNames, p) {
-		return nil
-	}
-	return fmt.Errorf("%w: unknown picker %q: want one of %s", ErrBadScheduling, p, quoteList(pickerNames))
-}
-
-// CheckMetricName reports whether n is a logical metric name.
-func CheckMetricName(n string) error {
-	if slices.Contains(metricNames, n) {
-		return nil
-	}
-	return fmt.Errorf("%w: unknown metric %q: want one of %s", ErrBadScheduling, n, quoteList(metricNames))
-}
-
 func quoteList[T ~string](xs []T) string {
 	q := make([]string, len(xs))
 	for i, x := range xs {
@@ -195,9 +166,9 @@ func quoteList[T ~string](xs []T) string {
 //
 //   - names are non-empty; listener names and addresses are unique;
 //   - addresses are canonical ip:port (CanonicalAddress);
-//   - engines, failure modes, metrics paths, profiles and pickers are known;
-//   - scheduling numbers are in range (thresholds >= 0, kv_threshold <= 1,
-//     scorer weights >= 0);
+//   - engines, failure modes and metrics paths are known;
+//   - scheduling blocks pass rules (the picker's names, weights and
+//     thresholds; see SchedulingRules);
 //   - endpoint addresses are unique within a pool;
 //   - every model's pool and routing.default_pool exist;
 //   - target weights are >= 0 and sum to more than 0, target names are
@@ -205,7 +176,7 @@ func quoteList[T ~string](xs []T) string {
 //     must be served by the same pool;
 //   - tenant limits are >= 0, an API key hash belongs to one tenant, and a
 //     tenant's models are declared (or a default pool may serve them).
-func Validate(s *State) error {
+func Validate(s *State, rules SchedulingRules) error {
 	var errs []error
 	add := func(kind, name, field, where string, sentinel error, format string, args ...any) {
 		errs = append(errs, &ValidationError{Kind: kind, Name: name, Field: field, Where: where, Err: sentinel, Msg: fmt.Sprintf(format, args...)})
@@ -232,8 +203,10 @@ func Validate(s *State) error {
 		if err := CheckMetricsPath(p.MetricsPath); err != nil {
 			addErr(KindPool, name, "metrics_path", p.DeclRange, err)
 		}
-		if sc := p.Scheduling; sc != nil {
-			validateScheduling(name, p.DeclRange, sc, add, addErr)
+		if sc := p.Scheduling; sc != nil && rules != nil {
+			for _, pr := range rules(sc) {
+				add(KindPool, name, "scheduling."+pr.Field, p.DeclRange, ErrBadScheduling, "%s", pr.Msg)
+			}
 		}
 		if a := p.Admission; a != nil {
 			validateAdmission(name, p.DeclRange, a, add)
@@ -339,42 +312,6 @@ func Validate(s *State) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func validateScheduling(pool, where string, sc *Scheduling,
-	add func(kind, name, field, where string, sentinel error, format string, args ...any),
-	addErr func(kind, name, field, where string, err error)) {
-	if err := CheckProfile(sc.Profile); err != nil {
-		addErr(KindPool, pool, "scheduling.profile", where, err)
-	}
-	if err := CheckPicker(sc.Picker); err != nil {
-		addErr(KindPool, pool, "scheduling.picker", where, err)
-	}
-	if sc.ScrapeIntervalMS < 0 {
-		add(KindPool, pool, "scheduling.scrape_interval", where, ErrBadScheduling, "scrape_interval %d ms is negative", sc.ScrapeIntervalMS)
-	}
-	if sc.QueueThreshold < 0 {
-		add(KindPool, pool, "scheduling.queue_threshold", where, ErrBadScheduling, "queue_threshold %d is negative; want 0 or more", sc.QueueThreshold)
-	}
-	if sc.KVThreshold < 0 || sc.KVThreshold > 1 || math.IsNaN(sc.KVThreshold) {
-		add(KindPool, pool, "scheduling.kv_threshold", where, ErrBadScheduling, "kv_threshold %g is not in [0, 1]", sc.KVThreshold)
-	}
-	for _, k := range sortedKeys(sc.Scorers) {
-		w := sc.Scorers[k]
-		switch {
-		case !slices.Contains(scorerNames, k):
-			add(KindPool, pool, "scheduling.scorers."+k, where, ErrBadScheduling, "unknown scorer %q: want one of %s", k, quoteList(scorerNames))
-		case w < 0 || math.IsNaN(w) || math.IsInf(w, 0):
-			add(KindPool, pool, "scheduling.scorers."+k, where, ErrBadScheduling, "scorer %q has weight %g; want a finite number >= 0", k, w)
-		}
-	}
-	for _, k := range sortedKeys(sc.Metrics) {
-		if err := CheckMetricName(k); err != nil {
-			addErr(KindPool, pool, "scheduling.metrics."+k, where, err)
-		} else if sc.Metrics[k] == "" {
-			add(KindPool, pool, "scheduling.metrics."+k, where, ErrBadScheduling, "metric %q has an empty name", k)
-		}
-	}
 }
 
 func validateAdmission(pool, where string, a *Admission,

@@ -3,6 +3,7 @@ package registry
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 )
@@ -23,7 +24,7 @@ func validState() *State {
 
 func TestValidateAcceptsValidState(t *testing.T) {
 	t.Parallel()
-	if err := Validate(validState()); err != nil {
+	if err := Validate(validState(), fakeRules); err != nil {
 		t.Fatalf("Validate: %v", err)
 	}
 }
@@ -81,7 +82,7 @@ func TestValidate(t *testing.T) {
 			t.Parallel()
 			s := validState()
 			tc.mutate(s)
-			err := Validate(s)
+			err := Validate(s, fakeRules)
 			var got []problem
 			for _, ve := range ValidationErrors(err) {
 				got = append(got, problem{ve.Kind, ve.Name, ve.Field, ve.Err})
@@ -108,9 +109,32 @@ func TestValidationErrorMessage(t *testing.T) {
 	s := validState()
 	s.Models["base"].Pool = "nope"
 	s.Models["base"].DeclRange = "a.hcl:3:1"
-	err := Validate(s)
+	err := Validate(s, fakeRules)
 	want := `a.hcl:3:1: model "base" pool: pool "nope" is not defined (defined pools: "llama", "qwen")`
 	if err == nil || err.Error() != want {
 		t.Fatalf("error = %v\nwant %s", err, want)
 	}
+}
+
+// fakeRules stands in for the picker's sched.Rules (which imports this
+// package): it flags what the "scheduling" case breaks, so the test checks
+// how Validate reports rules' problems, not the rules themselves.
+func fakeRules(sc *Scheduling) []Problem {
+	var out []Problem
+	flag := func(bad bool, field string) {
+		if bad {
+			out = append(out, Problem{Field: field, Msg: field + " is wrong"})
+		}
+	}
+	flag(sc.Profile != "" && sc.Profile != "default", "profile")
+	flag(sc.Picker != "" && sc.Picker != "max-score", "picker")
+	flag(sc.QueueThreshold < 0, "queue_threshold")
+	flag(sc.KVThreshold < 0 || sc.KVThreshold > 1, "kv_threshold")
+	for _, k := range slices.Sorted(maps.Keys(sc.Scorers)) {
+		flag(sc.Scorers[k] < 0, "scorers."+k)
+	}
+	for _, k := range slices.Sorted(maps.Keys(sc.Metrics)) {
+		flag(k == "bogus" || sc.Metrics[k] == "", "metrics."+k)
+	}
+	return out
 }

@@ -34,7 +34,7 @@ func TestStateRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("state round trip differs:\n got %+v\nwant %+v", got, want)
 	}
-	if err := registry.Validate(got); err != nil {
+	if err := registry.Validate(got, nil); err != nil {
 		t.Errorf("loaded state does not validate: %v", err)
 	}
 	// State returns a copy each time: changing one must not change the next.

@@ -26,6 +26,7 @@ import (
 	tenantusage "github.com/switchyard/switchyard/internal/usage"
 	"github.com/switchyard/switchyard/picker"
 	"github.com/switchyard/switchyard/picker/peers"
+	"github.com/switchyard/switchyard/picker/sched"
 	"github.com/switchyard/switchyard/registry"
 	"github.com/switchyard/switchyard/registry/consul"
 	"github.com/switchyard/switchyard/registry/hclfile"
@@ -123,7 +124,7 @@ Flags:
 	}
 
 	// Refuse to start on a bad configuration: print it like validate does.
-	cfg, diags := hclfile.Load(f.config)
+	cfg, diags := hclfile.Load(f.config, sched.Rules)
 	if diags.HasErrors() {
 		writeDiagnostics(stderr, cfg.Files, diags)
 		return 1
@@ -232,13 +233,13 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	}
 	a.pub = registry.NewPublisher(initial)
 	a.view = a.pub
-	a.manager = registry.NewManager(a.pub, mgrOpts...)
+	a.manager = registry.NewManager(a.pub, append(mgrOpts, registry.WithSchedulingRules(sched.Rules))...)
 	if a.consul, err = newConsulSource(cfg, initial, persist.ConsulIndexes(snap), logger); err != nil {
 		a.close()
 		return nil, err
 	}
 	// Every reloaded configuration tells the Consul source what to watch.
-	a.files = hclfile.NewSource(f.config, hclfile.WithLogger(logger),
+	a.files = hclfile.NewSource(f.config, hclfile.WithLogger(logger), hclfile.WithSchedulingRules(sched.Rules),
 		hclfile.WithOnLoad(func(c *hclfile.Config) { a.consul.Apply(consul.WantsFrom(c.State)) }))
 	// Registration order is source priority; names are distinct, so
 	// AddSource cannot fail on a fresh manager.

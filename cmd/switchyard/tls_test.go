@@ -13,6 +13,7 @@ import (
 
 	"github.com/switchyard/switchyard/internal/certgen"
 	"github.com/switchyard/switchyard/internal/testutil"
+	"github.com/switchyard/switchyard/picker/sched"
 	"github.com/switchyard/switchyard/registry/hclfile"
 )
 
@@ -31,7 +32,7 @@ func TestServeRefusesPlaintextOffLoopback(t *testing.T) {
 	}
 
 	// Allowed: built in-process (nothing listens), the warning is logged.
-	cfg, diags := hclfile.Load(dir)
+	cfg, diags := hclfile.Load(dir, sched.Rules)
 	if diags.HasErrors() {
 		t.Fatal(diags)
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/hashicorp/hcl/v2"
+	"github.com/switchyard/switchyard/picker/sched"
 	"github.com/switchyard/switchyard/registry/hclfile"
 )
 
@@ -33,7 +34,7 @@ Flags:
 		fs.Usage()
 		return 2
 	}
-	cfg, diags := hclfile.Load(*config)
+	cfg, diags := hclfile.Load(*config, sched.Rules)
 	writeDiagnostics(stderr, cfg.Files, diags)
 	if diags.HasErrors() {
 		return 1

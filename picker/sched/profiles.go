@@ -3,9 +3,9 @@ package sched
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
-	"sort"
 	"strings"
 	"sync/atomic"
 
@@ -134,45 +134,63 @@ type Deps struct {
 	Guard loadGuard
 }
 
-// ValidateScheduling checks the names and numbers of a pool's scheduling
-// block: profile, picker, scorer names and weights, thresholds and metric
-// overrides. It returns every problem joined (nil for a nil block).
-func ValidateScheduling(sc *registry.Scheduling) error {
+// Rules judges a pool's scheduling block: profile, picker, scorer names
+// and weights, thresholds and metric overrides. It is the one statement of
+// what a scheduling block may say: the registry applies it to every
+// configuration (registry.SchedulingRules, reported at the field's file
+// position) and BuildProfile to every block it builds. Nil is valid.
+func Rules(sc *registry.Scheduling) []registry.Problem {
 	if sc == nil {
 		return nil
 	}
-	var errs []error
+	var out []registry.Problem
+	add := func(field, format string, args ...any) {
+		out = append(out, registry.Problem{Field: field, Msg: fmt.Sprintf(format, args...)})
+	}
 	if sc.Profile != "" && !slices.Contains(ProfileNames(), sc.Profile) {
-		errs = append(errs, fmt.Errorf("unknown scheduling profile %q: want one of %s", sc.Profile, quoted(ProfileNames())))
+		add("profile", "unknown profile %q: want one of %s", sc.Profile, quoted(ProfileNames()))
 	}
 	if sc.Picker != "" && !slices.Contains(PickerNames(), sc.Picker) {
-		errs = append(errs, fmt.Errorf("unknown picker %q: want one of %s", sc.Picker, quoted(PickerNames())))
-	}
-	names := make([]string, 0, len(sc.Scorers))
-	for n := range sc.Scorers {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		w := sc.Scorers[n]
-		switch {
-		case !slices.Contains(ScorerNames(), n):
-			errs = append(errs, fmt.Errorf("unknown scorer %q: want one of %s", n, quoted(ScorerNames())))
-		case w < 0 || math.IsNaN(w) || math.IsInf(w, 0):
-			errs = append(errs, fmt.Errorf("scorer %q: weight %g must be a finite number >= 0", n, w))
-		}
-	}
-	if sc.QueueThreshold < 0 {
-		errs = append(errs, fmt.Errorf("queue_threshold %d must be >= 0", sc.QueueThreshold))
-	}
-	if sc.KVThreshold < 0 || sc.KVThreshold > 1 || math.IsNaN(sc.KVThreshold) {
-		errs = append(errs, fmt.Errorf("kv_threshold %g must be in [0, 1]", sc.KVThreshold))
+		add("picker", "unknown picker %q: want one of %s", sc.Picker, quoted(PickerNames()))
 	}
 	if sc.ScrapeIntervalMS < 0 {
-		errs = append(errs, fmt.Errorf("scrape_interval %d ms must be >= 0", sc.ScrapeIntervalMS))
+		add("scrape_interval", "scrape_interval %d ms is negative", sc.ScrapeIntervalMS)
 	}
-	if err := metrics.ValidateOverrides(sc.Metrics); err != nil {
-		errs = append(errs, err)
+	if sc.QueueThreshold < 0 {
+		add("queue_threshold", "queue_threshold %d is negative; want 0 or more", sc.QueueThreshold)
+	}
+	if sc.KVThreshold < 0 || sc.KVThreshold > 1 || math.IsNaN(sc.KVThreshold) {
+		add("kv_threshold", "kv_threshold %g is not in [0, 1]", sc.KVThreshold)
+	}
+	for _, n := range slices.Sorted(maps.Keys(sc.Scorers)) {
+		switch w := sc.Scorers[n]; {
+		case !slices.Contains(ScorerNames(), n):
+			add("scorers."+n, "unknown scorer %q: want one of %s", n, quoted(ScorerNames()))
+		case w < 0 || math.IsNaN(w) || math.IsInf(w, 0):
+			add("scorers."+n, "scorer %q has weight %g; want a finite number >= 0", n, w)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(sc.Metrics)) {
+		switch v := sc.Metrics[k]; {
+		case !slices.Contains(metrics.LogicalNames(), k):
+			add("metrics."+k, "unknown metric %q: want one of %s", k, quoted(metrics.LogicalNames()))
+		case v == "":
+			add("metrics."+k, "metric %q has an empty name", k)
+		default:
+			if err := metrics.ValidateOverrides(map[string]string{k: v}); err != nil {
+				add("metrics."+k, "%v", err)
+			}
+		}
+	}
+	return out
+}
+
+// ValidateScheduling returns Rules' problems as one error (nil when there
+// are none), each prefixed with its field.
+func ValidateScheduling(sc *registry.Scheduling) error {
+	var errs []error
+	for _, p := range Rules(sc) {
+		errs = append(errs, fmt.Errorf("scheduling.%s: %s", p.Field, p.Msg))
 	}
 	return errors.Join(errs...)
 }

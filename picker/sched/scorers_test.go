@@ -2,7 +2,6 @@ package sched
 
 import (
 	"math"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -326,8 +325,9 @@ func TestValidateAndBuildProfiles(t *testing.T) {
 		{"unknown names", &registry.Scheduling{Profile: "fastest", Picker: "best", Scorers: map[string]float64{"magic": 1}},
 			[]string{`profile "fastest"`, `picker "best"`, `scorer "magic"`}},
 		{"bad numbers", &registry.Scheduling{Scorers: map[string]float64{"queue": -1}, KVThreshold: 2, QueueThreshold: -1},
-			[]string{`"queue": weight -1`, "kv_threshold 2", "queue_threshold -1"}},
-		{"bad metric override", &registry.Scheduling{Metrics: map[string]string{"nope": "x"}}, []string{`"nope"`}},
+			[]string{`scheduling.scorers.queue: scorer "queue" has weight -1`, "scheduling.kv_threshold: kv_threshold 2", "scheduling.queue_threshold: queue_threshold -1"}},
+		{"bad metric override", &registry.Scheduling{Metrics: map[string]string{"nope": "x", "waiting": ""}},
+			[]string{`scheduling.metrics.nope: unknown metric "nope"`, `scheduling.metrics.waiting: metric "waiting" has an empty name`}},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			t.Parallel()
@@ -409,24 +409,6 @@ func TestDefaultProfileRanksEndToEnd(t *testing.T) {
 				t.Errorf("explanation %q lacks per-scorer scores", sc.Explanation)
 			}
 		})
-	}
-}
-
-// The registry validates configuration against its own copy of the
-// scheduling vocabulary (it must not import the picker); this keeps the
-// two in step.
-func TestVocabularyMatchesRegistry(t *testing.T) {
-	for _, c := range []struct {
-		what           string
-		picker, config []string
-	}{
-		{"scorers", ScorerNames(), registry.Scorers()},
-		{"profiles", ProfileNames(), registry.Profiles()},
-		{"pickers", PickerNames(), registry.Pickers()},
-	} {
-		if !slices.Equal(c.picker, c.config) {
-			t.Errorf("%s: picker knows %q, registry accepts %q", c.what, c.picker, c.config)
-		}
 	}
 }
 

@@ -3,6 +3,8 @@ package hclfile
 import (
 	"strings"
 	"testing"
+
+	"github.com/switchyard/switchyard/picker/sched"
 )
 
 // TestAttributeErrors pins the diagnostics of a bad value for every
@@ -140,7 +142,7 @@ func TestAttributeErrors(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
 			t.Parallel()
-			_, diags := Parse([]Input{{Name: "a.hcl", Src: []byte(tc.src)}})
+			_, diags := Parse([]Input{{Name: "a.hcl", Src: []byte(tc.src)}}, sched.Rules)
 			got := strings.Split(FormatDiagnostics(diags), "\n")
 			if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
 				t.Errorf("got:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
@@ -167,7 +169,7 @@ func TestConsulAgentEveryAttribute(t *testing.T) {
 }
 pool "p" {}
 `
-	cfg, diags := Parse([]Input{{Name: "a.hcl", Src: []byte(src)}})
+	cfg, diags := Parse([]Input{{Name: "a.hcl", Src: []byte(src)}}, sched.Rules)
 	if diags.HasErrors() {
 		t.Fatal(FormatDiagnostics(diags))
 	}

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/switchyard/switchyard/picker/sched"
 	"github.com/switchyard/switchyard/registry"
 )
 
@@ -32,7 +33,7 @@ listener "l" {
   address = "127.0.0.1:8080"
 }
 `
-	cfg, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}})
+	cfg, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}}, sched.Rules)
 	if len(diags) > 0 {
 		t.Fatalf("diagnostics:\n%s", FormatDiagnostics(diags))
 	}
@@ -73,7 +74,7 @@ func TestConsulBlockErrors(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
 			t.Parallel()
-			_, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(tc.src)}})
+			_, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(tc.src)}}, sched.Rules)
 			if !diags.HasErrors() {
 				t.Fatalf("no error, want %q", tc.want)
 			}

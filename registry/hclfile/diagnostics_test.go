@@ -5,11 +5,13 @@ import (
 	"testing"
 
 	"github.com/hashicorp/hcl/v2"
+
+	"github.com/switchyard/switchyard/picker/sched"
 )
 
 func TestWriteDiagnosticsPrintsEachOnceWithSnippet(t *testing.T) {
 	src := "pool \"p\" {\n\tendpoints = [\"127.0.0.1:1\"]\n\tengine    = \"vlm\"\n}\nmodel \"é\" { pool = \"nope\" }\n"
-	cfg, diags := Parse([]Input{{Name: "a.hcl", Src: []byte(src)}})
+	cfg, diags := Parse([]Input{{Name: "a.hcl", Src: []byte(src)}}, sched.Rules)
 	diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "No position", Detail: "Nothing to point at."})
 	var b strings.Builder
 	if err := WriteDiagnostics(&b, cfg.Files, diags); err != nil {

@@ -52,8 +52,9 @@ type Config struct {
 // directly inside a directory (in name order, hidden files skipped), merged
 // as if they were one file. The diagnostics name file:line:column for every
 // problem found; all problems are reported, not just the first. A directory
-// without *.hcl files is an error.
-func Load(path string) (*Config, hcl.Diagnostics) {
+// without *.hcl files is an error. Pools' scheduling blocks are judged by
+// the rules given (registry.Validate; nil: not judged).
+func Load(path string, rules registry.SchedulingRules) (*Config, hcl.Diagnostics) {
 	files, diags := ListFiles(path)
 	if diags.HasErrors() {
 		return &Config{Files: map[string]*hcl.File{}}, diags
@@ -71,7 +72,7 @@ func Load(path string) (*Config, hcl.Diagnostics) {
 	if diags.HasErrors() {
 		return &Config{Files: map[string]*hcl.File{}}, diags
 	}
-	return Parse(srcs)
+	return Parse(srcs, rules)
 }
 
 // ListFiles returns the files Load would read for path.
@@ -114,7 +115,7 @@ type Input struct {
 }
 
 // Parse decodes the given files as one configuration; see Load.
-func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
+func Parse(inputs []Input, rules registry.SchedulingRules) (*Config, hcl.Diagnostics) {
 	parser := hclparse.NewParser()
 	d := newDecoder()
 	for _, in := range inputs {
@@ -151,7 +152,7 @@ func Parse(inputs []Input) (*Config, hcl.Diagnostics) {
 	d.mixedModelLists()
 	d.tenantWarnings()
 	s, _, mergeErr := registry.Merge([]registry.Update{u})
-	d.validation(errors.Join(mergeErr, registry.Validate(s)))
+	d.validation(errors.Join(mergeErr, registry.Validate(s, rules)))
 	if len(u.Listeners) == 0 && !d.diags.HasErrors() {
 		d.diags = append(d.diags, &hcl.Diagnostic{Severity: hcl.DiagWarning, Summary: "No listener",
 			Detail: "No listener block is defined, so Envoy gets no listener and serves no client traffic."})

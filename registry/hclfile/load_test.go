@@ -11,12 +11,13 @@ import (
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/switchyard/switchyard/internal/testutil"
+	"github.com/switchyard/switchyard/picker/sched"
 	"github.com/switchyard/switchyard/registry"
 )
 
 func TestLoadFull(t *testing.T) {
 	t.Parallel()
-	cfg, diags := Load("testdata/full.hcl")
+	cfg, diags := Load("testdata/full.hcl", sched.Rules)
 	// full.hcl mixes endpoints with and without models lists on purpose.
 	if len(diags) != 1 || diags[0].Summary != "Endpoints without a models list" || diags[0].Severity != hcl.DiagWarning {
 		t.Fatalf("diagnostics:\n%s", FormatDiagnostics(diags))
@@ -220,7 +221,7 @@ func TestLoadErrors(t *testing.T) {
 		t.Run(tc.file, func(t *testing.T) {
 			t.Parallel()
 			path := "testdata/bad/" + tc.file
-			_, diags := Load(path)
+			_, diags := Load(path, sched.Rules)
 			if !diags.HasErrors() {
 				t.Fatal("no error")
 			}
@@ -254,7 +255,7 @@ func checkDiags(t *testing.T, diags hcl.Diagnostics, file string, want []string)
 
 func TestLoadDirectory(t *testing.T) {
 	t.Parallel()
-	cfg, diags := Load("testdata/dir")
+	cfg, diags := Load("testdata/dir", sched.Rules)
 	if len(diags) > 0 {
 		t.Fatalf("diagnostics:\n%s", FormatDiagnostics(diags))
 	}
@@ -281,7 +282,7 @@ func TestLoadDirectory(t *testing.T) {
 
 func TestLoadDirectoryDuplicatesAcrossFiles(t *testing.T) {
 	t.Parallel()
-	_, diags := Load("testdata/dupdir")
+	_, diags := Load("testdata/dupdir", sched.Rules)
 	checkDiags(t, diags, "testdata/dupdir/b.hcl", []string{
 		`2:1: Duplicate listener: The listener "public" was already defined at testdata/dupdir/a.hcl:1:1.`,
 		`6:3: Duplicate pool: The pool "llama" was already defined at testdata/dupdir/a.hcl:5:1.`,
@@ -297,7 +298,7 @@ func TestLoadNoFiles(t *testing.T) {
 		{t.TempDir(), "error: No configuration files: Directory"},
 		{"testdata/does-not-exist.hcl", "error: Cannot read configuration: stat testdata/does-not-exist.hcl: no such file or directory"},
 	} {
-		_, diags := Load(tc.path)
+		_, diags := Load(tc.path, sched.Rules)
 		if got := FormatDiagnostics(diags); !diags.HasErrors() || !strings.HasPrefix(got, tc.want) {
 			t.Errorf("Load(%s) = %q, want prefix %q", tc.path, got, tc.want)
 		}
@@ -306,7 +307,7 @@ func TestLoadNoFiles(t *testing.T) {
 
 func TestNoListenerWarning(t *testing.T) {
 	t.Parallel()
-	cfg, diags := Parse([]Input{{Name: "p.hcl", Src: []byte("pool \"p\" {}\nmodel \"m\" { pool = \"p\" }\n")}})
+	cfg, diags := Parse([]Input{{Name: "p.hcl", Src: []byte("pool \"p\" {}\nmodel \"m\" { pool = \"p\" }\n")}}, sched.Rules)
 	if diags.HasErrors() || len(diags) != 1 || diags[0].Severity != hcl.DiagWarning || diags[0].Summary != "No listener" {
 		t.Fatalf("diagnostics = %s", FormatDiagnostics(diags))
 	}
@@ -333,7 +334,7 @@ pool "bare" {
   endpoints = ["10.0.2.1:8000", "10.0.2.2:8000"]
 }
 `
-	_, diags := Parse([]Input{{Name: "p.hcl", Src: []byte(src)}})
+	_, diags := Parse([]Input{{Name: "p.hcl", Src: []byte(src)}}, sched.Rules)
 	if diags.HasErrors() || len(diags) != 1 {
 		t.Fatalf("want one warning, got %s", FormatDiagnostics(diags))
 	}
@@ -376,7 +377,7 @@ func TestExamples(t *testing.T) {
 		t.Fatalf("found only %v", paths)
 	}
 	for _, p := range paths {
-		cfg, diags := Load(p)
+		cfg, diags := Load(p, sched.Rules)
 		if len(diags) > 0 {
 			t.Errorf("%s:\n%s", p, FormatDiagnostics(diags))
 			continue
@@ -385,7 +386,7 @@ func TestExamples(t *testing.T) {
 			t.Errorf("%s: %s", p, cfg.State.Summary())
 		}
 	}
-	demo, _ := Load(filepath.Join(root, "examples", "demo"))
+	demo, _ := Load(filepath.Join(root, "examples", "demo"), sched.Rules)
 	s := demo.State
 	if s.Listeners[0].Address != "127.0.0.1:8080" || len(s.Pools["llama"].Endpoints) != 3 ||
 		s.Models["sql-lora"] == nil || len(s.Models["chat"].Targets) != 2 || s.Models["chat"].Targets[0].Weight != 90 {
@@ -416,7 +417,7 @@ pool "defaults" {
   consul { service = "vllm" }
 }
 `
-	cfg, diags := Parse([]Input{{Name: "g.hcl", Src: []byte(src)}})
+	cfg, diags := Parse([]Input{{Name: "g.hcl", Src: []byte(src)}}, sched.Rules)
 	if diags.HasErrors() {
 		t.Fatalf("diagnostics = %s", FormatDiagnostics(diags))
 	}
@@ -458,7 +459,7 @@ pool "off" {
 }
 pool "defaults" {}
 `
-	cfg, diags := Parse([]Input{{Name: "a.hcl", Src: []byte(src)}})
+	cfg, diags := Parse([]Input{{Name: "a.hcl", Src: []byte(src)}}, sched.Rules)
 	if diags.HasErrors() {
 		t.Fatalf("diagnostics = %s", FormatDiagnostics(diags))
 	}
@@ -487,7 +488,7 @@ replicas {
   peers = ["10.0.0.6:9002", "[2001:db8::1]:9002", "10.0.0.5:9002"]
 }
 `
-	cfg, diags := Parse([]Input{{Name: "r.hcl", Src: []byte(src)}})
+	cfg, diags := Parse([]Input{{Name: "r.hcl", Src: []byte(src)}}, sched.Rules)
 	if diags.HasErrors() {
 		t.Fatalf("diagnostics = %s", FormatDiagnostics(diags))
 	}

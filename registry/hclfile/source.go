@@ -38,6 +38,7 @@ type Source struct {
 	refresh time.Duration
 	watch   bool
 	reload  chan struct{}
+	rules   registry.SchedulingRules
 	onLoad  func(*Config)
 
 	mu       sync.Mutex
@@ -82,6 +83,12 @@ func WithoutWatch() SourceOption { return func(s *Source) { s.watch = false } }
 // configuration itself (the Consul selectors to watch) is applied to them
 // here, never read back from the registry's published state.
 func WithOnLoad(fn func(*Config)) SourceOption { return func(s *Source) { s.onLoad = fn } }
+
+// WithSchedulingRules sets the rules pools' scheduling blocks are judged by
+// (the picker's sched.Rules).
+func WithSchedulingRules(r registry.SchedulingRules) SourceOption {
+	return func(s *Source) { s.rules = r }
+}
 
 // NewSource returns a Source for the file or directory at path.
 func NewSource(path string, opts ...SourceOption) *Source {
@@ -205,7 +212,7 @@ func (s *Source) relevant(ev fsnotify.Event) bool {
 // loadAndSend loads the files and sends the result; it reports false when
 // ctx ended first.
 func (s *Source) loadAndSend(ctx context.Context, up chan<- registry.Update) bool {
-	cfg, diags := Load(s.path)
+	cfg, diags := Load(s.path, s.rules)
 	var u registry.Update
 	var err error
 	if diags.HasErrors() {

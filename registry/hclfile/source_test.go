@@ -13,6 +13,7 @@ import (
 
 	"github.com/switchyard/switchyard/internal/apikey"
 	"github.com/switchyard/switchyard/internal/testutil"
+	"github.com/switchyard/switchyard/picker/sched"
 	"github.com/switchyard/switchyard/registry"
 )
 
@@ -235,7 +236,7 @@ func TestSourcePeriodicRefresh(t *testing.T) {
 
 func TestEmptyConfigurationIsAnError(t *testing.T) {
 	t.Parallel()
-	_, diags := Parse([]Input{{Name: "empty.hcl", Src: []byte("# nothing yet\n")}})
+	_, diags := Parse([]Input{{Name: "empty.hcl", Src: []byte("# nothing yet\n")}}, sched.Rules)
 	if got := FormatDiagnostics(diags); !diags.HasErrors() || !strings.HasPrefix(got, "error: Empty configuration") {
 		t.Fatalf("diagnostics = %q", got)
 	}

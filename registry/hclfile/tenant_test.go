@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/switchyard/switchyard/internal/apikey"
+	"github.com/switchyard/switchyard/picker/sched"
 	"github.com/switchyard/switchyard/registry"
 )
 
@@ -54,7 +55,7 @@ tenant "team-b" {
 	// The upper-case hex without its scheme is not a hash: fix it so the
 	// good configuration parses, then check the bad one below.
 	src = strings.Replace(src, `["`+strings.ToUpper(apikey.Hash("k1")[7:])+`"]`, `["sha256:`+strings.ToUpper(apikey.Hash("k1")[7:])+`"]`, 1)
-	cfg, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}})
+	cfg, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}}, sched.Rules)
 	if diags.HasErrors() {
 		t.Fatalf("diagnostics:\n%s", FormatDiagnostics(diags))
 	}
@@ -97,7 +98,7 @@ func TestUpstreamKeyFromEnvironment(t *testing.T) {
 	t.Setenv("SWITCHYARD_TEST_UPSTREAM_KEY", " from-env ")
 	src := strings.Replace(tenantBase, `endpoints = ["127.0.0.1:8001"]`, `endpoints = ["127.0.0.1:8001"]
   upstream_api_key_env = "SWITCHYARD_TEST_UPSTREAM_KEY"`, 1)
-	cfg, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}})
+	cfg, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}}, sched.Rules)
 	if diags.HasErrors() {
 		t.Fatal(FormatDiagnostics(diags))
 	}
@@ -152,7 +153,7 @@ tenant "a" {}`, `Duplicate tenant`},
 				src = strings.Replace(src, `endpoints = ["127.0.0.1:8001"]`, `endpoints = ["127.0.0.1:8001"]
   upstream_api_key_file = "`+secretFile+`"`, 1)
 			}
-			_, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}})
+			_, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}}, sched.Rules)
 			got := FormatDiagnostics(diags)
 			if !diags.HasErrors() || !strings.Contains(got, c.want) {
 				t.Fatalf("want %q, got:\n%s", c.want, got)
@@ -168,11 +169,11 @@ func TestTenantWarnings(t *testing.T) {
 	t.Parallel()
 	src := strings.Replace(tenantBase, `endpoints = ["127.0.0.1:8001"]`, `endpoints = ["127.0.0.1:8001"]
   failure_mode = "fail_open"`, 1) + "tenant \"a\" {}\n"
-	_, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}})
+	_, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}}, sched.Rules)
 	if diags.HasErrors() || !strings.Contains(FormatDiagnostics(diags), `c.hcl:7:18: warning: Tenants and fail_open: Pool "p" fails open`) {
 		t.Fatalf("want a fail_open warning, got:\n%s", FormatDiagnostics(diags))
 	}
-	_, diags = Parse([]Input{{Name: "c.hcl", Src: []byte(tenantBase + "tenants {}\n")}})
+	_, diags = Parse([]Input{{Name: "c.hcl", Src: []byte(tenantBase + "tenants {}\n")}}, sched.Rules)
 	if diags.HasErrors() || !strings.Contains(FormatDiagnostics(diags), "warning: No tenant") {
 		t.Fatalf("want a no-tenant warning, got:\n%s", FormatDiagnostics(diags))
 	}

@@ -4,6 +4,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/switchyard/switchyard/picker/sched"
 )
 
 const tlsListener = "listener \"l\" {\n  address = \"127.0.0.1:8080\"\n}\n"
@@ -21,7 +23,7 @@ tls {
   admin_tls        = true
 }
 `
-	cfg, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}})
+	cfg, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}}, sched.Rules)
 	if len(diags) > 0 {
 		t.Fatalf("diagnostics:\n%s", FormatDiagnostics(diags))
 	}
@@ -44,13 +46,13 @@ func TestTLSBlockErrors(t *testing.T) {
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			src := tlsListener + "\ntls {\n" + c.body + "\n}\n"
-			_, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}})
+			_, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}}, sched.Rules)
 			if !diags.HasErrors() || !strings.Contains(FormatDiagnostics(diags), c.want) {
 				t.Fatalf("want %q, got:\n%s", c.want, FormatDiagnostics(diags))
 			}
 		})
 	}
-	_, diags := Parse([]Input{{Name: "a.hcl", Src: []byte(tlsListener + "tls {}\n")}, {Name: "b.hcl", Src: []byte("tls {}\n")}})
+	_, diags := Parse([]Input{{Name: "a.hcl", Src: []byte(tlsListener + "tls {}\n")}, {Name: "b.hcl", Src: []byte("tls {}\n")}}, sched.Rules)
 	if !strings.Contains(FormatDiagnostics(diags), "Duplicate tls") {
 		t.Fatalf("two tls blocks accepted:\n%s", FormatDiagnostics(diags))
 	}

@@ -4,6 +4,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/switchyard/switchyard/picker/sched"
 )
 
 func TestTracingBlock(t *testing.T) {
@@ -17,7 +19,7 @@ tracing {
   envoy          = false
 }
 `
-	cfg, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}})
+	cfg, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}}, sched.Rules)
 	if len(diags) > 0 {
 		t.Fatalf("diagnostics:\n%s", FormatDiagnostics(diags))
 	}
@@ -25,7 +27,7 @@ tracing {
 	if !reflect.DeepEqual(cfg.Tracing, want) {
 		t.Fatalf("Tracing = %+v, want %+v", cfg.Tracing, want)
 	}
-	cfg, _ = Parse([]Input{{Name: "c.hcl", Src: []byte(tlsListener + "tracing {\n endpoint = \"127.0.0.1:4317\"\n}\n")}})
+	cfg, _ = Parse([]Input{{Name: "c.hcl", Src: []byte(tlsListener + "tracing {\n endpoint = \"127.0.0.1:4317\"\n}\n")}}, sched.Rules)
 	if tr := cfg.Tracing; tr == nil || !tr.Envoy || tr.HasSampleRatio {
 		t.Fatalf("defaults: %+v", tr)
 	}
@@ -45,13 +47,13 @@ func TestTracingBlockErrors(t *testing.T) {
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			src := tlsListener + "\ntracing {\n" + c.body + "\n}\n"
-			_, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}})
+			_, diags := Parse([]Input{{Name: "c.hcl", Src: []byte(src)}}, sched.Rules)
 			if !diags.HasErrors() || !strings.Contains(FormatDiagnostics(diags), c.want) {
 				t.Fatalf("want %q, got:\n%s", c.want, FormatDiagnostics(diags))
 			}
 		})
 	}
-	_, diags := Parse([]Input{{Name: "a.hcl", Src: []byte(tlsListener + "tracing {\nendpoint = \"127.0.0.1:1\"\n}\n")}, {Name: "b.hcl", Src: []byte("tracing {\nendpoint = \"127.0.0.1:1\"\n}\n")}})
+	_, diags := Parse([]Input{{Name: "a.hcl", Src: []byte(tlsListener + "tracing {\nendpoint = \"127.0.0.1:1\"\n}\n")}, {Name: "b.hcl", Src: []byte("tracing {\nendpoint = \"127.0.0.1:1\"\n}\n")}}, sched.Rules)
 	if !strings.Contains(FormatDiagnostics(diags), "Duplicate tracing") {
 		t.Fatalf("two tracing blocks accepted:\n%s", FormatDiagnostics(diags))
 	}
