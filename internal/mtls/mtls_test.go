@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -22,6 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/switchyard/switchyard/internal/certgen"
+	"github.com/switchyard/switchyard/internal/testutil"
 )
 
 // pki is a CA with a server certificate written to files, and a client
@@ -184,9 +186,13 @@ func TestWhoMayConnect(t *testing.T) {
 				t.Fatal("health check succeeded")
 			}
 			waitRejected(t, s, c.reason, 1)
-			if !strings.Contains(logs.String(), c.log) {
-				t.Fatalf("log lacks %q:\n%s", c.log, logs.String())
-			}
+			// The line is written just after the count, outside the lock.
+			testutil.Eventually(t, 5*time.Second, "the rejection is logged", func() error {
+				if !strings.Contains(logs.String(), c.log) {
+					return fmt.Errorf("log lacks %q:\n%s", c.log, logs.String())
+				}
+				return nil
+			})
 		})
 	}
 	if !strings.Contains(logs.String(), "msg=\"rejected TLS connection\" server=extproc peer=127.0.0.1:") {
