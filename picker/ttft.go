@@ -28,19 +28,30 @@ func startPrefill(load *sched.Load, tokens int64, d time.Duration, now time.Time
 	w := &prefillWork{load: load, tokens: tokens}
 	load.StartPrefill(tokens, d, now)
 	if expire > 0 {
-		w.timer = time.AfterFunc(expire, func() { w.finish() })
+		// The timer's callback must not read w.timer: it may fire before
+		// the assignment below is visible to it.
+		w.timer = time.AfterFunc(expire, func() { w.end() })
 	}
 	return w
 }
 
-// finish takes the work off its endpoint; it reports whether this call
-// did (false: it was already finished).
+// finish takes the work off its endpoint and stops its timer; it reports
+// whether this call did (false: it was already finished). Call it from
+// the goroutine that started the work (or after synchronising with it).
 func (w *prefillWork) finish() bool {
-	if w == nil || !w.done.CompareAndSwap(false, true) {
+	if !w.end() {
 		return false
 	}
 	if w.timer != nil {
 		w.timer.Stop()
+	}
+	return true
+}
+
+// end takes the work off its endpoint once, whoever calls it first.
+func (w *prefillWork) end() bool {
+	if w == nil || !w.done.CompareAndSwap(false, true) {
+		return false
 	}
 	w.load.EndPrefill(w.tokens)
 	return true
