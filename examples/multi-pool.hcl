@@ -24,7 +24,7 @@ pool "llama" {
   }
 
   scheduling {
-    profile         = "default"
+    profile         = "default" # or "predicted-ttft" where requests share long system prompts
     picker          = "max-score"
     scrape_interval = "50ms"
     queue_threshold = 2
