@@ -277,14 +277,11 @@ type prefixScorer struct {
 	Guard loadGuard
 }
 
-// Name implements Scorer.
-func (*prefixScorer) Name() string { return "prefix" }
-
-// Score implements Scorer.
-func (p *prefixScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
-	if p.Index == nil || len(req.Hashes) == 0 {
-		return // all zero: no preference
-	}
+// matchPrefixes records, for each of eps in order, how many of the
+// request's leading blocks idx believes it holds (all 0 without an index or
+// hashes), in the request's scratch (a throwaway one when it has none), so
+// PrefixMatch can report them; it returns the counts.
+func (req *Request) matchPrefixes(idx *prefix.Index, eps []*Endpoint) []int {
 	sc := req.scratch
 	if sc == nil {
 		sc = new(Scratch)
@@ -297,8 +294,24 @@ func (p *prefixScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		sc.matched = make([]int, len(eps))
 	}
 	m := sc.matched[:len(eps)]
-	p.Index.MatchInto(req.Hashes, sc.names, m)
+	if idx != nil && len(req.Hashes) > 0 {
+		idx.MatchInto(req.Hashes, sc.names, m)
+	} else {
+		clear(m)
+	}
 	sc.matchedOK = true
+	return m
+}
+
+// Name implements Scorer.
+func (*prefixScorer) Name() string { return "prefix" }
+
+// Score implements Scorer.
+func (p *prefixScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
+	if p.Index == nil || len(req.Hashes) == 0 {
+		return // all zero: no preference
+	}
+	m := req.matchPrefixes(p.Index, eps)
 	any := false
 	for _, n := range m {
 		any = any || n > 0

@@ -491,23 +491,11 @@ func (*TTFTScorer) Name() string { return ScorerTTFT }
 
 // Score implements Scorer.
 func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
+	m := req.matchPrefixes(t.Index, eps)
 	sc := req.scratch
 	if sc == nil {
 		sc = new(Scratch)
 	}
-	sc.names = sc.names[:0]
-	for _, e := range eps {
-		sc.names = append(sc.names, e.Address)
-	}
-	if cap(sc.matched) < len(eps) {
-		sc.matched = make([]int, len(eps))
-	}
-	m := sc.matched[:len(eps)]
-	clear(m)
-	if t.Index != nil && len(req.Hashes) > 0 {
-		t.Index.MatchInto(req.Hashes, sc.names, m)
-	}
-	sc.matchedOK = true
 	adapter := isAdapter(req, eps)
 	if cap(sc.preds) < len(eps) {
 		sc.preds = make([]Prediction, len(eps))
