@@ -16,19 +16,13 @@ import (
 // DefaultSpan is the period /api/usage covers when from is not given.
 const DefaultSpan = 24 * time.Hour
 
-// row is one bucket in /api/usage's JSON.
+// row is one bucket in /api/usage's JSON: its start, then its counts.
 type row struct {
-	Start            time.Time `json:"start"`
-	Tenant           string    `json:"tenant"`
-	Model            string    `json:"model"`
-	Requests         int64     `json:"requests"`
-	Errors           int64     `json:"errors"`
-	PromptTokens     int64     `json:"prompt_tokens"`
-	CachedTokens     int64     `json:"cached_tokens"`
-	CompletionTokens int64     `json:"completion_tokens"`
-	TotalTokens      int64     `json:"total_tokens"`
+	Start time.Time `json:"start"`
+	total
 }
 
+// total is one tenant and model's counts in /api/usage's JSON.
 type total struct {
 	Tenant           string `json:"tenant"`
 	Model            string `json:"model"`
@@ -38,6 +32,12 @@ type total struct {
 	CachedTokens     int64  `json:"cached_tokens"`
 	CompletionTokens int64  `json:"completion_tokens"`
 	TotalTokens      int64  `json:"total_tokens"`
+}
+
+func totalOf(tenant, model string, c store.UsageCounts) total {
+	return total{Tenant: tenant, Model: model, Requests: c.Requests, Errors: c.Errors,
+		PromptTokens: c.PromptTokens, CachedTokens: c.CachedTokens, CompletionTokens: c.CompletionTokens,
+		TotalTokens: c.PromptTokens + c.CompletionTokens}
 }
 
 // document is /api/usage's JSON.
@@ -95,16 +95,10 @@ func (l *Ledger) Handler() http.Handler {
 		}
 		doc := document{From: store.UsageHour(from), To: to.UTC(), Bucket: "1h", Rows: []row{}, Totals: []total{}}
 		for _, r := range rows {
-			c := r.UsageCounts
-			doc.Rows = append(doc.Rows, row{Start: r.Hour, Tenant: r.Tenant, Model: r.Model, Requests: c.Requests, Errors: c.Errors,
-				PromptTokens: c.PromptTokens, CachedTokens: c.CachedTokens, CompletionTokens: c.CompletionTokens,
-				TotalTokens: c.PromptTokens + c.CompletionTokens})
+			doc.Rows = append(doc.Rows, row{Start: r.Hour, total: totalOf(r.Tenant, r.Model, r.UsageCounts)})
 		}
 		for _, t := range Sum(rows) {
-			c := t.UsageCounts
-			doc.Totals = append(doc.Totals, total{Tenant: t.Tenant, Model: t.Model, Requests: c.Requests, Errors: c.Errors,
-				PromptTokens: c.PromptTokens, CachedTokens: c.CachedTokens, CompletionTokens: c.CompletionTokens,
-				TotalTokens: c.PromptTokens + c.CompletionTokens})
+			doc.Totals = append(doc.Totals, totalOf(t.Tenant, t.Model, t.UsageCounts))
 		}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
