@@ -10,6 +10,7 @@
 package decisions
 
 import (
+	"cmp"
 	"encoding/json"
 	"slices"
 	"strconv"
@@ -225,15 +226,7 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 		}
 		out.Candidates = append(out.Candidates, cj)
 	}
-	slices.SortStableFunc(out.Candidates, func(a, b candidateJSON) int {
-		switch {
-		case a.Total > b.Total:
-			return -1
-		case a.Total < b.Total:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(out.Candidates, func(a, b candidateJSON) int { return cmp.Compare(b.Total, a.Total) })
 	if r.Queued {
 		out.Queue = &queueJSON{WaitedMS: millis(r.QueueWait), Outcome: r.QueueOutcome}
 	}

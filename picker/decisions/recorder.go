@@ -2,6 +2,7 @@ package decisions
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -191,15 +192,7 @@ func (r *Recorder) Query(f Filter) []*Record {
 			out = append(out, rec)
 		}
 	}
-	slices.SortFunc(out, func(a, b *Record) int {
-		switch {
-		case a.Seq > b.Seq:
-			return -1
-		case a.Seq < b.Seq:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b *Record) int { return cmp.Compare(b.Seq, a.Seq) }) // newest first
 	return out
 }
 
