@@ -2,16 +2,12 @@ package picker
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc"
 
 	"github.com/switchyard/switchyard/internal/testutil"
 	"github.com/switchyard/switchyard/registry"
@@ -52,20 +48,11 @@ func envoyAdmission(t *testing.T, envoy, sim, lbEndpoints, mode string) {
 	// One request in flight saturates the pool (the in-flight guard; no
 	// scraping needed).
 	srv := New(pub, Options{MaxInFlightPerEndpoint: 1, DisableMetrics: true}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	runDone := make(chan struct{})
-	go func() { defer close(runDone); _ = srv.Run(ctx) }()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer(srv.GRPCServerOptions()...)
-	srv.Register(g)
-	go func() { _ = g.Serve(lis) }()
-	t.Cleanup(func() { g.Stop(); cancel(); <-runDone })
+	runPicker(t, srv)
+	picker := serveGRPC(t, srv)
 
 	listen := testutil.FreePort(t)
-	cfg := fmt.Sprintf(envoyConfig, testutil.FreePort(t), listen, lis.Addr().(*net.TCPAddr).Port, lbEndpoints, mode)
+	cfg := fmt.Sprintf(envoyConfig, testutil.FreePort(t), listen, picker.Port, lbEndpoints, mode)
 	cfg = strings.Replace(cfg, "message_timeout: 10s", "message_timeout: 0.3s\n              max_message_timeout: 360s", 1)
 	path := testutil.WriteFile(t, t.TempDir(), "envoy.yaml", cfg)
 	testutil.Start(t, "envoy", envoy, "-c", path, "--disable-hot-restart", "-l", "warning", "--concurrency", "1")

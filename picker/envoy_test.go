@@ -5,13 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc"
 
 	"github.com/switchyard/switchyard/internal/testutil"
 	"github.com/switchyard/switchyard/registry"
@@ -157,17 +154,10 @@ func envoyRoundTrips(t *testing.T, envoy string, sims []string, lbEndpoints, mod
 	st.Models["chat"] = &registry.Model{Name: "chat", Pool: "alpha", Targets: []registry.Target{{Name: served, Weight: 1}}}
 	st.Models[served] = &registry.Model{Name: served, Pool: "alpha"}
 	srv := New(registry.NewPublisher(st), Options{}, nil)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer(srv.GRPCServerOptions()...)
-	srv.Register(g)
-	go func() { _ = g.Serve(lis) }()
-	t.Cleanup(g.Stop)
+	picker := serveGRPC(t, srv)
 
 	listen := testutil.FreePort(t)
-	cfg := fmt.Sprintf(envoyConfig, testutil.FreePort(t), listen, lis.Addr().(*net.TCPAddr).Port, lbEndpoints, mode)
+	cfg := fmt.Sprintf(envoyConfig, testutil.FreePort(t), listen, picker.Port, lbEndpoints, mode)
 	path := testutil.WriteFile(t, t.TempDir(), "envoy.yaml", cfg)
 	testutil.Start(t, "envoy", envoy, "-c", path, "--disable-hot-restart", "-l", "warning", "--concurrency", "1")
 	base := fmt.Sprintf("http://127.0.0.1:%d", listen)

@@ -62,9 +62,31 @@ func newScrapingHarness(t *testing.T, st *registry.State, opts Options) *harness
 	t.Helper()
 	pub := registry.NewPublisher(st)
 	srv := New(pub, opts, nil)
+	runPicker(t, srv)
+	addr := serveGRPC(t, srv)
+	conn, err := grpc.NewClient(addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &harness{t: t, srv: srv, pub: pub, client: extprocv3.NewExternalProcessorClient(conn), conn: conn}
+}
+
+// runPicker runs srv's Run loop until the test ends (after the cleanups
+// registered later, such as serveGRPC's).
+func runPicker(t testing.TB, srv *Server) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	runDone := make(chan struct{})
 	go func() { defer close(runDone); _ = srv.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-runDone })
+}
+
+// serveGRPC serves srv's ext_proc and health services, with its gRPC
+// options, on a loopback port until the test ends, and returns the address.
+func serveGRPC(t testing.TB, srv *Server) *net.TCPAddr {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -72,18 +94,8 @@ func newScrapingHarness(t *testing.T, st *registry.State, opts Options) *harness
 	g := grpc.NewServer(srv.GRPCServerOptions()...)
 	srv.Register(g)
 	go func() { _ = g.Serve(lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		g.Stop()
-		cancel()
-		<-runDone
-	})
-	return &harness{t: t, srv: srv, pub: pub, client: extprocv3.NewExternalProcessorClient(conn), conn: conn}
+	t.Cleanup(g.Stop)
+	return lis.Addr().(*net.TCPAddr)
 }
 
 // newBenchHarness serves a 100-endpoint picker over loopback gRPC and
