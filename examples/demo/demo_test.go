@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"image/color"
@@ -192,39 +191,6 @@ func TestDemoCtrlCStopsEverything(t *testing.T) {
 	}
 }
 
-// chromiumPath finds Debian's chromium, or skips (fails under CI, where
-// `make tools` installs it).
-func chromiumPath(t *testing.T) string {
-	t.Helper()
-	testutil.SkipProcesses(t, "chromium")
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatal("chromium not installed (make tools installs Debian's chromium package)")
-	}
-	t.Skip("chromium not installed; apt-get install chromium")
-	return ""
-}
-
-// headless runs chromium with the flags this sandbox needs (no sandbox as
-// root, no background networking: the machine has no outside network).
-func headless(t *testing.T, args ...string) []byte {
-	t.Helper()
-	base := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-		"--disable-background-networking", "--disable-component-update", "--disable-sync",
-		"--user-data-dir=" + t.TempDir(), "--window-size=1280,1000", "--virtual-time-budget=4000"}
-	cmd := exec.Command(chromiumPath(t), append(base, args...)...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("chromium %v: %v\n%s", args, err, stderr.String())
-	}
-	return stdout.Bytes()
-}
-
 // The status page, rendered by a real browser against the running demo,
 // shows the demo's pool, its three endpoints with their load, the models
 // and the connected Envoy.
@@ -232,7 +198,7 @@ func TestDemoStatusPageInChromium(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the demo and a browser")
 	}
-	chromiumPath(t)
+	testutil.ChromiumPath(t)
 	off := freeOffset(t)
 	p := testutil.Start(t, "demo", demoBinary(t), demoArgs(t, off)...)
 	testutil.Eventually(t, 60*time.Second, "demo up", func() error {
@@ -253,7 +219,7 @@ func TestDemoStatusPageInChromium(t *testing.T) {
 		}
 	}
 	page := fmt.Sprintf("http://127.0.0.1:%d/", basePorts.admin+off)
-	dom := string(headless(t, "--dump-dom", page))
+	dom := string(testutil.Headless(t, 1280, 1000, "--dump-dom", page))
 	want := []string{"switchyard", "llama", "vllm, fail_closed", "llama-v2, sql-lora"}
 	for _, sp := range basePorts.sims {
 		want = append(want, fmt.Sprintf("127.0.0.1:%d", sp+off))
@@ -270,7 +236,7 @@ func TestDemoStatusPageInChromium(t *testing.T) {
 	if dir := os.Getenv("SWITCHYARD_SCREENSHOT_DIR"); dir != "" {
 		shot = filepath.Join(dir, "status.png")
 	}
-	headless(t, "--screenshot="+shot, page)
+	testutil.Headless(t, 1280, 1000, "--screenshot="+shot, page)
 	f, err := os.Open(shot)
 	if err != nil {
 		t.Fatalf("no screenshot: %v", err)
