@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"image/color"
-	"image/png"
 	"net"
 	"os"
 	"os/exec"
@@ -237,15 +236,7 @@ func TestDemoStatusPageInChromium(t *testing.T) {
 		shot = filepath.Join(dir, "status.png")
 	}
 	testutil.Headless(t, 1280, 1000, "--screenshot="+shot, page)
-	f, err := os.Open(shot)
-	if err != nil {
-		t.Fatalf("no screenshot: %v", err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatalf("screenshot is not a PNG: %v", err)
-	}
+	img := testutil.DecodePNG(t, shot)
 	// A rendered page has text, tables and the header: many distinct
 	// colours; a blank or error page has a handful.
 	colours := map[color.Color]bool{}

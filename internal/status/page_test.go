@@ -3,7 +3,6 @@ package status
 import (
 	"image"
 	"image/color"
-	"image/png"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -91,7 +90,7 @@ func TestStatusPageChartsInChromium(t *testing.T) {
 		shot = filepath.Join(dir, "status-charts.png")
 	}
 	testutil.Headless(t, 1280, 2000, "--screenshot="+shot, srv.URL+"/")
-	img := decodePNG(t, shot)
+	img := testutil.DecodePNG(t, shot)
 	// The series colours of the first two endpoints appear as lines: many
 	// pixels of each, not a legend swatch alone.
 	for _, c := range []color.RGBA{{0x4a, 0x7b, 0xd0, 0xff}, {0xd0, 0x67, 0x4a, 0xff}} {
@@ -99,20 +98,6 @@ func TestStatusPageChartsInChromium(t *testing.T) {
 			t.Errorf("screenshot has %d pixels of series colour %v: charts not drawn", n, c)
 		}
 	}
-}
-
-func decodePNG(t *testing.T, path string) image.Image {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatalf("no screenshot: %v", err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatalf("screenshot is not a PNG: %v", err)
-	}
-	return img
 }
 
 // countNear counts pixels within a small distance of c.

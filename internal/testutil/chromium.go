@@ -2,6 +2,8 @@ package testutil
 
 import (
 	"bytes"
+	"image"
+	"image/png"
 	"os"
 	"os/exec"
 	"strconv"
@@ -40,4 +42,20 @@ func Headless(t testing.TB, width, height int, args ...string) []byte {
 		t.Fatalf("chromium %v: %v\n%s", args, err, stderr.String())
 	}
 	return stdout.Bytes()
+}
+
+// DecodePNG reads the PNG screenshot at path, failing the test if there is
+// none or it does not decode.
+func DecodePNG(t testing.TB, path string) image.Image {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("no screenshot: %v", err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("screenshot is not a PNG: %v", err)
+	}
+	return img
 }
