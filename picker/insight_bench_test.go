@@ -105,7 +105,13 @@ func BenchmarkDecisionOverhead(b *testing.B) {
 //
 //	go test -run '^$' -bench RecordDecision -benchmem ./picker/
 func BenchmarkRecordDecision(b *testing.B) {
-	srv := decisionServer(b, Options{Decisions: decisions.New(decisions.Options{})})
+	benchNotePick(b, decisionServer(b, Options{Decisions: decisions.New(decisions.Options{})}))
+}
+
+// benchNotePick schedules one request on srv's 100-endpoint pool "big"
+// and measures noting that pick on a fresh stream, as a request's
+// decision record and span see it, and finishing the stream.
+func benchNotePick(b *testing.B, srv *Server) {
 	pv := srv.snap.Load().pools["big"]
 	sc := new(sched.Scratch)
 	req := &sched.Request{Model: "llama", TargetModel: "llama", Record: true, Now: time.Now()}
@@ -133,19 +139,5 @@ func BenchmarkRecordDecision(b *testing.B) {
 func BenchmarkTraceDecision(b *testing.B) {
 	tr := tracing.NewWithExporter(tracing.Config{SampleRatio: 1}, tracetest.NewNoopExporter())
 	b.Cleanup(func() { _ = tr.Shutdown(context.Background()) })
-	srv := decisionServer(b, Options{Tracer: tr})
-	pv := srv.snap.Load().pools["big"]
-	sc := new(sched.Scratch)
-	req := &sched.Request{Model: "llama", TargetModel: "llama", Record: true, Now: time.Now()}
-	pv.profile.Schedule(req, pv.eps, 3, sc)
-	dest := []byte("10.1.0.1:8000,10.1.0.2:8000,10.1.0.3:8000")
-	b.ReportAllocs()
-	b.ResetTimer()
-	for n := 0; n < b.N; n++ {
-		st := srv.newStream(context.Background())
-		st.noteRequest()
-		st.clientModel = "llama"
-		st.notePick(pv, "llama", req, sc, 0, dest)
-		st.finish()
-	}
+	benchNotePick(b, decisionServer(b, Options{Tracer: tr}))
 }
