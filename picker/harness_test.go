@@ -81,6 +81,16 @@ func runPicker(t testing.TB, srv *Server) {
 	runDone := make(chan struct{})
 	go func() { defer close(runDone); _ = srv.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-runDone })
+	// Until Run applies the state, pools have no admission queue and
+	// requests are forwarded whatever the load: wait for the queues.
+	testutil.Eventually(t, 10*time.Second, "picker running", func() error {
+		for name, pv := range srv.snap.Load().pools {
+			if pv.state.queue.Load() == nil {
+				return fmt.Errorf("pool %s has no admission queue yet", name)
+			}
+		}
+		return nil
+	})
 }
 
 // serveGRPC serves srv's ext_proc and health services, with its gRPC
