@@ -102,6 +102,20 @@ func DefaultWeights() map[string]float64 {
 	}
 }
 
+// PredictedTTFTWeights returns the predicted-ttft profile's scorer
+// weights:
+//
+//	ttft       1     the predicted time to first token decides
+//	session    0.2   a session stays on its server unless that is predicted
+//	                 more than a quarter slower than the best
+//	in-flight  0.01  breaks near-ties (predictions within 1 %), as before
+//	                 any metrics or with prompts too short to predict
+//	                 apart: requests in decode hold no prefill, but they
+//	                 slow every engine step, so the less busy server wins
+func PredictedTTFTWeights() map[string]float64 {
+	return map[string]float64{ScorerTTFT: 1, ScorerSession: 0.2, ScorerInFlight: 0.01}
+}
+
 // profileWeights returns the built-in weights of a profile.
 func profileWeights(name string) map[string]float64 {
 	switch name {
@@ -110,7 +124,7 @@ func profileWeights(name string) map[string]float64 {
 	case ProfileLeastRequest:
 		return map[string]float64{ScorerInFlight: 1}
 	case ProfilePredictedTTFT:
-		return map[string]float64{ScorerTTFT: 1}
+		return PredictedTTFTWeights()
 	case ProfileRoundRobin, ProfileRandom:
 		return map[string]float64{}
 	}

@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"maps"
 	"math"
 	"strings"
 	"sync/atomic"
@@ -352,23 +353,29 @@ func TestValidateAndBuildProfiles(t *testing.T) {
 		})
 	}
 	deps := Deps{Prefix: prefix.NewIndex(prefix.Config{}), Sessions: NewSessions(0, 0), RoundRobin: new(atomic.Uint64)}
-	p, err := BuildProfile(nil, deps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, ws := range p.Scorers {
-		got[ws.Scorer.Name()] = ws.Weight
-	}
-	for n, w := range DefaultWeights() {
-		if got[n] != w {
-			t.Errorf("default profile %s weight %g, want %g", n, got[n], w)
+	for _, tc := range []struct {
+		sc   *registry.Scheduling
+		want map[string]float64
+	}{
+		{nil, DefaultWeights()},
+		{&registry.Scheduling{Profile: ProfilePredictedTTFT}, PredictedTTFTWeights()},
+	} {
+		p, err := BuildProfile(tc.sc, deps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]float64{}
+		for _, ws := range p.Scorers {
+			got[ws.Scorer.Name()] = ws.Weight
+		}
+		if !maps.Equal(got, tc.want) {
+			t.Errorf("profile %s weights %v, want %v", p.Name, got, tc.want)
+		}
+		if p.Picker.Name() != PickerMaxScore || !p.Uses(ScorerSession) {
+			t.Errorf("profile %s: picker %s, session %v", p.Name, p.Picker.Name(), p.Uses(ScorerSession))
 		}
 	}
-	if p.Picker.Name() != PickerMaxScore || !p.Uses(ScorerPrefix) || !p.Uses(ScorerSession) {
-		t.Errorf("default profile: picker %s, prefix %v, session %v", p.Picker.Name(), p.Uses(ScorerPrefix), p.Uses(ScorerSession))
-	}
-	p, _ = BuildProfile(&registry.Scheduling{Profile: "least-queue", Scorers: map[string]float64{"kv-cache": 0.5}, Picker: "weighted-random"}, deps)
+	p, _ := BuildProfile(&registry.Scheduling{Profile: "least-queue", Scorers: map[string]float64{"kv-cache": 0.5}, Picker: "weighted-random"}, deps)
 	if len(p.Scorers) != 2 || p.Picker.Name() != PickerWeightedRandom {
 		t.Errorf("override: %d scorers, picker %s", len(p.Scorers), p.Picker.Name())
 	}
@@ -378,10 +385,10 @@ func TestValidateAndBuildProfiles(t *testing.T) {
 	}
 }
 
-// TestDefaultProfileRanksEndToEnd checks the whole default mix on a
+// TestWeightedProfileRanksEndToEnd checks the whole weighted mix on a
 // hand-built pool: the endpoint holding the prompt wins while it is not
 // overloaded, and loses to the idle one once its queue passes the guard.
-func TestDefaultProfileRanksEndToEnd(t *testing.T) {
+func TestWeightedProfileRanksEndToEnd(t *testing.T) {
 	t.Parallel()
 	h := prefix.NewHasher(prefix.HashConfig{})
 	hashes := h.Hash(nil, "m", strings.Repeat("system prompt words ", 200))
@@ -397,7 +404,7 @@ func TestDefaultProfileRanksEndToEnd(t *testing.T) {
 			t.Parallel()
 			idx := prefix.NewIndex(prefix.Config{})
 			idx.Add("a", hashes)
-			p, _ := BuildProfile(nil, Deps{Prefix: idx, Sessions: NewSessions(0, 0)})
+			p, _ := BuildProfile(&registry.Scheduling{Profile: ProfileWeighted}, Deps{Prefix: idx, Sessions: NewSessions(0, 0)})
 			e := mkEps(m{waiting: tc.holderQ, kv: 0.3}, m{kv: 0.1}, m{waiting: 1, kv: 0.2})
 			var sc Scratch
 			req := &Request{Model: "m", TargetModel: "m", Now: now, Hashes: hashes, Explain: true}

@@ -316,13 +316,50 @@ func (e *Endpoint) TTFTModel(now time.Time) TTFTModel {
 
 func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
+// measured reports whether s or st says anything of the endpoint's own
+// TTFT: a metrics page with prefill or TTFT figures, or observations.
+func measured(s *metrics.Snapshot, st *ttftStats) bool {
+	return (s != nil && (s.Perf.PrefillPerToken > 0 || s.Perf.TTFT > 0)) || (st != nil && st.n > 0)
+}
+
+// poolPrior is the prior of an endpoint nothing is known about yet: the
+// mean fit of the candidates that are measured (servers of one pool are
+// usually alike), so a new server is predicted like its peers rather
+// than by the cold-start values, which would make it look slower or
+// faster than every measured one for good (a server that is never picked
+// is never measured). ok is false when no candidate is measured.
+func poolPrior(now time.Time, eps []*Endpoint) (pr ttftPrior, ok bool) {
+	n := 0
+	for _, e := range eps {
+		s, st := e.fresh(now), e.Load.ttft.fit.Load()
+		if !measured(s, st) {
+			continue
+		}
+		b, p := st.solve(prior(s))
+		pr.base += b
+		pr.perToken += p
+		n++
+	}
+	if n == 0 {
+		return ttftPrior{}, false
+	}
+	pr.base /= float64(n)
+	pr.perToken /= float64(n)
+	pr.lo, pr.hi = pr.perToken/pageBand, pr.perToken*pageBand
+	return pr, true
+}
+
 // predict estimates the request's TTFT on e, given how many leading
 // prompt blocks e is believed to hold and whether the request's adapter
-// must be loaded (1) or wait for a slot (2) there.
-func predict(req *Request, e *Endpoint, matched int, lora loraNeed) Prediction {
+// must be loaded (1) or wait for a slot (2) there. An endpoint that is
+// not measured yet takes pool as its prior when given (poolPrior).
+func predict(req *Request, e *Endpoint, matched int, lora loraNeed, pool *ttftPrior) Prediction {
 	s := e.fresh(req.Now)
 	st := e.Load.ttft.fit.Load()
 	pr := prior(s)
+	if pool != nil && !measured(s, st) {
+		pr = *pool
+	}
 	base, per := st.solve(pr)
 	bt := int64(req.BlockTokens)
 	if bt <= 0 {
@@ -381,11 +418,19 @@ func holdTime(s *metrics.Snapshot, st *ttftStats) float64 {
 // Load.MarkScrape) that count is waitingIfSent's, the same the queue
 // scorer and the admission queue use; until then the batch is taken as
 // DefaultMaxNumSeqs and the server holds its scraped running and waiting
-// requests, or the picker's in-flight ones when more.
+// requests, or the picker's in-flight ones when more; a server whose
+// scrape shows requests waiting is at its limit whatever its batch.
 func slotWait(e *Endpoint, s *metrics.Snapshot, now time.Time, hold float64) float64 {
 	if s != nil {
 		if n, exact := waitingIfSent(e, s, now); exact {
 			return n * hold / float64(e.Load.batch.Load())
+		}
+		if s.Waiting > 0 {
+			// Requests wait there, so it is at its limit, though its
+			// batch is not learned (it reports nothing running, or the
+			// scrape is not marked yet): the new request waits behind
+			// them for the running ones' slots.
+			return float64(s.Waiting+1) * hold / float64(max(s.Running, 1))
 		}
 	}
 	inflight := e.Load.InFlightRequests.Load()
@@ -497,6 +542,11 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		sc = new(Scratch)
 	}
 	adapter := isAdapter(req, eps)
+	// The pool's prior, worked out once and only when a candidate is
+	// not measured yet.
+	var pool *ttftPrior
+	var poolPr ttftPrior
+	poolDone := false
 	if cap(sc.preds) < len(eps) {
 		sc.preds = make([]Prediction, len(eps))
 	}
@@ -512,7 +562,14 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 				need = loraWaitSlot
 			}
 		}
-		sc.preds[i] = predict(req, e, m[i], need)
+		if !poolDone && !measured(e.fresh(req.Now), e.Load.ttft.fit.Load()) {
+			poolDone = true
+			var ok bool
+			if poolPr, ok = poolPrior(req.Now, eps); ok {
+				pool = &poolPr
+			}
+		}
+		sc.preds[i] = predict(req, e, m[i], need, pool)
 		best = min(best, sc.preds[i].cost())
 	}
 	for i := range eps {
@@ -545,7 +602,7 @@ func (t *TTFTScorer) Predict(req *Request, e *Endpoint) Prediction {
 	if req.Now.IsZero() {
 		req.Now = time.Now()
 	}
-	return predict(req, e, m[0], loraNone)
+	return predict(req, e, m[0], loraNone, nil)
 }
 
 // Prediction returns the TTFT scorer's prediction for addr in the last

@@ -34,7 +34,7 @@ func TestPredictFromScrapedPerf(t *testing.T) {
 	req := &Request{Tokens: 3000, BlockTokens: 16, Now: now}
 
 	idle := perfEp("idle", metrics.Values{Running: 1}, perf)
-	p := predict(req, idle, 0, loraNone)
+	p := predict(req, idle, 0, loraNone, nil)
 	near(t, "base", p.Base, 20*time.Millisecond, time.Microsecond) // 80 - 10 - 50µs*1000
 	near(t, "prefill", p.Prefill, 150*time.Millisecond, time.Microsecond)
 	if p.Wait != 0 || p.Uncached != 3000 || p.Total != p.Base+p.Prefill {
@@ -42,7 +42,7 @@ func TestPredictFromScrapedPerf(t *testing.T) {
 	}
 
 	// 125 of the prompt's blocks (2,000 tokens) cached: 1,000 to compute.
-	if p := predict(req, idle, 125, loraNone); p.Uncached != 1000 {
+	if p := predict(req, idle, 125, loraNone, nil); p.Uncached != 1000 {
 		t.Errorf("uncached %d, want 1000", p.Uncached)
 	} else {
 		near(t, "prefill with a cache hit", p.Prefill, 50*time.Millisecond, time.Microsecond)
@@ -52,18 +52,18 @@ func TestPredictFromScrapedPerf(t *testing.T) {
 	// wait now, what is left of it later, nothing once it is done.
 	busy := perfEp("busy", metrics.Values{Running: 2}, perf)
 	busy.Load.StartPrefill(4000, 200*time.Millisecond, now)
-	if p := predict(req, busy, 0, loraNone); p.Ahead != 4000 {
+	if p := predict(req, busy, 0, loraNone, nil); p.Ahead != 4000 {
 		t.Errorf("ahead %d tokens, want 4000", p.Ahead)
 	}
-	near(t, "wait behind prefill", predict(req, busy, 0, loraNone).Wait, 200*time.Millisecond, time.Microsecond)
+	near(t, "wait behind prefill", predict(req, busy, 0, loraNone, nil).Wait, 200*time.Millisecond, time.Microsecond)
 	later := *req
 	later.Now = now.Add(150 * time.Millisecond)
-	near(t, "wait 150 ms later", predict(&later, busy, 0, loraNone).Wait, 50*time.Millisecond, time.Microsecond)
+	near(t, "wait 150 ms later", predict(&later, busy, 0, loraNone, nil).Wait, 50*time.Millisecond, time.Microsecond)
 	busy.Load.StartPrefill(2000, 100*time.Millisecond, later.Now) // queues behind
-	near(t, "wait behind both", predict(&later, busy, 0, loraNone).Wait, 150*time.Millisecond, time.Microsecond)
+	near(t, "wait behind both", predict(&later, busy, 0, loraNone, nil).Wait, 150*time.Millisecond, time.Microsecond)
 	busy.Load.EndPrefill(4000)
 	busy.Load.EndPrefill(2000)
-	if p := predict(&later, busy, 0, loraNone); p.Wait != 0 {
+	if p := predict(&later, busy, 0, loraNone, nil); p.Wait != 0 {
 		t.Errorf("wait %v with no prefill counted", p.Wait)
 	}
 
@@ -74,7 +74,7 @@ func TestPredictFromScrapedPerf(t *testing.T) {
 	full.Load.InFlightRequests.Store(6)
 	full.Load.MarkScrape(full.Metrics.Load())
 	full.Load.InFlightRequests.Store(7)
-	p = predict(req, full, 0, loraNone)
+	p = predict(req, full, 0, loraNone, nil)
 	near(t, "slot wait", p.SlotWait, 2*time.Second, time.Microsecond)
 	if p.Wait != p.SlotWait {
 		t.Errorf("wait %v, want the slot wait %v", p.Wait, p.SlotWait)
@@ -85,24 +85,24 @@ func TestPredictFromScrapedPerf(t *testing.T) {
 	kvFull := perfEp("kv", metrics.Values{Running: 3, Waiting: 1, KVUsage: 0.99}, perf)
 	kvFull.Load.InFlightRequests.Store(4)
 	kvFull.Load.MarkScrape(kvFull.Metrics.Load())
-	near(t, "slot wait with the KV cache full", predict(req, kvFull, 0, loraNone).SlotWait, 2*time.Second*2/3, time.Microsecond)
+	near(t, "slot wait with the KV cache full", predict(req, kvFull, 0, loraNone, nil).SlotWait, 2*time.Second*2/3, time.Microsecond)
 
 	// A prompt that does not fit in the free KV blocks waits for running
 	// requests to free them: 2,000 tokens are 125 blocks of 16, 62.5 more
 	// than the free 62.5 of 1,000; the 937.5 used ones come free over a
 	// 2 s hold, so 62.5 of them in 2 s / 15.
 	kv := perfEp("kv-room", metrics.Values{Running: 2, KVUsage: 0.9375, NumBlocks: 1000, BlockSize: 16}, perf)
-	near(t, "KV wait", predict(&Request{Tokens: 2000, BlockTokens: 16, Now: now}, kv, 0, loraNone).SlotWait,
+	near(t, "KV wait", predict(&Request{Tokens: 2000, BlockTokens: 16, Now: now}, kv, 0, loraNone, nil).SlotWait,
 		2*time.Second/15, time.Microsecond)
-	if p := predict(&Request{Tokens: 800, BlockTokens: 16, Now: now}, kv, 0, loraNone); p.SlotWait != 0 {
+	if p := predict(&Request{Tokens: 800, BlockTokens: 16, Now: now}, kv, 0, loraNone, nil); p.SlotWait != 0 {
 		t.Errorf("a prompt that fits waits %v", p.SlotWait)
 	}
 
 	// An adapter to load, or a slot to wait for.
-	if p := predict(req, idle, 0, loraLoad); p.LoRA != DefaultLoRALoad {
+	if p := predict(req, idle, 0, loraLoad, nil); p.LoRA != DefaultLoRALoad {
 		t.Errorf("adapter load %v, want the cold-start %v", p.LoRA, DefaultLoRALoad)
 	}
-	near(t, "adapter slot wait", predict(req, idle, 0, loraWaitSlot).LoRA, 2*time.Second, time.Microsecond)
+	near(t, "adapter slot wait", predict(req, idle, 0, loraWaitSlot, nil).LoRA, 2*time.Second, time.Microsecond)
 }
 
 // Without a page or observations, the cold-start values apply, and
@@ -111,12 +111,12 @@ func TestPredictColdStart(t *testing.T) {
 	t.Parallel()
 	e := &Endpoint{Pool: "p", Address: "a", Load: new(Load)}
 	req := &Request{Tokens: 1000, Now: now}
-	p := predict(req, e, 0, loraNone)
+	p := predict(req, e, 0, loraNone, nil)
 	if p.Base != DefaultTTFTBase || p.Prefill != 1000*DefaultPrefillPerToken || p.SlotWait != 0 {
 		t.Fatalf("cold start: %+v", p)
 	}
 	e.Load.InFlightRequests.Store(DefaultMaxNumSeqs)
-	near(t, "slot wait past the default limit", predict(req, e, 0, loraNone).SlotWait, DefaultHold/DefaultMaxNumSeqs, time.Microsecond)
+	near(t, "slot wait past the default limit", predict(req, e, 0, loraNone, nil).SlotWait, DefaultHold/DefaultMaxNumSeqs, time.Microsecond)
 }
 
 // Observed TTFTs teach the endpoint its own fixed and per-token costs,
@@ -130,7 +130,7 @@ func TestTTFTLearnsFromObservations(t *testing.T) {
 	truth := func(x int64) time.Duration { return 40*time.Millisecond + time.Duration(x)*100*time.Microsecond }
 	for range 400 {
 		req := &Request{Tokens: 100 + rng.Int64N(4000), Now: now}
-		p := predict(req, e, 0, loraNone)
+		p := predict(req, e, 0, loraNone, nil)
 		noise := time.Duration(rng.NormFloat64() * float64(2*time.Millisecond))
 		e.Load.ObserveTTFT(Observation{Predicted: p, TTFT: truth(p.Uncached+p.Ahead) + noise, At: now})
 	}
@@ -138,7 +138,7 @@ func TestTTFTLearnsFromObservations(t *testing.T) {
 	near(t, "learned base", m.Base, 40*time.Millisecond, 2*time.Millisecond)
 	near(t, "learned per 1k tokens", m.PerToken, 100*time.Millisecond, 3*time.Millisecond)
 	req := &Request{Tokens: 2000, Now: now}
-	near(t, "prediction", predict(req, e, 0, loraNone).Total, truth(2000), 5*time.Millisecond)
+	near(t, "prediction", predict(req, e, 0, loraNone, nil).Total, truth(2000), 5*time.Millisecond)
 	if m.Compared != 400 || m.MeanAbs <= 0 {
 		t.Errorf("error accounting: %+v", m)
 	}
@@ -150,12 +150,12 @@ func TestTTFTWithoutSpreadKeepsPriorSlope(t *testing.T) {
 	t.Parallel()
 	e := perfEp("a", metrics.Values{}, metrics.Perf{TTFT: 0.03, PrefillTokens: 500, PrefillPerToken: 40e-6, Requests: 10})
 	for range 200 {
-		p := predict(&Request{Tokens: 500, Now: now}, e, 0, loraNone)
+		p := predict(&Request{Tokens: 500, Now: now}, e, 0, loraNone, nil)
 		e.Load.ObserveTTFT(Observation{Predicted: p, TTFT: 70 * time.Millisecond, At: now})
 	}
 	m := e.TTFTModel(now)
 	near(t, "per 1k tokens", m.PerToken, 40*time.Millisecond, 2*time.Millisecond)
-	near(t, "prediction at the observed size", predict(&Request{Tokens: 500, Now: now}, e, 0, loraNone).Total, 70*time.Millisecond, 2*time.Millisecond)
+	near(t, "prediction at the observed size", predict(&Request{Tokens: 500, Now: now}, e, 0, loraNone, nil).Total, 70*time.Millisecond, 2*time.Millisecond)
 }
 
 // Adapter loads are learned from requests predicted to load one; slot
@@ -165,7 +165,7 @@ func TestTTFTLearnsLoRALoad(t *testing.T) {
 	e := perfEp("a", metrics.Values{}, metrics.Perf{TTFT: 0.03, PrefillTokens: 500, PrefillPerToken: 40e-6, Requests: 10})
 	before := e.TTFTModel(now)
 	for range 50 {
-		p := predict(&Request{Tokens: 500, Now: now}, e, 0, loraLoad)
+		p := predict(&Request{Tokens: 500, Now: now}, e, 0, loraLoad, nil)
 		e.Load.ObserveTTFT(Observation{Predicted: p, TTFT: p.Total - p.LoRA + 300*time.Millisecond, At: now})
 	}
 	m := e.TTFTModel(now)
@@ -237,6 +237,36 @@ func TestPredictedTTFTProfile(t *testing.T) {
 	}
 }
 
+// With nothing to tell the servers apart (no metrics, prompts too short
+// to predict apart), predicted-ttft spreads by requests in flight, and a
+// session stays on its server unless that is predicted much slower.
+func TestPredictedTTFTTieBreakAndSessions(t *testing.T) {
+	t.Parallel()
+	deps := Deps{Prefix: prefix.NewIndex(prefix.Config{}), Sessions: NewSessions(0, 0)}
+	p, err := BuildProfile(&registry.Scheduling{Profile: ProfilePredictedTTFT}, deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := mkEps(m{none: true, inflight: 2}, m{none: true, inflight: 1}, m{none: true, inflight: 3})
+	c := eps[2] // Rank reorders eps
+	sc := new(Scratch)
+	req := &Request{Model: "m", TargetModel: "m", Now: now, Tokens: 4}
+	if got := p.Rank(req, eps, 3, sc); got[0].Address != "b" || got[1].Address != "a" || got[2].Address != "c" {
+		t.Errorf("order %s %s %s, want b a c (fewest in flight first)", got[0].Address, got[1].Address, got[2].Address)
+	}
+
+	deps.Sessions.Put("s1", "c", now)
+	req = &Request{Model: "m", TargetModel: "m", Now: now, Tokens: 4, Session: "s1", Explain: true}
+	if got := p.Rank(req, eps, 3, sc); got[0].Address != "c" {
+		t.Errorf("session request went to %s, want its server c", got[0].Address)
+	}
+	// Its server now has a long prefill queue: the session moves.
+	c.Load.StartPrefill(20000, time.Second, now)
+	if got := p.Rank(req, eps, 3, sc); got[0].Address == "c" {
+		t.Errorf("session request stayed on c behind a second of prefill (%s)", sc.Explanation)
+	}
+}
+
 func TestSolveDegenerate(t *testing.T) {
 	t.Parallel()
 	pr := ttftPrior{base: 0.02, perToken: 5e-5}
@@ -264,17 +294,49 @@ func TestTTFTFitBoundsAndQuietObservations(t *testing.T) {
 	e := perfEp("a", metrics.Values{}, perf)
 	rng := rand.New(rand.NewPCG(3, 4))
 	for range 300 {
-		p := predict(&Request{Tokens: 100 + rng.Int64N(4000), Now: now}, e, 0, loraNone)
+		p := predict(&Request{Tokens: 100 + rng.Int64N(4000), Now: now}, e, 0, loraNone, nil)
 		e.Load.ObserveTTFT(Observation{Predicted: p, TTFT: time.Duration(p.Uncached) * 200 * time.Microsecond, At: now})
 	}
 	near(t, "per 1k tokens, capped", e.TTFTModel(now).PerToken, pageBand*20*time.Millisecond, time.Millisecond)
 
 	q := perfEp("q", metrics.Values{Waiting: 3}, perf)
 	for range 50 {
-		p := predict(&Request{Tokens: 1000, Now: now}, q, 0, loraNone)
+		p := predict(&Request{Tokens: 1000, Now: now}, q, 0, loraNone, nil)
 		q.Load.ObserveTTFT(Observation{Predicted: p, TTFT: 2 * time.Second, At: now})
 	}
 	if m := q.TTFTModel(now); m.Observed != 0 {
 		t.Fatalf("observations behind a queue taught the fit: %+v", m)
+	}
+}
+
+// A server nothing is known about yet is predicted like its measured
+// peers, not by the cold-start values: otherwise a new server next to
+// fast measured ones would look slower for good, and never be picked (so
+// never measured).
+func TestUnmeasuredServerTakesThePoolsPrior(t *testing.T) {
+	t.Parallel()
+	perf := metrics.Perf{TTFT: 0.004, PrefillTokens: 100, PrefillPerToken: 10e-6, Inference: 0.5, Requests: 50}
+	old1 := perfEp("old1", metrics.Values{Running: 2}, perf)
+	old2 := perfEp("old2", metrics.Values{Running: 2}, perf)
+	fresh := perfEp("new", metrics.Values{}, metrics.Perf{})
+	eps := []*Endpoint{old1, old2, fresh}
+	req := &Request{Tokens: 300, Now: now}
+	pool, ok := poolPrior(now, eps)
+	if !ok {
+		t.Fatal("no pool prior with two measured servers")
+	}
+	pm, pn := predict(req, old1, 0, loraNone, &pool), predict(req, fresh, 0, loraNone, &pool)
+	near(t, "new server's prediction", pn.Total, pm.Total, time.Microsecond)
+	if cold := predict(req, fresh, 0, loraNone, nil); cold.Total <= 2*pm.Total {
+		t.Fatalf("cold-start prediction %v should be far above the measured %v for this test to mean anything", cold.Total, pm.Total)
+	}
+	prof := &Profile{Name: "t", Scorers: []weightedScorer{{Scorer: &TTFTScorer{}, Weight: 1}, {Scorer: leastInFlight{}, Weight: 0.01}}, Picker: maxScore{}}
+	old1.Load.InFlightRequests.Store(1)
+	old2.Load.InFlightRequests.Store(1)
+	if got := prof.Rank(req, eps, 3, new(Scratch)); got[0] != fresh {
+		t.Errorf("picked %s; want the new, idle server", got[0].Address)
+	}
+	if _, ok := poolPrior(now, []*Endpoint{fresh}); ok {
+		t.Error("a pool prior with no measured server")
 	}
 }
