@@ -159,7 +159,7 @@ func TestDecisionRecordsPredictedTTFT(t *testing.T) {
 
 	// Other profiles predict nothing.
 	rec2 := decisions.New(decisions.Options{})
-	h2 := newHarness(t, testState(), Options{Decisions: rec2})
+	h2 := newHarness(t, weightedTestState(), Options{Decisions: rec2})
 	streamedExchange(t, h2, nil, "chat", "", 0)
 	testutil.Eventually(t, 5*time.Second, "a record", func() error {
 		got := rec2.Query(decisions.Filter{})

@@ -14,10 +14,19 @@ import (
 	"github.com/switchyard/switchyard/registry"
 )
 
-// ttftState is testState with pool alpha on the predicted-ttft profile.
+// ttftTestState is testState with pool alpha on the predicted-ttft
+// profile, named (it is also the default).
 func ttftTestState() *registry.State {
 	st := testState()
 	st.Pools["alpha"].Scheduling = &registry.Scheduling{Profile: "predicted-ttft"}
+	return st
+}
+
+// weightedTestState is testState with pool alpha on the weighted
+// profile, which predicts nothing.
+func weightedTestState() *registry.State {
+	st := testState()
+	st.Pools["alpha"].Scheduling = &registry.Scheduling{Profile: "weighted"}
 	return st
 }
 
@@ -152,10 +161,10 @@ func TestTTFTPeerPicks(t *testing.T) {
 
 // Profiles that do not predict TTFT keep no prefill accounting.
 func TestTTFTOnlyWithPredictor(t *testing.T) {
-	h := newHarness(t, testState(), Options{})
+	h := newHarness(t, weightedTestState(), Options{})
 	s, dest := pickBody(t, h, chatBody("llama", 400))
 	if e := h.endpoint(dest[0]); e.PrefillRequests != 0 {
-		t.Fatalf("the weighted default counted prefill work: %+v", e)
+		t.Fatalf("the weighted profile counted prefill work: %+v", e)
 	}
 	s.send(respHeaders(true, ":status", "204"))
 	s.recv()
