@@ -91,6 +91,9 @@ type Prediction struct {
 	// unknown): only observations of requests that met no queue teach
 	// the fixed and per-token parts.
 	Waiting int
+	// measured: the endpoint's own figures made the prediction, not a
+	// prior (see poolPrior).
+	measured bool
 }
 
 // String renders p for decision logs: "ttft=93.0ms (base 21.0 + wait
@@ -323,21 +326,20 @@ func measured(s *metrics.Snapshot, st *ttftStats) bool {
 }
 
 // poolPrior is the prior of an endpoint nothing is known about yet: the
-// mean fit of the candidates that are measured (servers of one pool are
-// usually alike), so a new server is predicted like its peers rather
-// than by the cold-start values, which would make it look slower or
-// faster than every measured one for good (a server that is never picked
-// is never measured). ok is false when no candidate is measured.
-func poolPrior(now time.Time, eps []*Endpoint) (pr ttftPrior, ok bool) {
+// mean fit behind the predictions of the candidates that are measured
+// (servers of one pool are usually alike), so a new server is predicted
+// like its peers rather than by the cold-start values, which would make
+// it look slower or faster than every measured one for good (a server
+// that is never picked is never measured). ok is false when no candidate
+// is measured.
+func poolPrior(preds []Prediction) (pr ttftPrior, ok bool) {
 	n := 0
-	for _, e := range eps {
-		s, st := e.fresh(now), e.Load.ttft.fit.Load()
-		if !measured(s, st) {
+	for _, p := range preds {
+		if !p.measured {
 			continue
 		}
-		b, p := st.solve(prior(s))
-		pr.base += b
-		pr.perToken += p
+		pr.base += p.Base.Seconds()
+		pr.perToken += p.PerToken
 		n++
 	}
 	if n == 0 {
@@ -357,7 +359,8 @@ func predict(req *Request, e *Endpoint, matched int, lora loraNeed, pool *ttftPr
 	s := e.fresh(req.Now)
 	st := e.Load.ttft.fit.Load()
 	pr := prior(s)
-	if pool != nil && !measured(s, st) {
+	known := measured(s, st)
+	if pool != nil && !known {
 		pr = *pool
 	}
 	base, per := st.solve(pr)
@@ -365,7 +368,7 @@ func predict(req *Request, e *Endpoint, matched int, lora loraNeed, pool *ttftPr
 	if bt <= 0 {
 		bt = prefix.DefaultBlockTokens
 	}
-	p := Prediction{Tokens: req.Tokens, PerToken: per}
+	p := Prediction{Tokens: req.Tokens, PerToken: per, measured: known}
 	if st != nil {
 		p.Observed = st.n
 	}
@@ -542,34 +545,39 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		sc = new(Scratch)
 	}
 	adapter := isAdapter(req, eps)
-	// The pool's prior, worked out once and only when a candidate is
-	// not measured yet.
-	var pool *ttftPrior
-	var poolPr ttftPrior
-	poolDone := false
+	need := func(e *Endpoint) loraNeed {
+		if adapter {
+			switch loraAffinity(req, e) {
+			case loraFreeSlot:
+				return loraLoad
+			case loraNoSlot:
+				return loraWaitSlot
+			}
+		}
+		return loraNone
+	}
 	if cap(sc.preds) < len(eps) {
 		sc.preds = make([]Prediction, len(eps))
 	}
 	sc.preds = sc.preds[:len(eps)]
-	best := time.Duration(math.MaxInt64)
+	unmeasured := 0
 	for i, e := range eps {
-		need := loraNone
-		if adapter {
-			switch loraAffinity(req, e) {
-			case loraFreeSlot:
-				need = loraLoad
-			case loraNoSlot:
-				need = loraWaitSlot
+		sc.preds[i] = predict(req, e, m[i], need(e), nil)
+		if !sc.preds[i].measured {
+			unmeasured++
+		}
+	}
+	// Candidates not measured yet are predicted again like their
+	// measured peers.
+	if pool, ok := poolPrior(sc.preds); ok && unmeasured > 0 {
+		for i, e := range eps {
+			if !sc.preds[i].measured {
+				sc.preds[i] = predict(req, e, m[i], need(e), &pool)
 			}
 		}
-		if !poolDone && !measured(e.fresh(req.Now), e.Load.ttft.fit.Load()) {
-			poolDone = true
-			var ok bool
-			if poolPr, ok = poolPrior(req.Now, eps); ok {
-				pool = &poolPr
-			}
-		}
-		sc.preds[i] = predict(req, e, m[i], need, pool)
+	}
+	best := time.Duration(math.MaxInt64)
+	for i := range eps {
 		best = min(best, sc.preds[i].cost())
 	}
 	for i := range eps {

@@ -321,7 +321,11 @@ func TestUnmeasuredServerTakesThePoolsPrior(t *testing.T) {
 	fresh := perfEp("new", metrics.Values{}, metrics.Perf{})
 	eps := []*Endpoint{old1, old2, fresh}
 	req := &Request{Tokens: 300, Now: now}
-	pool, ok := poolPrior(now, eps)
+	var preds []Prediction
+	for _, e := range eps {
+		preds = append(preds, predict(req, e, 0, loraNone, nil))
+	}
+	pool, ok := poolPrior(preds)
 	if !ok {
 		t.Fatal("no pool prior with two measured servers")
 	}
@@ -336,7 +340,7 @@ func TestUnmeasuredServerTakesThePoolsPrior(t *testing.T) {
 	if got := prof.Rank(req, eps, 3, new(Scratch)); got[0] != fresh {
 		t.Errorf("picked %s; want the new, idle server", got[0].Address)
 	}
-	if _, ok := poolPrior(now, []*Endpoint{fresh}); ok {
+	if _, ok := poolPrior(preds[2:]); ok {
 		t.Error("a pool prior with no measured server")
 	}
 }
