@@ -568,11 +568,13 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		}
 	}
 	// Candidates not measured yet are predicted again like their
-	// measured peers.
-	if pool, ok := poolPrior(sc.preds); ok && unmeasured > 0 {
-		for i, e := range eps {
-			if !sc.preds[i].measured {
-				sc.preds[i] = predict(req, e, m[i], need(e), &pool)
+	// measured peers (the pool's prior is worked out only for them).
+	if unmeasured > 0 {
+		if pool, ok := poolPrior(sc.preds); ok {
+			for i, e := range eps {
+				if !sc.preds[i].measured {
+					sc.preds[i] = predict(req, e, m[i], need(e), &pool)
+				}
 			}
 		}
 	}
