@@ -334,7 +334,10 @@ func TestUnmeasuredServerTakesThePoolsPrior(t *testing.T) {
 	if cold := predict(req, fresh, 0, loraNone, nil); cold.Total <= 2*pm.Total {
 		t.Fatalf("cold-start prediction %v should be far above the measured %v for this test to mean anything", cold.Total, pm.Total)
 	}
-	prof := &Profile{Name: "t", Scorers: []weightedScorer{{Scorer: &TTFTScorer{}, Weight: 1}, {Scorer: leastInFlight{}, Weight: 0.01}}, Picker: maxScore{}}
+	prof, err := BuildProfile(&registry.Scheduling{Profile: ProfilePredictedTTFT}, Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	old1.Load.InFlightRequests.Store(1)
 	old2.Load.InFlightRequests.Store(1)
 	if got := prof.Rank(req, eps, 3, new(Scratch)); got[0] != fresh {
