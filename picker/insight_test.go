@@ -13,6 +13,7 @@ import (
 	"github.com/switchyard/switchyard/internal/testutil"
 	"github.com/switchyard/switchyard/internal/testutil/otlptest"
 	"github.com/switchyard/switchyard/picker/decisions"
+	"github.com/switchyard/switchyard/picker/sched"
 	"github.com/switchyard/switchyard/picker/tracing"
 )
 
@@ -63,14 +64,9 @@ func streamedExchange(t *testing.T, h *harness, md metadata.MD, model, served st
 	return d.dest
 }
 
-// Every request gets a decision record: the parsed request, every
-// candidate with every scorer's score, the pick and fallbacks, the served
-// endpoint and the outcome measured from the response stream.
-func TestDecisionRecords(t *testing.T) {
-	rec := decisions.New(decisions.Options{})
-	h := newHarness(t, testState(), Options{Decisions: rec})
-	dest := streamedExchange(t, h, nil, "chat", "10.0.0.3:8000", 2*time.Millisecond)
-
+// latestRecord waits for rec's first record and returns the newest.
+func latestRecord(t *testing.T, rec *decisions.Recorder) *decisions.Record {
+	t.Helper()
 	var r *decisions.Record
 	testutil.Eventually(t, 5*time.Second, "a record", func() error {
 		if got := rec.Query(decisions.Filter{}); len(got) > 0 {
@@ -79,6 +75,17 @@ func TestDecisionRecords(t *testing.T) {
 		}
 		return fmt.Errorf("none yet")
 	})
+	return r
+}
+
+// Every request gets a decision record: the parsed request, every
+// candidate with every scorer's score, the pick and fallbacks, the served
+// endpoint and the outcome measured from the response stream.
+func TestDecisionRecords(t *testing.T) {
+	rec := decisions.New(decisions.Options{})
+	h := newHarness(t, testState(), Options{Decisions: rec})
+	dest := streamedExchange(t, h, nil, "chat", "10.0.0.3:8000", 2*time.Millisecond)
+	r := latestRecord(t, rec)
 	parts := strings.Split(dest, ",")
 	if r.Model != "chat" || r.Target != "llama-3-8b-instruct" || r.Pool != "alpha" || r.RequestID != "rid-1" {
 		t.Errorf("request: %+v", r)
@@ -129,16 +136,9 @@ func TestDecisionRecords(t *testing.T) {
 // candidate's predicted wait, prefill and total, and its JSON shows them.
 func TestDecisionRecordsPredictedTTFT(t *testing.T) {
 	rec := decisions.New(decisions.Options{})
-	h := newHarness(t, ttftTestState(), Options{Decisions: rec})
+	h := newHarness(t, profileTestState(sched.ProfilePredictedTTFT), Options{Decisions: rec})
 	streamedExchange(t, h, nil, "chat", "", 0)
-	var r *decisions.Record
-	testutil.Eventually(t, 5*time.Second, "a record", func() error {
-		if got := rec.Query(decisions.Filter{}); len(got) > 0 {
-			r = got[0]
-			return nil
-		}
-		return fmt.Errorf("none yet")
-	})
+	r := latestRecord(t, rec)
 	if len(r.Candidates) != 3 || len(r.Predicted) != len(r.Candidates) {
 		t.Fatalf("%d candidates, %d predictions", len(r.Candidates), len(r.Predicted))
 	}
@@ -159,18 +159,11 @@ func TestDecisionRecordsPredictedTTFT(t *testing.T) {
 
 	// Other profiles predict nothing.
 	rec2 := decisions.New(decisions.Options{})
-	h2 := newHarness(t, weightedTestState(), Options{Decisions: rec2})
+	h2 := newHarness(t, profileTestState(sched.ProfileWeighted), Options{Decisions: rec2})
 	streamedExchange(t, h2, nil, "chat", "", 0)
-	testutil.Eventually(t, 5*time.Second, "a record", func() error {
-		got := rec2.Query(decisions.Filter{})
-		if len(got) == 0 {
-			return fmt.Errorf("none yet")
-		}
-		if got[0].Predicted != nil {
-			t.Errorf("weighted profile recorded predictions %+v", got[0].Predicted)
-		}
-		return nil
-	})
+	if r := latestRecord(t, rec2); r.Predicted != nil {
+		t.Errorf("weighted profile recorded predictions %+v", r.Predicted)
+	}
 }
 
 // Sampling: a recorder sampling nothing records nothing, and the picker

@@ -11,22 +11,14 @@ import (
 
 	"github.com/switchyard/switchyard/internal/testutil"
 	"github.com/switchyard/switchyard/picker/peers"
+	"github.com/switchyard/switchyard/picker/sched"
 	"github.com/switchyard/switchyard/registry"
 )
 
-// ttftTestState is testState with pool alpha on the predicted-ttft
-// profile, named (it is also the default).
-func ttftTestState() *registry.State {
+// profileTestState is testState with pool alpha on the named profile.
+func profileTestState(profile string) *registry.State {
 	st := testState()
-	st.Pools["alpha"].Scheduling = &registry.Scheduling{Profile: "predicted-ttft"}
-	return st
-}
-
-// weightedTestState is testState with pool alpha on the weighted
-// profile, which predicts nothing.
-func weightedTestState() *registry.State {
-	st := testState()
-	st.Pools["alpha"].Scheduling = &registry.Scheduling{Profile: "weighted"}
+	st.Pools["alpha"].Scheduling = &registry.Scheduling{Profile: profile}
 	return st
 }
 
@@ -55,7 +47,7 @@ func pickBody(t *testing.T, h *harness, body []byte) (*extStream, []string) {
 // and teach the endpoint's model one TTFT; the end of the answer
 // releases the rest.
 func TestTTFTObservedOnStreamedAnswer(t *testing.T) {
-	h := newHarness(t, ttftTestState(), Options{})
+	h := newHarness(t, profileTestState(sched.ProfilePredictedTTFT), Options{})
 	s, dest := pickBody(t, h, chatBody("llama", 4000)) // "stream":true, ~1,000 tokens
 	e := h.endpoint(dest[0])
 	if e.PrefillRequests != 1 || e.PrefillTokens < 1000 {
@@ -86,7 +78,7 @@ func TestTTFTObservedOnStreamedAnswer(t *testing.T) {
 // An answer that is not streamed shows no first token: its prefill work
 // ends when the prediction said it would, and nothing is learned.
 func TestTTFTUnstreamedAnswerExpires(t *testing.T) {
-	h := newHarness(t, ttftTestState(), Options{})
+	h := newHarness(t, profileTestState(sched.ProfilePredictedTTFT), Options{})
 	body := []byte(fmt.Sprintf(`{"model":"llama","messages":[{"role":"user","content":%q}]}`, strings.Repeat("y", 400)))
 	s, dest := pickBody(t, h, body)
 	if e := h.endpoint(dest[0]); e.PrefillRequests != 1 {
@@ -114,7 +106,7 @@ func TestTTFTUnstreamedAnswerExpires(t *testing.T) {
 // When a fallback serves, the prefill work moves there and the primary's
 // prediction teaches nothing.
 func TestTTFTFollowsFallback(t *testing.T) {
-	h := newHarness(t, ttftTestState(), Options{})
+	h := newHarness(t, profileTestState(sched.ProfilePredictedTTFT), Options{})
 	s, dest := pickBody(t, h, chatBody("llama", 400))
 	s.send(withMetadata(respHeaders(false, ":status", "200", "content-type", "text/event-stream"), MetadataNamespace, MetadataServed, structpb.NewStringValue(dest[1])))
 	s.recv()
@@ -134,7 +126,7 @@ func TestTTFTFollowsFallback(t *testing.T) {
 // Another replica's pick counts as prefill work here, priced by this
 // replica's own prediction, until it ends or the prediction's time passes.
 func TestTTFTPeerPicks(t *testing.T) {
-	h := newHarness(t, ttftTestState(), Options{})
+	h := newHarness(t, profileTestState(sched.ProfilePredictedTTFT), Options{})
 	const addr = "10.0.0.2:8000"
 	h.srv.Picked("replica-b", peers.Pick{ID: 7, Pool: "alpha", Endpoint: addr, Tokens: 2000})
 	if e := h.endpoint(addr); e.PrefillRequests != 1 || e.PrefillTokens != 2000 || e.InFlightRequests != 1 {
@@ -161,7 +153,7 @@ func TestTTFTPeerPicks(t *testing.T) {
 
 // Profiles that do not predict TTFT keep no prefill accounting.
 func TestTTFTOnlyWithPredictor(t *testing.T) {
-	h := newHarness(t, weightedTestState(), Options{})
+	h := newHarness(t, profileTestState(sched.ProfileWeighted), Options{})
 	s, dest := pickBody(t, h, chatBody("llama", 400))
 	if e := h.endpoint(dest[0]); e.PrefillRequests != 0 {
 		t.Fatalf("the weighted profile counted prefill work: %+v", e)
