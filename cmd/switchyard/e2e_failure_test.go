@@ -276,14 +276,15 @@ model "m-c" {
 	// before the kill, or after it but before Envoy saw the picker's
 	// connection close (its stream opened on the dying connection). Each
 	// worker can have one of each; none may fail once the restart begins.
+	const inFlight, raced, afterRestart = "in flight at the kill", "raced the kill", "after the restart began"
 	phase := func(o outcome) string {
 		switch {
 		case o.start.Before(killed):
-			return "in flight at the kill"
+			return inFlight
 		case o.start.Before(restarted):
-			return "raced the kill"
+			return raced
 		}
-		return "after the restart began"
+		return afterRestart
 	}
 	failedOpen := map[string]int{}
 	tally := map[string]int{}
@@ -316,12 +317,12 @@ model "m-c" {
 	if tally["m-c 503"] == 0 {
 		t.Error("the fail-closed model never got the picker-unavailable 503: was the picker ever down?")
 	}
-	for _, ph := range []string{"in flight at the kill", "raced the kill"} {
+	for _, ph := range []string{inFlight, raced} {
 		if n := failedOpen[ph]; n > workers {
 			t.Errorf("%d fail-open requests that %s failed, want at most one per worker", n, ph)
 		}
 	}
-	if n := failedOpen["after the restart began"]; n > 0 {
+	if n := failedOpen[afterRestart]; n > 0 {
 		t.Errorf("%d fail-open requests failed after the restart began, want none", n)
 	}
 	// The restarted picker routes every model again.
