@@ -165,9 +165,12 @@ type Endpoint struct {
 	Served           int64 `json:"served"`
 	// Healthy is false while the endpoint's metrics scrapes fail (it is
 	// then withheld from Envoy if its pool has healthy endpoints), and
-	// UnhealthyReason then says why.
+	// UnhealthyReason then says why. RoutedReason, set when such an
+	// endpoint is not withheld, says why Envoy and the picker still
+	// route to it.
 	Healthy         bool   `json:"healthy"`
 	UnhealthyReason string `json:"unhealthy_reason,omitempty"`
+	RoutedReason    string `json:"routed_reason,omitempty"`
 	// Scraped load; absent until the first successful scrape.
 	Waiting      *int     `json:"waiting,omitempty"`
 	Running      *int     `json:"running,omitempty"`
