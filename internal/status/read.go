@@ -203,7 +203,7 @@ func build(in *inputs) *Report {
 		r.EndpointLatency = in.endpointLatency
 	}
 	if d := in.decisions; d != nil {
-		r.Decisions = &Decisions{Sample: d.Sample, Kept: d.Size, Recorded: d.Recorded, FileDropped: d.FileDropped}
+		r.Decisions = decisionsOf(*d)
 	}
 	for _, c := range in.consul {
 		r.Consul = append(r.Consul, ConsulSelector{Selector: c.Selector, Up: c.Up, Instances: c.Instances, LastSuccess: c.LastSuccess})
@@ -312,6 +312,11 @@ func pools(in *inputs) []Pool {
 		out = append(out, pool)
 	}
 	return out
+}
+
+// decisionsOf describes the decision records from the recorder's stats.
+func decisionsOf(d decisions.Stats) *Decisions {
+	return &Decisions{Sample: d.Sample, Kept: d.Kept, Size: d.Size, Recorded: d.Recorded, FileDropped: d.FileDropped}
 }
 
 // admissionOf summarises a pool's admission queue for the status page.

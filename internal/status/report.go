@@ -70,10 +70,12 @@ type Report struct {
 // Decisions describes the picker's decision records (/api/decisions).
 type Decisions struct {
 	// Sample is the share of requests recorded; Kept how many records the
-	// ring holds; Recorded counts records since start, FileDropped those
-	// the JSON-lines file missed.
+	// ring holds, Size how many it can hold (-decisions-buffer); Recorded
+	// counts records since start, FileDropped those the JSON-lines file
+	// missed.
 	Sample      float64 `json:"sample"`
 	Kept        int     `json:"kept"`
+	Size        int     `json:"size"`
 	Recorded    uint64  `json:"recorded"`
 	FileDropped uint64  `json:"file_dropped"`
 }

@@ -122,7 +122,7 @@ func sample() *inputs {
 				{Name: "gone", PrefixEntries: 1}},
 		},
 		endpointLatency: []picker.EndpointLatency{{Pool: "llama", Address: "10.0.0.1:8000", Latency: lat}},
-		decisions:       &decisions.Stats{Recorded: 120, FileDropped: 3, Size: 1000, Sample: 0.5},
+		decisions:       &decisions.Stats{Recorded: 120, FileDropped: 3, Kept: 120, Size: 1000, Sample: 0.5},
 		xds: xds.Stats{Version: "c1-e2-l3-r4", Versions: map[string]string{"Cluster": "c1", "ClusterLoadAssignment": "e2", "Listener": "l3", "RouteConfiguration": "r4"},
 			RegistryVersion: 7, Snapshots: 4, Failures: 1, LastError: "", ACKs: 8, NACKs: 1, Warnings: []string{"a warning"}},
 		nodes: []xds.NodeStatus{{ID: "envoy-1", Cluster: "edge", Streams: 1, FirstSeen: t0.Add(-time.Hour), LastSeen: t0,
