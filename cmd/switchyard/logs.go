@@ -31,16 +31,24 @@ const processLogEvery = time.Minute
 // process's own standard error (the binary): an in-process caller with
 // its own writer, such as a test, leaves the process's loggers alone.
 func routeProcessLogs(logger *slog.Logger) (flush func()) {
-	lim := proclog.NewLimiter(logger.Handler(), processLogEvery)
-	with := func(component string) slog.Handler {
-		return lim.WithAttrs([]slog.Attr{slog.String("component", component)})
+	// One limiter per library: a kind is counted within its source.
+	var limiters []*proclog.Limiter
+	limited := func(component string) slog.Handler {
+		l := proclog.NewLimiter(logger.Handler().WithAttrs([]slog.Attr{slog.String("component", component)}), processLogEvery)
+		limiters = append(limiters, l)
+		return l
 	}
 	log.SetFlags(0) // the handler stamps the time
 	log.SetPrefix("")
-	log.SetOutput(slog.NewLogLogger(with("stdlog"), slog.LevelWarn).Writer())
-	otelLog := slog.New(with("opentelemetry"))
+	log.SetOutput(slog.NewLogLogger(limited("stdlog"), slog.LevelWarn).Writer())
+	otelHandler := limited("opentelemetry")
+	otelLog := slog.New(otelHandler)
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { otelLog.Error("OpenTelemetry error", "err", err) }))
-	otel.SetLogger(logr.FromSlogHandler(with("opentelemetry")))
-	grpclog.SetLoggerV2(proclog.GRPCLogger(with("grpc")))
-	return lim.Flush
+	otel.SetLogger(logr.FromSlogHandler(otelHandler))
+	grpclog.SetLoggerV2(proclog.GRPCLogger(limited("grpc")))
+	return func() {
+		for _, l := range limiters {
+			l.Flush()
+		}
+	}
 }
