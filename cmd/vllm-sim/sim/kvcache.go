@@ -16,11 +16,16 @@ type block struct {
 	inFree     bool
 }
 
-// kvCache manages the GPU KV blocks: a free queue in LRU order (evicted from
-// the head, freed blocks appended at the tail) and, with prefix caching, a
-// map from chained block hash to the block holding that content. A block
-// with ref 0 that is still cached can be reused by a later request with the
-// same prefix until it is evicted.
+// kvCache manages the GPU KV blocks as vLLM V1's block pool does: a free
+// queue evicted from the head, and, with prefix caching, a map from
+// chained block hash to the block holding that content. A block with ref 0
+// that is still cached can be reused by a later request with the same
+// prefix until it is evicted. Freed blocks that hold cached content join
+// the tail (least recently freed evicted first; a request's blocks are
+// freed last block first, so its tail goes before its head); freed blocks
+// without cached content (a partial last block, prefix caching off) join
+// the head, to be reused before any cached block. Block 0 is vLLM's null
+// block: never allocated, not counted in the usage.
 type kvCache struct {
 	blockSize     int
 	prefixCaching bool
@@ -28,6 +33,9 @@ type kvCache struct {
 	head, tail    *block // free queue
 	numFree       int
 	byHash        map[uint64]*block
+	// uncached collects a release's blocks without content, to be put at
+	// the head together in release order.
+	uncached []*block
 }
 
 func newKVCache(numBlocks, blockSize int, prefixCaching bool) *kvCache {
@@ -39,9 +47,29 @@ func newKVCache(numBlocks, blockSize int, prefixCaching bool) *kvCache {
 	}
 	for i := range c.blocks {
 		c.blocks[i].id = i
-		c.pushFree(&c.blocks[i])
+		if i > 0 { // block 0: the null block
+			c.pushFree(&c.blocks[i])
+		}
 	}
 	return c
+}
+
+// capacity is the number of blocks requests can use: all but the null
+// block.
+func (c *kvCache) capacity() int { return len(c.blocks) - 1 }
+
+// pushFreeFront puts b at the head of the free queue: the next block to
+// be reused.
+func (c *kvCache) pushFreeFront(b *block) {
+	b.inFree = true
+	b.prev, b.next = nil, c.head
+	if c.head != nil {
+		c.head.prev = b
+	} else {
+		c.tail = b
+	}
+	c.head = b
+	c.numFree++
 }
 
 func (c *kvCache) pushFree(b *block) {
@@ -85,12 +113,12 @@ func (c *kvCache) popFree() *block {
 	return b
 }
 
-// usage is the fraction of blocks not in the free queue.
+// usage is the fraction of usable blocks not in the free queue.
 func (c *kvCache) usage() float64 {
-	if len(c.blocks) == 0 {
+	if c.capacity() <= 0 {
 		return 0
 	}
-	return 1 - float64(c.numFree)/float64(len(c.blocks))
+	return 1 - float64(c.numFree)/float64(c.capacity())
 }
 
 // blocksFor is the number of blocks needed to hold n tokens.
@@ -220,16 +248,28 @@ func (c *kvCache) commit(s *seq) {
 	s.numCachedBlocks = full
 }
 
-// release returns s's blocks, last block first so a request's tail is
-// evicted before its (more shareable) head.
+// release returns s's blocks, last block first, as vLLM's free does:
+// cached ones to the tail, so a request's tail is evicted before its (more
+// shareable) head; blocks without content to the head, the last block
+// first, so they are reused before anything cached is evicted.
 func (c *kvCache) release(s *seq) {
+	c.uncached = c.uncached[:0]
 	for i := len(s.blocks) - 1; i >= 0; i-- {
 		b := s.blocks[i]
 		b.ref--
-		if b.ref == 0 {
+		if b.ref != 0 {
+			continue
+		}
+		if b.cached {
 			c.pushFree(b)
+		} else {
+			c.uncached = append(c.uncached, b)
 		}
 	}
+	for i := len(c.uncached) - 1; i >= 0; i-- {
+		c.pushFreeFront(c.uncached[i])
+	}
+	clear(c.uncached)
 	s.blocks = s.blocks[:0]
 	s.numCachedBlocks = 0
 }
