@@ -139,7 +139,11 @@ func startPickers(t testing.TB, addrs []string, scrape time.Duration, replicas i
 			return nil
 		})
 	}
-	f.url = startDataPlane(t, pickerAddrs...)
+	if useEnvoy() && len(pickerAddrs) == 1 {
+		f.url = startEnvoyDataPlane(t, pickerAddrs[0], addrs)
+	} else {
+		f.url = startDataPlane(t, pickerAddrs...)
+	}
 	return f
 }
 
