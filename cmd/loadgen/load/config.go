@@ -71,7 +71,7 @@ const (
 const (
 	BurstFactor = 2.5
 	BurstQuiet  = 0.5
-	BurstMean   = 2 * time.Second
+	BurstMean   = time.Second
 )
 
 // Range is an inclusive integer range; Min == Max means a fixed value.
