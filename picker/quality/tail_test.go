@@ -15,26 +15,29 @@ import (
 // The tail benchmark (issue 27): a fleet under cache pressure at high
 // load. Four simulators each run at most 8 sequences, hold about 15 of
 // the shared-prefix workload's 24 long system prompts in their KV cache
-// (so the fleet holds them all only when they are partitioned), slow
-// every step down to twice its length as their batch fills, and compute
-// prefill at 150 µs a token. Two workloads:
+// (so the fleet holds them all only when they are partitioned), take
+// 20 ms a step with one request and twice that with a full batch (so a
+// 64-token answer holds a slot 1.3-2.6 s, and slots, not prefill, bound
+// a well-routed fleet), and compute prefill at 150 µs a token. Two
+// workloads:
 //
 //   - shared: shared-prefix chat, 24 groups x 8 users, 1,024-token system
 //     prompts, 64-token questions, 64 streamed tokens, Poisson arrivals;
-//   - short-long: many short prompts (32-256 tokens, nothing shared), a
-//     tenth long (one of 6 documents of 2,048 tokens and a new 64-token
-//     question), 64 streamed tokens, bursty arrivals (load.ArrivalBursty).
+//   - short-long: many short prompts (32-256 tokens, nothing shared), one
+//     in twenty long (one of 6 documents of 2,048 tokens and a new
+//     64-token question), 64 streamed tokens, bursty arrivals
+//     (load.ArrivalBursty).
 //
-// For each workload it measures round-robin's saturation (a closed-loop
-// estimate, then a Poisson sweep), each profile's unloaded p90 TTFT (10 %
-// of saturation after a warm-up at 50 %), then every profile at 50, 80,
-// 95 and 105 % of the saturation, SWITCHYARD_TAIL_RUNS times (5). A run
+// For each workload it measures round-robin's saturation (see
+// tailWorkload), each profile's unloaded p90 TTFT (10 % of saturation,
+// at least 150 requests, after a warm-up at 50 %), then every profile at
+// 50, 80, 95 and 105 % of the saturation, SWITCHYARD_TAIL_RUNS times (5). A run
 // is a warm-up third as long as the measured stage at the same rate; one
 // seed per run and load, the same for every profile. `make bench-tail`
 // runs it; knobs:
 //
 //	SWITCHYARD_TAIL_RUNS      runs per profile and load (5)
-//	SWITCHYARD_TAIL_SECONDS   measured seconds per run (30)
+//	SWITCHYARD_TAIL_SECONDS   measured seconds per run (40)
 //	SWITCHYARD_TAIL_SCALE     simulator -time-scale (1)
 //	SWITCHYARD_TAIL_PROFILES  comma list (round-robin,least-queue,weighted,predicted-ttft,cache-aware)
 //	SWITCHYARD_TAIL_LOADS     comma list of percentages (50,80,95,105)
@@ -52,26 +55,46 @@ var tailSimArgs = []string{
 	"-max-num-seqs", "8",
 	"-batch-slowdown", "2",
 	"-prefill-time-per-token", "150us",
-	"-step-time", "8ms",
+	"-step-time", "20ms",
 }
 
 // tailBlocks is each simulator's KV cache: 15 of the 24 system prompts of
 // 1,024 tokens (64 blocks of 16).
 const tailBlocks = 15 * 64
 
-// tailWorkload is one workload of the benchmark.
+// tailWorkload is one workload of the benchmark. Round-robin's
+// saturation is the knee of a sweep of rising rates (ks times its
+// closed-loop throughput with every slot of the fleet busy and as many
+// requests waiting) with the workload's own arrivals: the last rate whose
+// stage passes beforeKnee (given the lightest stage) with no failures.
 type tailWorkload struct {
-	name    string
-	w       load.Workload
-	arrival load.ArrivalKind
+	name        string
+	w           load.Workload
+	arrival     load.ArrivalKind
+	ks          []float64
+	beforeKnee  func(first, r load.StageReport) bool
+	kneeMeaning string
 }
 
 func tailWorkloads() []tailWorkload {
 	return []tailWorkload{
+		// Round-robin hits the cache about half the time here, so its
+		// p50 sits between hits and misses and cannot mark a knee; its
+		// p90 (a miss) is steady until queues build. The closed loop
+		// (many prompts in flight at once, so more eviction) runs below
+		// what open-loop arrivals sustain.
 		{"shared", load.Workload{Kind: load.WorkloadSharedPrefix, Groups: 24, UsersPerGroup: 8, SystemLen: 1024,
-			QuestionLen: 64, Output: load.Fixed(64)}, load.ArrivalPoisson},
+			QuestionLen: 64, Output: load.Fixed(64)}, load.ArrivalPoisson,
+			[]float64{0.9, 1.05, 1.2, 1.35, 1.5, 1.7, 1.9, 2.1},
+			func(first, r load.StageReport) bool { return r.TTFT.P90Ms <= 2*first.TTFT.P90Ms },
+			"TTFT p90 within 2x the lightest stage's"},
+		// Bursts saturate a fleet at a lower mean rate than its capacity;
+		// p50 is a short prompt's.
 		{"short-long", load.Workload{Kind: load.WorkloadShortLong, Input: load.Range{Min: 32, Max: 256},
-			Groups: 6, SystemLen: 2048, QuestionLen: 64, LongFraction: 0.1, Output: load.Fixed(64)}, load.ArrivalBursty},
+			Groups: 6, SystemLen: 2048, QuestionLen: 64, LongFraction: 0.05, Output: load.Fixed(64)}, load.ArrivalBursty,
+			[]float64{0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1},
+			func(first, r load.StageReport) bool { return r.TTFT.P50Ms <= 1.5*first.TTFT.P50Ms },
+			"TTFT p50 within 1.5x the lightest stage's"},
 	}
 }
 
@@ -118,7 +141,7 @@ func TestTail(t *testing.T) {
 		t.Skip("set SWITCHYARD_TAIL=1 to run the tail benchmark (make bench-tail)")
 	}
 	scale := envFloat("SWITCHYARD_TAIL_SCALE", 1)
-	dur := time.Duration(envFloat("SWITCHYARD_TAIL_SECONDS", 30) * float64(time.Second))
+	dur := time.Duration(envFloat("SWITCHYARD_TAIL_SECONDS", 40) * float64(time.Second))
 	runs := int(envFloat("SWITCHYARD_TAIL_RUNS", 5))
 	profiles := envList("SWITCHYARD_TAIL_PROFILES", "round-robin,least-queue,weighted,predicted-ttft,cache-aware")
 	var loads []float64
@@ -156,12 +179,21 @@ func (q *experiment) tailWorkload(tw tailWorkload, profiles []string, loads []fl
 	env := "SWITCHYARD_TAIL_SAT_" + strings.ToUpper(strings.ReplaceAll(tw.name, "-", "_"))
 	sat := envFloat(env, 0) * scale
 	if sat == 0 {
-		sat = q.saturation(tw.name, tw.w, "", false)
+		closed := q.f.run("round-robin", tw.w, load.ArrivalConcurrency, load.Stage{Concurrency: q.conc, Duration: q.warm}, load.Stage{Concurrency: q.conc, Duration: q.dur}, q.nextSeed())
+		q.t.Logf("%s: round-robin, %d in flight: %.1f req/s", tw.name, q.conc, closed.RequestThroughput)
+		var sweep []load.StageReport
+		sat, sweep = q.f.sweepSaturation(tw.w, tw.arrival, tw.ks, closed, q.dur/2, q.nextSeed(), tw.beforeKnee)
+		for _, r := range sweep {
+			q.t.Logf("%s sweep, round-robin at %.1f req/s: TTFT p50 %.0f ms, p90 %.0f ms, hit %.3f", tw.name, r.Rate, r.TTFT.P50Ms, r.TTFT.P90Ms, r.PrefixCacheHitRate)
+		}
+		q.t.Logf("%s: knee: %s", tw.name, tw.kneeMeaning)
 	}
 	q.note("%s: round-robin saturates at %.1f req/s (%.1f at scale 1)", tw.name, sat, sat/scale)
 	unloaded := map[string]load.StageReport{}
+	// At least 150 requests unloaded: its p90 is the reference.
+	udur := max(2*q.dur, time.Duration(150/(sat/10)*float64(time.Second)))
 	for _, p := range profiles {
-		reps := q.f.runStages(p, tw.w, tw.arrival, []load.Stage{{Rate: sat / 2, Duration: q.warm}, {Rate: sat / 10, Duration: 2 * q.dur}}, q.nextSeed())
+		reps := q.f.runStages(p, tw.w, tw.arrival, []load.Stage{{Rate: sat / 2, Duration: q.warm}, {Rate: sat / 10, Duration: udur}}, q.nextSeed())
 		unloaded[p] = reps[len(reps)-1]
 		q.t.Logf("%s unloaded %s: p90 %.0f ms, hit %.3f", tw.name, p, unloaded[p].TTFT.P90Ms, unloaded[p].PrefixCacheHitRate)
 	}
