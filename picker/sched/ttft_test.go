@@ -232,9 +232,20 @@ func TestPredictedTTFTProfile(t *testing.T) {
 	if !hasLoRA {
 		t.Error("no LoRA-slot filter")
 	}
+	w, _ := BuildProfile(&registry.Scheduling{Profile: ProfileWeighted}, Deps{Prefix: idx})
+	if w.Predictor() != nil {
+		t.Error("weighted has a predictor")
+	}
 	d, _ := BuildProfile(nil, Deps{Prefix: idx})
 	if d.Predictor() != nil {
 		t.Error("the weighted default has a predictor")
+	}
+	c, _ := BuildProfile(&registry.Scheduling{Profile: ProfileCacheAware}, Deps{Prefix: idx})
+	if c.Predictor() == nil || !c.Predictor().EvictionCost || !c.Predictor().Shrink {
+		t.Error("cache-aware's TTFT scorer does not price eviction and shrink rates")
+	}
+	if p.Predictor().EvictionCost || p.Predictor().Shrink {
+		t.Error("predicted-ttft prices eviction")
 	}
 }
 
