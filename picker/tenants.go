@@ -104,13 +104,7 @@ func containsStr(xs []string, s string) bool {
 func (st *stream) tenantAdmit(snap *snapshot, body *[]byte) (int, string) {
 	tr := st.ten
 	model := st.clientModel
-	switch _, declared := snap.models[model]; {
-	case model == "":
-	case declared || tr.t.Lists(model):
-		tr.label = model
-	default:
-		tr.label = "other"
-	}
+	tr.label = tr.labelFor(snap, model)
 	if model != "" && !tr.t.Allows(model) {
 		if tr.tab.Hide {
 			return 404, fmt.Sprintf("model %q does not exist", model)
@@ -138,6 +132,18 @@ func (st *stream) tenantAdmit(snap *snapshot, body *[]byte) (int, string) {
 	}
 	tr.admitted, tr.res = true, res
 	return 0, ""
+}
+
+// labelFor is the name usage of a request for model is recorded under
+// (see tenantReq.label).
+func (tr *tenantReq) labelFor(snap *snapshot, model string) string {
+	switch _, declared := snap.models[model]; {
+	case model == "":
+		return ""
+	case declared || tr.t.Lists(model):
+		return model
+	}
+	return "other"
 }
 
 // usagePath reports whether path is an endpoint whose streams take

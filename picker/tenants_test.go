@@ -149,6 +149,21 @@ func TestTenantModelsAndHiding(t *testing.T) {
 	}
 }
 
+// Usage of a request for a model nobody declared (404) is filed under
+// "other", as every undeclared name is, not under "".
+func TestTenantUsageOfUnknownModel(t *testing.T) {
+	log := &usageLog{}
+	h := newHarness(t, tenantState(registry.Limits{}), Options{Usage: log})
+	s := h.duplex()
+	s.send(postHeaders("/v1/completions", "x-api-key", "key-b"))
+	s.send(reqBody([]byte(`{"model":"nope","prompt":"x"}`), true))
+	immediateOf(t, s.recv(), 404)
+	s.cancel()
+	if u := log.wait(t, 1)[0]; u.Tenant != "team-b" || u.Model != "other" || u.Requests != 1 || u.Errors != 1 {
+		t.Errorf("usage %+v, want team-b/other with 1 request and 1 error", u)
+	}
+}
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
