@@ -54,10 +54,10 @@ type Config struct {
 	NoEndpointWait time.Duration
 	// Fairness shares a band between flows (default FairTokens).
 	Fairness Fairness
-	// ShedSheddable answers requests of sheddable models (priority < 0)
-	// 429 at once when the pool is saturated, instead of queueing them in
-	// the lowest band.
-	ShedSheddable bool
+	// QueueSheddable queues sheddable requests (priority < 0) in the
+	// lowest band when the pool is saturated; by default the picker
+	// answers them 429 at once (ReasonShed), as the protocol says.
+	QueueSheddable bool
 }
 
 // Defaults.
@@ -94,7 +94,7 @@ const (
 	ReasonTTL        = "ttl"         // waited TTL without capacity: 429
 	ReasonOverflow   = "overflow"    // queue full (or evicted for a higher band): 429
 	ReasonNoEndpoint = "no-endpoint" // no ready endpoint for NoEndpointWait: 503
-	ReasonShed       = "shed"        // sheddable and ShedSheddable: 429
+	ReasonShed       = "shed"        // sheddable, pool saturated, not QueueSheddable: 429
 )
 
 // Rejection is why a request was not admitted.
