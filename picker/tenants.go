@@ -96,11 +96,14 @@ func containsStr(xs []string, s string) bool {
 // tenantAdmit is the tenant's part of the decision, once the model is
 // known: the model must be one the tenant may use (403, or 404 when the
 // configuration hides forbidden models), and the request must fit its
-// budgets (429), which reserve the request and its estimated tokens
-// (prompt, plus max_tokens when given). A streaming chat or completion
-// that did not ask for usage is made to (body is rewritten), so that its
-// tokens can be counted. A request picked again (after waiting in an
-// admission queue) gets its body rewritten again but is reserved once.
+// budgets (429), which reserve the request and its estimated tokens:
+// prompt, plus the output cap the engine applies (max_tokens and the
+// like, times n; see openai.Generation.OutputCap). A streaming chat or
+// completion that did not ask for usage is made to (body is rewritten),
+// so that its tokens can be counted. The body is read as the engine
+// reads it ("stream": "true" streams, "max_tokens": "5" caps). A request
+// picked again (after waiting in an admission queue) gets its body
+// rewritten again but is reserved once.
 func (st *stream) tenantAdmit(snap *snapshot, body *[]byte) (int, string) {
 	tr := st.ten
 	model := st.clientModel
@@ -123,8 +126,9 @@ func (st *stream) tenantAdmit(snap *snapshot, body *[]byte) (int, string) {
 	if tr.admitted {
 		return 0, ""
 	}
+	out, _ := gen.OutputCap(string(st.path))
 	now := time.Now()
-	res, denied := tr.t.Admit(now, tr.estimate+gen.MaxTokens)
+	res, denied := tr.t.Admit(now, tr.estimate+out)
 	if denied != nil {
 		tr.retryAfter = denied.RetryAfter
 		return 429, fmt.Sprintf("tenant %q is over its %s limit (%d; this replica's share %d, used %d, this request %d); retry in %s",

@@ -348,3 +348,34 @@ func TestTenantAdmitOncePerRequest(t *testing.T) {
 		t.Fatalf("after two picks of one request: %v", used)
 	}
 }
+
+// A tenant's request is read as the engine reads it: "stream": "true"
+// streams (so the picker asks for its usage chunk) and "max_tokens": "50"
+// caps its output (so the picker reserves it).
+func TestTenantReadsLaxJSONAsTheEngine(t *testing.T) {
+	h := newHarness(t, tenantState(registry.Limits{TokensPerMinute: 100000}), Options{})
+	snap := h.srv.snap.Load()
+	tn := snap.tenants.Tenant("team-a")
+	for i, tc := range []struct {
+		path, body string
+		reserve    int64 // beyond the prompt estimate
+	}{
+		{"/v1/completions", `{"model":"llama","prompt":"hi","stream":"true","max_tokens":"50"}`, 50},
+		{"/v1/chat/completions", `{"model":"llama","messages":[],"stream":1,"max_tokens":5.0,"max_completion_tokens":"7","n":2}`, 14},
+	} {
+		st := h.srv.newStream(context.Background())
+		st.ten = &tenantReq{tab: snap.tenants, t: tn}
+		st.clientModel, st.path = "llama", []byte(tc.path)
+		before := tn.Used(time.Now())["tokens_per_minute"]
+		body := []byte(tc.body)
+		if code, msg := st.tenantAdmit(snap, &body); code != 0 {
+			t.Fatalf("%d: %d %s", i, code, msg)
+		}
+		if !strings.HasPrefix(string(body), `{"stream_options":{"include_usage":true},`) || !st.ten.strip {
+			t.Errorf("%d: a lax stream is not asked for its usage: %s", i, body)
+		}
+		if got, want := tn.Used(time.Now())["tokens_per_minute"]-before, openai.EstimateTokens([]byte(tc.body))+tc.reserve; got != want {
+			t.Errorf("%d: reserved %d, want %d (the prompt estimate and %d output tokens)", i, got, want, tc.reserve)
+		}
+	}
+}
