@@ -98,7 +98,8 @@ func containsStr(xs []string, s string) bool {
 // configuration hides forbidden models), and the request must fit its
 // budgets (429), which reserve the request and its estimated tokens:
 // prompt, plus the output cap the engine applies (max_tokens and the
-// like, times n; see openai.Generation.OutputCap). A streaming chat or
+// like, times n; see openai.Generation.OutputCap), or, for a generation
+// that sets none, the tenant's assumed_max_tokens. A streaming chat or
 // completion that did not ask for usage is made to (body is rewritten),
 // so that its tokens can be counted. The body is read as the engine
 // reads it ("stream": "true" streams, "max_tokens": "5" caps). A request
@@ -126,7 +127,13 @@ func (st *stream) tenantAdmit(snap *snapshot, body *[]byte) (int, string) {
 	if tr.admitted {
 		return 0, ""
 	}
-	out, _ := gen.OutputCap(string(st.path))
+	path := string(st.path)
+	out, capped := gen.OutputCap(path)
+	if !capped && openai.Generates(path) {
+		if out = tr.t.Limits.AssumedMaxTokens; out <= 0 {
+			out = registry.DefaultAssumedMaxTokens
+		}
+	}
 	now := time.Now()
 	res, denied := tr.t.Admit(now, tr.estimate+out)
 	if denied != nil {

@@ -379,3 +379,34 @@ func TestTenantReadsLaxJSONAsTheEngine(t *testing.T) {
 		}
 	}
 }
+
+// A generation that sets no output cap reserves the tenant's
+// assumed_max_tokens (default 1024) besides its prompt, so a burst of
+// such requests cannot all pass on their prompts alone; an endpoint that
+// generates nothing reserves the prompt only.
+func TestTenantReservesAssumedMaxTokens(t *testing.T) {
+	for _, tc := range []struct {
+		assumed int64
+		path    string
+		want    int64
+	}{
+		{0, "/v1/chat/completions", registry.DefaultAssumedMaxTokens},
+		{300, "/v1/completions", 300},
+		{300, "/v1/responses", 300},
+		{300, "/v1/embeddings", 0},
+	} {
+		h := newHarness(t, tenantState(registry.Limits{TokensPerMinute: 100000, AssumedMaxTokens: tc.assumed}), Options{})
+		snap := h.srv.snap.Load()
+		tn := snap.tenants.Tenant("team-a")
+		st := h.srv.newStream(context.Background())
+		st.ten = &tenantReq{tab: snap.tenants, t: tn}
+		st.clientModel, st.path = "llama", []byte(tc.path)
+		body := []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}]}`)
+		if code, msg := st.tenantAdmit(snap, &body); code != 0 {
+			t.Fatalf("%s: %d %s", tc.path, code, msg)
+		}
+		if got, want := tn.Used(time.Now())["tokens_per_minute"], openai.EstimateTokens(body)+tc.want; got != want {
+			t.Errorf("%s, assumed_max_tokens %d: reserved %d, want %d", tc.path, tc.assumed, got, want)
+		}
+	}
+}

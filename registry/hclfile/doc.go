@@ -239,6 +239,9 @@
 //	    tokens_per_day      = 5000000  # responses' usage reports them
 //	    count_cached        = true     # default true: cached prompt tokens
 //	                                   # count toward the token limits
+//	    assumed_max_tokens  = 1024     # default 1024 (0 or absent): output
+//	                                   # reserved at admission for a request
+//	                                   # that sets no max_tokens
 //	  }
 //	}
 //
