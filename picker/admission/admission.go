@@ -94,7 +94,7 @@ const (
 	ReasonTTL        = "ttl"         // waited TTL without capacity: 429
 	ReasonOverflow   = "overflow"    // queue full (or evicted for a higher band): 429
 	ReasonNoEndpoint = "no-endpoint" // no ready endpoint for NoEndpointWait: 503
-	ReasonShed       = "shed"        // sheddable, pool saturated, not QueueSheddable: 429
+	ReasonShed       = "shed"        // sheddable and would wait, not QueueSheddable: 429
 )
 
 // Rejection is why a request was not admitted.
