@@ -1,0 +1,72 @@
+package picker
+
+import (
+	"context"
+	"sync/atomic"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+
+	"github.com/switchyard/switchyard/picker/admission"
+	"github.com/switchyard/switchyard/picker/openai"
+	"github.com/switchyard/switchyard/picker/sched"
+)
+
+// request is one request's life through the picker, apart from Envoy's
+// protocol (stream): what was read, the decision, and what is noted about
+// the response.
+type request struct {
+	s *Server
+	// ctx ends when Envoy (or the client) gives up on the request.
+	ctx context.Context
+
+	// Request side (method and path alias Envoy's header bytes).
+	method, path  []byte
+	headers       []*corev3.HeaderValue // all request headers (session lookup)
+	contentLength int
+	headerOnly    bool
+	remove        []string // client-sent protocol headers present
+	subset        []string
+	hasSubset     bool
+	body          []byte
+	bodyOwned     bool // body is our buffer, not a received message's bytes
+
+	// Decision.
+	pool        *poolView
+	primary     *sched.Endpoint
+	tokens      int64
+	released    bool
+	clientModel string
+	rewritten   bool
+	obj         *objectiveCounters // the declared model/target, nil otherwise
+	running     *atomic.Int64      // the model's in-flight gauge once picked
+
+	// bodyRewritten: the body going upstream differs from the client's
+	// (a rewritten model, stream_options added for a tenant).
+	bodyRewritten bool
+
+	// peerID names the pick shared with the other replicas (0: none).
+	peerID uint64
+	// ttft is the pick's TTFT accounting (profiles that predict it).
+	ttft ttftState
+
+	// Admission: waiting is the request as the pool's queue sees it (set
+	// by pick when it must wait); admitted once the queue let it go, so
+	// the next pick does not judge saturation again.
+	waiting  admission.Request
+	admitted bool
+	// Tenant, set by authenticate when the request headers arrive, before
+	// the decision (tenants.go): the admission queue takes tenant as the
+	// request's flow and tenantPriority as its default priority. Empty
+	// and nil without tenants.
+	tenant         string
+	tenantPriority *int
+	ten            *tenantReq
+
+	// Response side.
+	servedSeen bool
+	rw         *openai.ResponseRewriter
+
+	// obs is what the picker notes for traces, decision records and
+	// latency (insight.go, latency.go).
+	obs observation
+}
