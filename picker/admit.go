@@ -215,10 +215,33 @@ func (st *stream) queueWait(pv *poolView, send sendFunc) (admission.Ticket, erro
 		}
 	}
 	st.s.stats.queued.Add(1)
+	queuedAt := time.Now()
 	st.noteQueued()
+	for _, h := range st.ch.decided {
+		h.queued(&st.request)
+	}
 	tk, err := q.Wait(st.ctx, st.waiting)
-	st.noteAdmitted(err)
+	waited, outcome := time.Since(queuedAt), waitOutcome(err)
+	st.noteAdmitted(waited, outcome)
+	for _, h := range st.ch.decided {
+		h.admitted(&st.request, waited, outcome)
+	}
 	return tk, err
+}
+
+// waitOutcome names how an admission wait ended (err: the queue's), as
+// traces and decision records report it.
+func waitOutcome(err error) string {
+	var rej *admission.Rejection
+	switch {
+	case errors.As(err, &rej):
+		return rej.Reason
+	case errors.Is(err, admission.ErrCancelled):
+		return "cancelled"
+	case err != nil:
+		return "error"
+	}
+	return admission.OutcomeDispatched
 }
 
 // rejectAdmission answers a request the queue turned away.

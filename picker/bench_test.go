@@ -183,6 +183,7 @@ func benchDecision(b *testing.B, profile string) {
 			Perf:        metrics.Perf{TTFT: 0.05, Queue: 0.005, Prefill: 0.03, Inference: 2, PrefillTokens: 600, PrefillPerToken: 50e-6, Requests: 1000, Rate: 5},
 			LastSuccess: far, MaxAge: 2 * time.Hour}}
 	}})
+	srv.buildChains(snap)
 	srv.snap.Store(snap)
 	// An admission queue, idle as in an unsaturated pool: its check is
 	// part of every decision.

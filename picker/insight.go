@@ -3,7 +3,6 @@ package picker
 import (
 	"bytes"
 	"cmp"
-	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,7 +11,6 @@ import (
 
 	"google.golang.org/grpc/metadata"
 
-	"github.com/switchyard/switchyard/picker/admission"
 	"github.com/switchyard/switchyard/picker/decisions"
 	"github.com/switchyard/switchyard/picker/openai"
 	"github.com/switchyard/switchyard/picker/sched"
@@ -34,7 +32,6 @@ type observation struct {
 	start    time.Time // request headers reached the picker
 	span     *tracing.Span
 	rec      *decisions.Record
-	queuedAt time.Time
 	lat      respLatency
 	parsed   bool // the span has its parsed event
 	finished bool
@@ -326,27 +323,15 @@ func (st *stream) noteDecisionTime(d time.Duration) {
 // noteQueued notes that the request waits in its pool's admission queue.
 func (st *stream) noteQueued() {
 	o := &st.obs
-	o.queuedAt = time.Now()
 	o.span.Queued(st.waiting.Priority, st.waiting.Flow)
 	if o.rec != nil {
 		o.rec.Queued = true
 	}
 }
 
-// noteAdmitted notes how the admission wait ended (err: the queue's).
-func (st *stream) noteAdmitted(err error) {
+// noteAdmitted notes how the admission wait ended.
+func (st *stream) noteAdmitted(waited time.Duration, outcome string) {
 	o := &st.obs
-	waited := time.Since(o.queuedAt)
-	outcome := admission.OutcomeDispatched
-	var rej *admission.Rejection
-	switch {
-	case errors.As(err, &rej):
-		outcome = rej.Reason
-	case errors.Is(err, admission.ErrCancelled):
-		outcome = "cancelled"
-	case err != nil:
-		outcome = "error"
-	}
 	o.span.Admitted(waited, outcome)
 	if o.rec != nil {
 		o.rec.QueueWait, o.rec.QueueOutcome = waited, outcome
@@ -415,6 +400,9 @@ func (st *stream) finish() {
 			ttft = o.lat.first.Sub(o.start)
 		}
 		o.span.End(end, ttft, o.lat.tokens())
+	}
+	for _, h := range st.ch.done {
+		h.done(&st.request, now)
 	}
 }
 

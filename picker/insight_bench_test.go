@@ -27,6 +27,7 @@ func decisionServer(b *testing.B, opts Options) *Server {
 		return freshSource{&metrics.Snapshot{Values: metrics.Values{Waiting: i % 4, Running: 10 + i%7, KVUsage: float64(i%10) / 10,
 			BlockSize: 16, NumBlocks: 26000}, LastSuccess: far, MaxAge: 2 * time.Hour}}
 	}})
+	srv.buildChains(snap)
 	srv.snap.Store(snap)
 	ctx, cancel := context.WithCancel(context.Background())
 	srv.runCtx = ctx

@@ -47,6 +47,9 @@ func (st *stream) answerModels() *extprocv3.ProcessingResponse {
 		tr.skip = true
 		ids = slices.DeleteFunc(ids, func(id string) bool { return !tr.t.Allows(id) })
 	}
+	for _, h := range st.ch.models {
+		ids = h.listModels(&st.request, ids)
+	}
 	if path == modelsPath || path == modelsPath+"/" {
 		l := modelList{Object: "list", Data: make([]modelObject, 0, len(ids))}
 		for _, id := range ids {

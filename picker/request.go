@@ -18,6 +18,9 @@ type request struct {
 	s *Server
 	// ctx ends when Envoy (or the client) gives up on the request.
 	ctx context.Context
+	// ch is the request's chain of optional stages: its snapshot's until
+	// its pool is known, then the pool's.
+	ch *chain
 
 	// Request side (method and path alias Envoy's header bytes).
 	method, path  []byte
@@ -40,9 +43,13 @@ type request struct {
 	obj         *objectiveCounters // the declared model/target, nil otherwise
 	running     *atomic.Int64      // the model's in-flight gauge once picked
 
-	// bodyRewritten: the body going upstream differs from the client's
-	// (a rewritten model, stream_options added for a tenant).
+	// upstream is the body as it goes upstream; bodyRewritten: it differs
+	// from the client's (a rewritten model, stream_options added for a
+	// tenant).
+	upstream      []byte
 	bodyRewritten bool
+	// outcome is the pick the decided and picked hooks see (chain.go).
+	outcome pickOutcome
 
 	// peerID names the pick shared with the other replicas (0: none).
 	peerID uint64

@@ -146,6 +146,10 @@ type Server struct {
 	// Metrics scraping: the manager exists while Run runs.
 	mgr *metrics.Manager
 	eh  *EndpointHealth
+
+	// stages are the optional stages every snapshot's chains are built
+	// from (chain.go).
+	stages []stageDef
 }
 
 // counters are process-wide request outcomes.
@@ -180,6 +184,7 @@ func New(view registry.View, opts Options, logger *slog.Logger) *Server {
 		eh:      newEndpointHealth(),
 		started: time.Now(),
 		tenants: tenant.NewSet(),
+		stages:  stages(),
 	}
 	s.scratch.New = func() any { return new(sched.Scratch) }
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
@@ -286,6 +291,7 @@ func (s *Server) apply(st *registry.State) {
 	snap := buildSnapshot(st, &s.loads, d)
 	old := s.snap.Load()
 	snap.tenants = s.tenants.Build(st, len(st.Replicas))
+	s.buildChains(snap)
 	s.snap.Store(snap)
 	s.syncQueues(st, snap, old)
 	ready := healthpb.HealthCheckResponse_NOT_SERVING

@@ -48,13 +48,16 @@ type stream struct {
 }
 
 func (s *Server) newStream(ctx context.Context) *stream {
-	return &stream{request: request{s: s, ctx: ctx}, reqMode: s.opts.RequestBodyMode, respMode: s.opts.ResponseBodyMode}
+	return &stream{request: request{s: s, ctx: ctx, ch: &s.snap.Load().chain}, reqMode: s.opts.RequestBodyMode, respMode: s.opts.ResponseBodyMode}
 }
 
 // release returns the in-flight request and tokens exactly once (and
 // settles the request's tenant accounting).
 func (st *stream) release() {
 	st.finishTenant()
+	for _, h := range st.ch.released {
+		h.released(&st.request)
+	}
 	if st.primary == nil || st.released {
 		return
 	}
@@ -166,6 +169,11 @@ func (st *stream) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 			}
 		}
 	}
+	for _, h := range st.ch.requestHeaders {
+		if rep := h.requestHeaders(&st.request); rep.code != 0 {
+			return st.rejectReply(rep, send)
+		}
+	}
 	if done, err := st.authenticate(send); done || err != nil {
 		return done, err
 	}
@@ -261,6 +269,11 @@ func (st *stream) reject(code int, msg string, send sendFunc) (bool, error) {
 	return st.rejectWith(code, msg, send, "", 0)
 }
 
+// rejectReply sends a stage's local reply and ends the stream.
+func (st *stream) rejectReply(rep reply, send sendFunc) (bool, error) {
+	return st.rejectWith(rep.code, rep.msg, send, rep.reason, rep.retryAfter)
+}
+
 // rejectWith is reject with the admission queue's reason header and a
 // retry-after hint (when reason is set).
 func (st *stream) rejectWith(code int, msg string, send sendFunc, reason string, after time.Duration) (bool, error) {
@@ -280,6 +293,9 @@ func (st *stream) rejectWith(code int, msg string, send sendFunc, reason string,
 		hm.SetHeaders = append(hm.SetHeaders, setHeader(HeaderAdmission, reason), setHeader("retry-after", retryAfter(after)))
 	}
 	st.replyHeaders(r, code)
+	for _, h := range st.ch.replied {
+		h.replied(&st.request, reply{code: code, msg: msg, reason: reason, retryAfter: after}, r)
+	}
 	return true, st.wrapSend(send, r)
 }
 
@@ -329,6 +345,9 @@ func (st *stream) decide(send sendFunc) (bool, error) {
 	asBody := !st.headerOnly && (st.reqMode == modeBuffered || st.reqMode == modePartial)
 	d := newDecision(dest, string(dest), st.pool.nameBytes, clen, remove, asBody)
 	st.upstreamKey(d)
+	for _, h := range st.ch.answer {
+		h.answer(&st.request, d)
+	}
 
 	if st.headerOnly {
 		return false, st.wrapSend(send, &d.pr)
@@ -384,7 +403,7 @@ func (st *stream) decide(send sendFunc) (bool, error) {
 func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	s := st.s
 	snap := s.snap.Load()
-	body = st.body
+	st.upstream = st.body
 	var (
 		pv     *poolView
 		mv     *modelView
@@ -392,12 +411,12 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 		r      openai.Request // the body's model and prompt spans
 	)
 	inference := openai.IsInferencePath(string(st.path))
-	if len(body) == 0 {
+	if len(st.upstream) == 0 {
 		if inference && string(st.method) == "POST" {
 			return 400, "request body is empty: a JSON object with a \"model\" field is required", nil, nil
 		}
 		pv = snap.headerOnlyPool
-	} else if req, tok, err := openai.ModelSpan(body); err != nil {
+	} else if req, tok, err := openai.ModelSpan(st.upstream); err != nil {
 		if inference {
 			return 400, err.Error(), nil, nil
 		}
@@ -427,15 +446,23 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 			target, st.obj = mv.target(randN)
 			st.obj.requests.Add(1)
 			if target != mv.model.Name {
-				body = openai.RewriteModel(body, r, target)
+				st.upstream = openai.RewriteModel(st.upstream, r, target)
 				st.rewritten, st.bodyRewritten = true, true
 				s.stats.rewritten.Add(1)
 			}
 		}
 	}
+	if pv != nil {
+		st.ch = &pv.chain
+	}
 	if st.ten != nil {
-		if code, msg := st.tenantAdmit(snap, &body); code != 0 {
+		if code, msg := st.tenantAdmit(snap, &st.upstream); code != 0 {
 			return code, msg, nil, nil
+		}
+	}
+	for _, h := range st.ch.resolved {
+		if rep := h.resolved(&st.request); rep.code != 0 {
+			return rep.code, rep.msg, nil, nil
 		}
 	}
 	if pv == nil {
@@ -448,12 +475,22 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	sreq := &sc.Req
 	*sreq = sched.Request{
 		Model: st.clientModel, TargetModel: target,
-		Tokens: openai.EstimateTokens(body), Subset: st.subset, HasSubset: st.hasSubset, Body: body,
+		Tokens: openai.EstimateTokens(st.upstream), Subset: st.subset, HasSubset: st.hasSubset, Body: st.upstream,
 		Now: time.Now(), Explain: s.debug, Record: st.obs.detailed(),
 	}
 	defer func() { *sreq = sched.Request{} }() // drop references to this request's body
 	if sreq.Record {
-		defer func() { st.notePick(pv, target, sreq, sc, code, dest) }()
+		defer func() {
+			st.notePick(pv, target, sreq, sc, code, dest)
+			if len(st.ch.decided) > 0 {
+				o := &st.outcome
+				*o = pickOutcome{pool: pv, target: target, req: sreq, sc: sc, code: code, dest: dest}
+				for _, h := range st.ch.decided {
+					h.decided(&st.request, o)
+				}
+				*o = pickOutcome{}
+			}
+		}()
 	}
 	if mv != nil {
 		sreq.Priority = mv.model.Priority
@@ -496,7 +533,7 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	if pv.usesSession {
 		sreq.Session = st.header(pv.sessionHeader)
 	}
-	if pv.usesPrefix && len(body) > 0 {
+	if pv.usesPrefix && len(st.upstream) > 0 {
 		// The prompt's bytes are the same in the original and a rewritten
 		// body (only the model token differs), so the spans found in the
 		// original serve both.
@@ -545,12 +582,20 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 		st.running = mv.running
 		st.running.Add(1)
 	}
+	if len(st.ch.picked) > 0 {
+		o := &st.outcome
+		*o = pickOutcome{pool: pv, target: target, req: sreq, sc: sc, dest: dest, streamed: r.Stream}
+		for _, h := range st.ch.picked {
+			h.picked(&st.request, o)
+		}
+		*o = pickOutcome{}
+	}
 	s.stats.picked.Add(1)
 	if s.debug {
 		s.log.Debug("picked endpoint", "pool", pv.name, "profile", prof.Name, "model", st.clientModel, "target", target,
 			"destination", string(dest), "candidates", len(cands), "scores", sc.Explanation)
 	}
-	return 0, "", body, dest
+	return 0, "", st.upstream, dest
 }
 
 // codeQueue is pick's answer for a request that must wait in the pool's
@@ -615,28 +660,41 @@ func (st *stream) recordServed(req *extprocv3.ProcessingRequest) {
 	if st.s.debug {
 		st.s.log.Debug("served endpoint reported", "served", addr, "pool", poolName(st.pool))
 	}
+	moved := st.moveServed(addr)
+	for _, h := range st.ch.served {
+		h.served(&st.request, addr, moved)
+	}
+}
+
+// moveServed counts the request as served by addr and, when that is a
+// fallback and the request is in flight, moves its in-flight accounting
+// there (moved).
+func (st *stream) moveServed(addr string) (moved bool) {
 	if st.pool == nil || st.primary == nil {
-		return
+		return false
 	}
 	ep := st.s.snap.Load().pools[st.pool.name].lookup(addr)
 	if ep == nil {
-		return
+		return false
 	}
 	ep.Load.Served.Add(1)
-	if ep.Address != st.primary.Address {
-		st.s.stats.fallbackServed.Add(1)
-		if !st.released {
-			st.primary.Load.InFlightRequests.Add(-1)
-			st.primary.Load.InFlightTokens.Add(-st.tokens)
-			ep.Load.InFlightRequests.Add(1)
-			ep.Load.InFlightTokens.Add(st.tokens)
-			st.primary = ep
-			st.moveTTFT(ep)
-			// The other replicas move it too.
-			st.unpublish()
-			st.publish(st.pool.name, ep.Address, st.tokens, nil, "")
-		}
+	if ep.Address == st.primary.Address {
+		return false
 	}
+	st.s.stats.fallbackServed.Add(1)
+	if st.released {
+		return false
+	}
+	st.primary.Load.InFlightRequests.Add(-1)
+	st.primary.Load.InFlightTokens.Add(-st.tokens)
+	ep.Load.InFlightRequests.Add(1)
+	ep.Load.InFlightTokens.Add(st.tokens)
+	st.primary = ep
+	st.moveTTFT(ep)
+	// The other replicas move it too.
+	st.unpublish()
+	st.publish(st.pool.name, ep.Address, st.tokens, nil, "")
+	return true
 }
 
 func poolName(pv *poolView) string {
@@ -676,6 +734,9 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 	r := newResponseHeaders(dropLength)
 	if st.ten != nil {
 		st.tenantResponseHeaders(h, r)
+	}
+	for _, hk := range st.ch.responseHeaders {
+		hk.responseHeaders(&st.request, h, r)
 	}
 	if err := st.wrapSend(send, r); err != nil {
 		return err

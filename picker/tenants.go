@@ -273,6 +273,11 @@ func (st *stream) responseFilter(data []byte, eos bool) (out []byte, changed boo
 	if st.ten != nil && st.ten.tap != nil {
 		out, changed = st.ten.tap.Write(out, eos), true
 	}
+	for _, h := range st.ch.responseBody {
+		var c bool
+		out, c = h.responseBody(&st.request, out, eos)
+		changed = changed || c
+	}
 	if eos {
 		st.finishTenant()
 	}
