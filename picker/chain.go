@@ -40,6 +40,22 @@ type pickOutcome struct {
 	code     int
 	dest     []byte
 	streamed bool // the body asks for an event stream
+
+	// The destination split into primary and fallbacks (destination).
+	split     bool
+	primary   string
+	fallbacks []string
+}
+
+// destination returns the pick's primary and fallbacks, with the pool's
+// own address strings ("" and nil when nothing was picked); the split is
+// made once however many stages ask.
+func (o *pickOutcome) destination() (string, []string) {
+	if !o.split {
+		o.split = true
+		o.primary, o.fallbacks = destination(o.pool, o.dest, o.code)
+	}
+	return o.primary, o.fallbacks
 }
 
 // requestHeadersStage runs when the request headers have been read,
@@ -206,7 +222,9 @@ type stageDef struct {
 // new capability is one entry here, its stage type in its own file, and
 // its per-request state in request.
 func stages() []stageDef {
-	return []stageDef{}
+	return []stageDef{
+		{name: "decisions", build: recordStageFor},
+	}
 }
 
 // buildChains builds snap's chains from s.stages: the server's chain

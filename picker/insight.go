@@ -2,8 +2,6 @@ package picker
 
 import (
 	"bytes"
-	"cmp"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,31 +27,19 @@ const maxSpanCandidates = 3
 
 // observation is one stream's notes.
 type observation struct {
-	start    time.Time // request headers reached the picker
-	span     *tracing.Span
-	rec      *decisions.Record
-	lat      respLatency
-	parsed   bool // the span has its parsed event
-	finished bool
+	span   *tracing.Span
+	parsed bool // the span has its parsed event
 }
 
-// detailed reports whether the decision's breakdown is wanted (the
-// request is traced or recorded).
-func (o *observation) detailed() bool { return o.span != nil || o.rec != nil }
-
-// noteRequest starts a request's notes when its headers arrive: the clock,
-// and, if sampled, its span (a child of the trace context Envoy put in the
-// stream's gRPC metadata, else of the request's own traceparent) and its
-// record.
+// noteRequest starts a request's notes when its headers arrive: if
+// sampled, its span (a child of the trace context Envoy put in the
+// stream's gRPC metadata, else of the request's own traceparent).
 func (st *stream) noteRequest() {
 	o, s := &st.obs, st.s
-	o.start = time.Now()
 	if s.opts.Tracer != nil {
 		parent, state := st.traceContext()
-		o.span = s.opts.Tracer.Start(st.ctx, parent, state, o.start)
-	}
-	if s.opts.Decisions.Sample() {
-		o.rec = &decisions.Record{Time: o.start, RequestID: st.header("x-request-id"), TraceID: o.span.TraceID()}
+		o.span = s.opts.Tracer.Start(st.ctx, parent, state, st.start)
+		st.detailed = o.span != nil
 	}
 }
 
@@ -74,8 +60,9 @@ func (st *stream) traceContext() (string, string) {
 }
 
 // notePick notes a decision: the parsed request and, when the scheduler
-// ran, its breakdown and the pick. code and msg are pick's answer.
-func (st *stream) notePick(pv *poolView, target string, req *sched.Request, sc *sched.Scratch, code int, dest []byte) {
+// ran, its breakdown and the pick.
+func (st *stream) notePick(po *pickOutcome) {
+	pv, target, req := po.pool, po.target, po.req
 	o := &st.obs
 	pool := poolName(pv)
 	tenant := st.tenant // "" without tenants
@@ -83,9 +70,9 @@ func (st *stream) notePick(pv *poolView, target string, req *sched.Request, sc *
 		o.parsed = true
 		o.span.Parsed(string(st.path), st.header("x-request-id"), st.clientModel, target, pool, tenant, req.Tokens, len(st.body))
 	}
-	b := sc.Breakdown()
-	picked, fallbacks := destination(pv, dest, code)
 	if o.span != nil {
+		b := po.sc.Breakdown()
+		picked, fallbacks := po.destination()
 		buf := make([]byte, 0, 64)
 		for i, f := range b.Filters {
 			if i > 0 {
@@ -100,20 +87,6 @@ func (st *stream) notePick(pv *poolView, target string, req *sched.Request, sc *
 		}
 		if picked != "" {
 			o.span.Picked(picked, strings.Join(fallbacks, ","))
-		}
-	}
-	if r := o.rec; r != nil {
-		r.Model, r.Target, r.Pool, r.Tenant, r.Priority, r.PromptTokens = st.clientModel, target, pool, tenant, req.Priority, req.Tokens
-		r.PoolSize = b.Pool
-		r.Filters = r.Filters[:0]
-		for _, f := range b.Filters {
-			r.Filters = append(r.Filters, decisions.FilterStep{Name: f.Name, Left: f.Left})
-		}
-		if b.Ranked {
-			recordScores(r, pv, b, st.s.opts.Decisions.MaxCandidates())
-		}
-		if picked != "" {
-			r.Picked, r.Fallbacks = picked, fallbacks
 		}
 	}
 }
@@ -225,129 +198,22 @@ func (pv *poolView) recordTables() *recordTables {
 	return t
 }
 
-// recordScores copies the candidates and their scores into r: every
-// candidate up to max, else the max best totals.
-func recordScores(r *decisions.Record, pv *poolView, b sched.Breakdown, max int) {
-	t := pv.recordTables()
-	n, k := len(b.Candidates), len(b.Scorers)
-	if len(t.scorers) == k {
-		r.Scorers = t.scorers
-	} else { // a profile whose scorers changed: describe them afresh
-		r.Scorers = make([]decisions.Scorer, k)
-		for j, ws := range b.Scorers {
-			r.Scorers[j] = decisions.Scorer{Name: ws.Scorer.Name(), Weight: ws.Weight}
-		}
-	}
-	r.Endpoints = t.addrs
-	var order []int
-	if n > max {
-		// A large pool: keep the best. Sorting is rare (pools over max).
-		order = make([]int, n)
-		for i := range order {
-			order[i] = i
-		}
-		slices.SortStableFunc(order, func(x, y int) int { return cmp.Compare(b.Totals[y], b.Totals[x]) })
-		order = order[:max]
-		r.Omitted = n - max
-		n = max
-	}
-	r.Candidates = make([]int32, n)
-	r.Totals = make([]float32, n)
-	r.Scores = make([]uint16, n*k)
-	if order == nil {
-		indexIn(r.Candidates, b.Candidates, pv.eps)
-		for i, v := range b.Totals[:n] {
-			r.Totals[i] = float32(v)
-		}
-		for j := range k {
-			row := r.Scores[j*n : (j+1)*n]
-			for i, v := range b.Scores[j][:n] {
-				row[i] = decisions.QuantizeScore(v)
-			}
-		}
-		if len(b.Predictions) >= n {
-			r.Predicted = make([]decisions.PredictedTTFT, n)
-			for i := range n {
-				r.Predicted[i] = predicted(b.Predictions[i])
-			}
-		}
-		return
-	}
-	picked := make([]*sched.Endpoint, n)
-	for c, i := range order {
-		picked[c], r.Totals[c] = b.Candidates[i], float32(b.Totals[i])
-		for j := range k {
-			r.Scores[j*n+c] = decisions.QuantizeScore(b.Scores[j][i])
-		}
-	}
-	indexIn(r.Candidates, picked, pv.eps)
-	if len(b.Predictions) == len(b.Candidates) {
-		r.Predicted = make([]decisions.PredictedTTFT, n)
-		for c, i := range order {
-			r.Predicted[c] = predicted(b.Predictions[i])
-		}
-	}
-}
-
-// predicted is what a decision record keeps of a TTFT prediction.
-func predicted(p sched.Prediction) decisions.PredictedTTFT {
-	return decisions.PredictedTTFT{Wait: p.Wait, Prefill: p.Prefill, Total: p.Total, Uncached: p.Uncached}
-}
-
-// indexIn writes each candidate's index in pool into dst. Filters keep
-// the pool's order, so one walk finds them all; a candidate out of order
-// is looked up from the start.
-func indexIn(dst []int32, cands, pool []*sched.Endpoint) {
-	j := 0
-	for c, e := range cands {
-		for j < len(pool) && pool[j] != e {
-			j++
-		}
-		if j == len(pool) {
-			j = slices.Index(pool, e)
-			if j < 0 {
-				j = 0 // not in the pool (cannot happen): the first
-			}
-		}
-		dst[c] = int32(j)
-	}
-}
-
-// noteDecisionTime notes how long the decision took.
-func (st *stream) noteDecisionTime(d time.Duration) {
-	if r := st.obs.rec; r != nil {
-		r.DecisionTime += d
-	}
-}
-
 // noteQueued notes that the request waits in its pool's admission queue.
 func (st *stream) noteQueued() {
 	o := &st.obs
 	o.span.Queued(st.waiting.Priority, st.waiting.Flow)
-	if o.rec != nil {
-		o.rec.Queued = true
-	}
 }
 
 // noteAdmitted notes how the admission wait ended.
 func (st *stream) noteAdmitted(waited time.Duration, outcome string) {
 	o := &st.obs
 	o.span.Admitted(waited, outcome)
-	if o.rec != nil {
-		o.rec.QueueWait, o.rec.QueueOutcome = waited, outcome
-	}
 }
 
 // noteReject notes a local reply.
 func (st *stream) noteReject(code int, msg string) {
 	o := &st.obs
 	o.span.Rejected(code, msg)
-	if o.rec != nil {
-		o.rec.Status, o.rec.Error = code, msg
-		if o.rec.Model == "" {
-			o.rec.Model, o.rec.Target = st.clientModel, st.clientModel
-		}
-	}
 }
 
 // noteServed notes the endpoint Envoy reports as having served the
@@ -355,51 +221,33 @@ func (st *stream) noteReject(code int, msg string) {
 func (st *stream) noteServed(addr string) {
 	o := &st.obs
 	o.span.Served(addr)
-	if o.rec != nil {
-		o.rec.Served = addr
-	}
 }
 
 // finish closes the request's notes when its stream ends: the latency
-// histograms, the record and the span.
+// histograms and the span, and the stages' done hooks.
 func (st *stream) finish() {
 	o := &st.obs
-	if o.finished {
+	if st.finished {
 		return
 	}
-	o.finished = true
+	st.finished = true
 	now := time.Now()
-	m, ok := o.lat.measure(o.start, now)
+	m, ok := st.lat.measure(st.start, now)
 	if ok && st.primary != nil {
 		if st.obj != nil {
 			st.obj.latency.observe(m)
 		}
 		st.s.endpointLatency(st.primary.Pool, st.primary.Address).observe(m)
 	}
-	end := o.lat.end
-	if end.IsZero() {
-		end = now
-	}
-	if st.obs.lat.status != 0 {
-		o.span.Responded(o.lat.status)
-	}
-	if r := o.rec; r != nil {
-		if r.Status == 0 {
-			r.Status = o.lat.status
-		}
-		if !o.lat.first.IsZero() {
-			r.TTFT = o.lat.first.Sub(o.start)
-			r.OutputTokens = o.lat.tokens()
-		}
-		r.Duration = end.Sub(o.start)
-		st.s.opts.Decisions.Add(r)
+	if st.lat.status != 0 {
+		o.span.Responded(st.lat.status)
 	}
 	if o.span != nil {
 		ttft := time.Duration(0)
-		if !o.lat.first.IsZero() {
-			ttft = o.lat.first.Sub(o.start)
+		if !st.lat.first.IsZero() {
+			ttft = st.lat.first.Sub(st.start)
 		}
-		o.span.End(end, ttft, o.lat.tokens())
+		o.span.End(st.lat.endAt(now), ttft, st.lat.tokens())
 	}
 	for _, h := range st.ch.done {
 		h.done(&st.request, now)

@@ -64,7 +64,7 @@ func BenchmarkDecisionOverhead(b *testing.B) {
 	decide := func(srv *Server, body []byte) {
 		st := srv.newStream(context.Background())
 		st.path, st.method, st.body = []byte("/v1/chat/completions"), []byte("POST"), body
-		st.noteRequest()
+		st.begin()
 		if code, msg, _, _ := st.pick(); code != 0 {
 			b.Fatalf("%d %s", code, msg)
 		}
@@ -125,9 +125,10 @@ func benchNotePick(b *testing.B, srv *Server) {
 	b.ResetTimer()
 	for n := 0; n < b.N; n++ {
 		st := srv.newStream(context.Background())
-		st.noteRequest()
+		st.begin()
 		st.clientModel = "llama"
-		st.notePick(pv, "llama", req, sc, 0, dest)
+		st.outcome = pickOutcome{pool: pv, target: "llama", req: req, sc: sc, dest: dest}
+		st.noteDecided(&st.outcome)
 		st.finish()
 	}
 }

@@ -3,10 +3,12 @@ package picker
 import (
 	"context"
 	"sync/atomic"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
 	"github.com/switchyard/switchyard/picker/admission"
+	"github.com/switchyard/switchyard/picker/decisions"
 	"github.com/switchyard/switchyard/picker/openai"
 	"github.com/switchyard/switchyard/picker/sched"
 )
@@ -73,7 +75,29 @@ type request struct {
 	servedSeen bool
 	rw         *openai.ResponseRewriter
 
-	// obs is what the picker notes for traces, decision records and
-	// latency (insight.go, latency.go).
+	// start: the request headers reached the picker. lat is the
+	// router's measurement of the response (latency.go); finished: the
+	// stream's end was noted.
+	start    time.Time
+	lat      respLatency
+	finished bool
+	// detailed: an observer (a trace, a decision record) wants the
+	// decision's breakdown; decisionTime is how long its picks took.
+	detailed     bool
+	decisionTime time.Duration
+
+	// obs is what the picker notes for traces (insight.go).
 	obs observation
+	// rec is the request's decision record (records.go; nil: none).
+	rec *decisions.Record
+}
+
+// header returns the value of request header name (lower case), or "".
+func (r *request) header(name string) string {
+	for _, hv := range r.headers {
+		if hv.GetKey() == name {
+			return string(headerBytes(hv))
+		}
+	}
+	return ""
 }

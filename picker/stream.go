@@ -97,12 +97,12 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest, send sendFunc) (bool,
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		return st.onRequestTrailers(send)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		st.obs.lat.headers(v.ResponseHeaders, time.Now())
+		st.lat.headers(v.ResponseHeaders, time.Now())
 		st.recordServed(req)
 		return false, st.onResponseHeaders(v.ResponseHeaders, send)
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		st.s.stats.responseBodies.Add(1)
-		st.obs.lat.body(v.ResponseBody.GetBody(), v.ResponseBody.GetEndOfStream(), time.Now())
+		st.lat.body(v.ResponseBody.GetBody(), v.ResponseBody.GetEndOfStream(), time.Now())
 		st.recordServed(req)
 		return false, st.onResponseBody(v.ResponseBody, send)
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
@@ -153,7 +153,6 @@ func isProtocolHeader(k string) bool {
 func (st *stream) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders, send sendFunc) (bool, error) {
 	st.readSubset(req)
 	st.headers = h.GetHeaders().GetHeaders()
-	st.noteRequest()
 	for _, hv := range st.headers {
 		k := hv.GetKey()
 		switch {
@@ -169,10 +168,8 @@ func (st *stream) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 			}
 		}
 	}
-	for _, h := range st.ch.requestHeaders {
-		if rep := h.requestHeaders(&st.request); rep.code != 0 {
-			return st.rejectReply(rep, send)
-		}
+	if rep := st.begin(); rep.code != 0 {
+		return st.rejectReply(rep, send)
 	}
 	if done, err := st.authenticate(send); done || err != nil {
 		return done, err
@@ -269,6 +266,19 @@ func (st *stream) reject(code int, msg string, send sendFunc) (bool, error) {
 	return st.rejectWith(code, msg, send, "", 0)
 }
 
+// begin starts the request's life once its headers are read: the clock,
+// then the stages' request-headers hooks (observers' notes first).
+func (st *stream) begin() reply {
+	st.start = time.Now()
+	st.noteRequest()
+	for _, h := range st.ch.requestHeaders {
+		if rep := h.requestHeaders(&st.request); rep.code != 0 {
+			return rep
+		}
+	}
+	return reply{}
+}
+
 // rejectReply sends a stage's local reply and ends the stream.
 func (st *stream) rejectReply(rep reply, send sendFunc) (bool, error) {
 	return st.rejectWith(rep.code, rep.msg, send, rep.reason, rep.retryAfter)
@@ -310,7 +320,7 @@ func (st *stream) decide(send sendFunc) (bool, error) {
 	t0 := time.Now()
 	code, msg, body, dest := st.pick()
 	st.s.stats.decision.observe(time.Since(t0))
-	st.noteDecisionTime(time.Since(t0))
+	st.decisionTime += time.Since(t0)
 	if code == codeQueue {
 		// Saturated: wait in the pool's admission queue, then pick again
 		// with what the dispatcher saw free (the pool view may be newer).
@@ -323,7 +333,7 @@ func (st *stream) decide(send sendFunc) (bool, error) {
 		st.admitted = true
 		t1 := time.Now()
 		code, msg, body, dest = st.pick()
-		st.noteDecisionTime(time.Since(t1))
+		st.decisionTime += time.Since(t1)
 		tk.Done()
 	}
 	if code != 0 {
@@ -476,20 +486,14 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	*sreq = sched.Request{
 		Model: st.clientModel, TargetModel: target,
 		Tokens: openai.EstimateTokens(st.upstream), Subset: st.subset, HasSubset: st.hasSubset, Body: st.upstream,
-		Now: time.Now(), Explain: s.debug, Record: st.obs.detailed(),
+		Now: time.Now(), Explain: s.debug, Record: st.detailed,
 	}
 	defer func() { *sreq = sched.Request{} }() // drop references to this request's body
 	if sreq.Record {
 		defer func() {
-			st.notePick(pv, target, sreq, sc, code, dest)
-			if len(st.ch.decided) > 0 {
-				o := &st.outcome
-				*o = pickOutcome{pool: pv, target: target, req: sreq, sc: sc, code: code, dest: dest}
-				for _, h := range st.ch.decided {
-					h.decided(&st.request, o)
-				}
-				*o = pickOutcome{}
-			}
+			st.outcome = pickOutcome{pool: pv, target: target, req: sreq, sc: sc, code: code, dest: dest}
+			st.noteDecided(&st.outcome)
+			st.outcome = pickOutcome{}
 		}()
 	}
 	if mv != nil {
@@ -598,6 +602,14 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	return 0, "", st.upstream, dest
 }
 
+// noteDecided lets the observers note a decision.
+func (st *stream) noteDecided(o *pickOutcome) {
+	st.notePick(o)
+	for _, h := range st.ch.decided {
+		h.decided(&st.request, o)
+	}
+}
+
 // codeQueue is pick's answer for a request that must wait in the pool's
 // admission queue (st.pool and st.waiting say where and as what).
 const codeQueue = -1
@@ -607,16 +619,6 @@ func (st *stream) queue(pv *poolView, req *sched.Request) (int, string, []byte, 
 	st.pool = pv
 	st.waiting = admission.Request{Priority: req.Priority, Flow: st.flow(pv), Bytes: int64(len(st.body)), Tokens: req.Tokens}
 	return codeQueue, "", nil, nil
-}
-
-// header returns the value of request header name (lower case), or "".
-func (st *stream) header(name string) string {
-	for _, hv := range st.headers {
-		if hv.GetKey() == name {
-			return string(headerBytes(hv))
-		}
-	}
-	return ""
 }
 
 func (st *stream) readSubset(req *extprocv3.ProcessingRequest) {

@@ -101,11 +101,11 @@ func (st *stream) ttftHeaders() {
 }
 
 // ttftBody is called after each response body message has been noted by
-// the router's latency measurement (st.obs.lat, latency.go), which says
+// the router's latency measurement (st.lat, latency.go), which says
 // whether the response is a successful event stream and when its first
 // bytes came: those are the first token, observed against the prediction.
 func (st *stream) ttftBody() {
-	t, lat := &st.ttft, &st.obs.lat
+	t, lat := &st.ttft, &st.lat
 	if !t.on || lat.first.IsZero() || !t.work.finish() {
 		return
 	}
