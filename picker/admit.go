@@ -216,13 +216,11 @@ func (st *stream) queueWait(pv *poolView, send sendFunc) (admission.Ticket, erro
 	}
 	st.s.stats.queued.Add(1)
 	queuedAt := time.Now()
-	st.noteQueued()
 	for _, h := range st.ch.decided {
 		h.queued(&st.request)
 	}
 	tk, err := q.Wait(st.ctx, st.waiting)
 	waited, outcome := time.Since(queuedAt), waitOutcome(err)
-	st.noteAdmitted(waited, outcome)
 	for _, h := range st.ch.decided {
 		h.admitted(&st.request, waited, outcome)
 	}

@@ -223,6 +223,7 @@ type stageDef struct {
 // its per-request state in request.
 func stages() []stageDef {
 	return []stageDef{
+		{name: "tracing", build: traceStageFor},
 		{name: "decisions", build: recordStageFor},
 	}
 }

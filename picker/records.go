@@ -39,7 +39,7 @@ func recordStageFor(s *Server, _ *snapshot, _ *poolView) any {
 // requestHeaders starts the record of a sampled request.
 func (rs *recordStage) requestHeaders(r *request) reply {
 	if rs.rec.Sample() {
-		r.rec = &decisions.Record{Time: r.start, RequestID: r.header("x-request-id"), TraceID: r.obs.span.TraceID()}
+		r.rec = &decisions.Record{Time: r.start, RequestID: r.header("x-request-id"), TraceID: r.span.TraceID()}
 		r.detailed = true
 	}
 	return reply{}

@@ -11,6 +11,7 @@ import (
 	"github.com/switchyard/switchyard/picker/decisions"
 	"github.com/switchyard/switchyard/picker/openai"
 	"github.com/switchyard/switchyard/picker/sched"
+	"github.com/switchyard/switchyard/picker/tracing"
 )
 
 // request is one request's life through the picker, apart from Envoy's
@@ -34,6 +35,9 @@ type request struct {
 	hasSubset     bool
 	body          []byte
 	bodyOwned     bool // body is our buffer, not a received message's bytes
+	// missing: the body names a model nobody declared and no default
+	// pool takes (404).
+	missing bool
 
 	// Decision.
 	pool        *poolView
@@ -86,8 +90,10 @@ type request struct {
 	detailed     bool
 	decisionTime time.Duration
 
-	// obs is what the picker notes for traces (insight.go).
-	obs observation
+	// span is the request's trace span (trace.go; nil: none);
+	// spanParsed: it has its parsed event.
+	span       *tracing.Span
+	spanParsed bool
 	// rec is the request's decision record (records.go; nil: none).
 	rec *decisions.Record
 }

@@ -270,7 +270,6 @@ func (st *stream) reject(code int, msg string, send sendFunc) (bool, error) {
 // then the stages' request-headers hooks (observers' notes first).
 func (st *stream) begin() reply {
 	st.start = time.Now()
-	st.noteRequest()
 	for _, h := range st.ch.requestHeaders {
 		if rep := h.requestHeaders(&st.request); rep.code != 0 {
 			return rep
@@ -288,7 +287,6 @@ func (st *stream) rejectReply(rep reply, send sendFunc) (bool, error) {
 // retry-after hint (when reason is set).
 func (st *stream) rejectWith(code int, msg string, send sendFunc, reason string, after time.Duration) (bool, error) {
 	st.decided = true
-	st.noteReject(code, msg)
 	i := rejectIndex(code)
 	st.s.stats.rejected[i].Add(1)
 	if st.obj != nil {
@@ -446,6 +444,7 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 			}
 			st.clientModel, target = r.Model, r.Model
 			if snap.unknownPool == nil {
+				st.missing = true
 				st.noteUnknownModel(snap)
 				return 404, fmt.Sprintf("model %q does not exist", r.Model), nil, nil
 			}
@@ -604,7 +603,6 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 
 // noteDecided lets the observers note a decision.
 func (st *stream) noteDecided(o *pickOutcome) {
-	st.notePick(o)
 	for _, h := range st.ch.decided {
 		h.decided(&st.request, o)
 	}
@@ -658,7 +656,6 @@ func (st *stream) recordServed(req *extprocv3.ProcessingRequest) {
 	if l := v.GetListValue(); l != nil && len(l.GetValues()) > 0 {
 		addr = l.GetValues()[0].GetStringValue()
 	}
-	st.noteServed(addr)
 	if st.s.debug {
 		st.s.log.Debug("served endpoint reported", "served", addr, "pool", poolName(st.pool))
 	}
@@ -796,4 +793,24 @@ func (st *stream) onResponseTrailers(send sendFunc) error {
 		}
 	}
 	return st.wrapSend(send, responseTrailersResponse())
+}
+
+// finish closes the request's notes when its stream ends: the latency
+// histograms, and the stages' done hooks.
+func (st *stream) finish() {
+	if st.finished {
+		return
+	}
+	st.finished = true
+	now := time.Now()
+	m, ok := st.lat.measure(st.start, now)
+	if ok && st.primary != nil {
+		if st.obj != nil {
+			st.obj.latency.observe(m)
+		}
+		st.s.endpointLatency(st.primary.Pool, st.primary.Address).observe(m)
+	}
+	for _, h := range st.ch.done {
+		h.done(&st.request, now)
+	}
 }

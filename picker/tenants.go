@@ -358,3 +358,12 @@ func (s *Server) Tenants(now time.Time) []TenantStatus {
 	}
 	return out
 }
+
+// noteUnknownModel files the tenant usage of a request for a model nobody
+// declared, answered 404 before any pool is chosen, under the name's
+// label.
+func (st *stream) noteUnknownModel(snap *snapshot) {
+	if st.ten != nil {
+		st.ten.label = st.ten.labelFor(snap, st.clientModel)
+	}
+}
