@@ -166,10 +166,10 @@ func (st *stream) admit(pv *poolView, req *sched.Request, cands []*sched.Endpoin
 	return admitWait
 }
 
-// priority is the request's band: the pool's priority header clamped to
-// the operator's bounds, else model (the tenant's priority, else the
-// model's).
-func (st *stream) priority(pv *poolView, model int) int {
+// headerPriority is the request's band: the pool's priority header
+// clamped to the operator's bounds, else model (the tenant's priority,
+// else the model's).
+func (st *stream) headerPriority(pv *poolView, model int) int {
 	h := pv.admission.PriorityHeader
 	if h == "" {
 		return model

@@ -225,6 +225,7 @@ func stages() []stageDef {
 	return []stageDef{
 		{name: "tracing", build: traceStageFor},
 		{name: "decisions", build: recordStageFor},
+		{name: "tenants", build: tenantStageFor},
 	}
 }
 

@@ -42,11 +42,6 @@ func (st *stream) answerModels() *extprocv3.ProcessingResponse {
 	}
 	created := st.s.started.Unix()
 	ids := st.s.snap.Load().modelIDs()
-	if tr := st.ten; tr != nil {
-		// A tenant sees the models it may use; listing is not accounted.
-		tr.skip = true
-		ids = slices.DeleteFunc(ids, func(id string) bool { return !tr.t.Allows(id) })
-	}
 	for _, h := range st.ch.models {
 		ids = h.listModels(&st.request, ids)
 	}

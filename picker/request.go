@@ -67,15 +67,20 @@ type request struct {
 	// the next pick does not judge saturation again.
 	waiting  admission.Request
 	admitted bool
-	// Tenant, set by authenticate when the request headers arrive, before
-	// the decision (tenants.go): the admission queue takes tenant as the
-	// request's flow and tenantPriority as its default priority. Empty
-	// and nil without tenants.
-	tenant         string
-	tenantPriority *int
-	ten            *tenantReq
+	// tenant is the request's tenant, set when the request headers
+	// arrive, before the decision ("" without tenants): the admission
+	// queue takes it as the request's flow. ten is the tenant stage's
+	// state (tenants.go).
+	tenant string
+	ten    tenantReq
+	// snap is the snapshot the request was last resolved in; priority its
+	// default priority band (the model's, or its tenant's).
+	snap     *snapshot
+	priority int
 
-	// Response side.
+	// Response side. respBody: the picker sees the response body (its
+	// processing mode is not NONE).
+	respBody   bool
 	servedSeen bool
 	rw         *openai.ResponseRewriter
 

@@ -48,13 +48,13 @@ type stream struct {
 }
 
 func (s *Server) newStream(ctx context.Context) *stream {
-	return &stream{request: request{s: s, ctx: ctx, ch: &s.snap.Load().chain}, reqMode: s.opts.RequestBodyMode, respMode: s.opts.ResponseBodyMode}
+	return &stream{request: request{s: s, ctx: ctx, ch: &s.snap.Load().chain, respBody: s.opts.ResponseBodyMode != modeNone},
+		reqMode: s.opts.RequestBodyMode, respMode: s.opts.ResponseBodyMode}
 }
 
 // release returns the in-flight request and tokens exactly once (and
 // settles the request's tenant accounting).
 func (st *stream) release() {
-	st.finishTenant()
 	for _, h := range st.ch.released {
 		h.released(&st.request)
 	}
@@ -83,6 +83,7 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest, send sendFunc) (bool,
 		st.bodyEarly = true
 		if pc := req.GetProtocolConfig(); pc != nil {
 			st.reqMode, st.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+			st.respBody = st.respMode != modeNone
 			st.bodyEarly = pc.GetSendBodyWithoutWaitingForHeaderResponse()
 		}
 	}
@@ -170,9 +171,6 @@ func (st *stream) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 	}
 	if rep := st.begin(); rep.code != 0 {
 		return st.rejectReply(rep, send)
-	}
-	if done, err := st.authenticate(send); done || err != nil {
-		return done, err
 	}
 	if st.contentLength > st.s.opts.MaxBodyBytes {
 		return st.reject(413, fmt.Sprintf("request body of %d bytes exceeds the %d byte limit", st.contentLength, st.s.opts.MaxBodyBytes), send)
@@ -300,7 +298,6 @@ func (st *stream) rejectWith(code int, msg string, send sendFunc, reason string,
 		hm := r.GetImmediateResponse().GetHeaders()
 		hm.SetHeaders = append(hm.SetHeaders, setHeader(HeaderAdmission, reason), setHeader("retry-after", retryAfter(after)))
 	}
-	st.replyHeaders(r, code)
 	for _, h := range st.ch.replied {
 		h.replied(&st.request, reply{code: code, msg: msg, reason: reason, retryAfter: after}, r)
 	}
@@ -411,6 +408,7 @@ func (st *stream) decide(send sendFunc) (bool, error) {
 func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	s := st.s
 	snap := s.snap.Load()
+	st.snap = snap
 	st.upstream = st.body
 	var (
 		pv     *poolView
@@ -445,7 +443,6 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 			st.clientModel, target = r.Model, r.Model
 			if snap.unknownPool == nil {
 				st.missing = true
-				st.noteUnknownModel(snap)
 				return 404, fmt.Sprintf("model %q does not exist", r.Model), nil, nil
 			}
 			pv = snap.unknownPool
@@ -464,10 +461,9 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	if pv != nil {
 		st.ch = &pv.chain
 	}
-	if st.ten != nil {
-		if code, msg := st.tenantAdmit(snap, &st.upstream); code != 0 {
-			return code, msg, nil, nil
-		}
+	st.priority = 0
+	if mv != nil {
+		st.priority = mv.model.Priority
 	}
 	for _, h := range st.ch.resolved {
 		if rep := h.resolved(&st.request); rep.code != 0 {
@@ -495,14 +491,9 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 			st.outcome = pickOutcome{}
 		}()
 	}
-	if mv != nil {
-		sreq.Priority = mv.model.Priority
-	}
-	if st.tenantPriority != nil {
-		sreq.Priority = *st.tenantPriority
-	}
+	sreq.Priority = st.priority
 	if pv.admission.PriorityHeader != "" {
-		sreq.Priority = st.priority(pv, sreq.Priority)
+		sreq.Priority = st.headerPriority(pv, sreq.Priority)
 	}
 	prof := pv.profile
 	cands := prof.Filter(sreq, pv.eps, sc)
@@ -713,7 +704,7 @@ func (pv *poolView) lookup(addr string) *sched.Endpoint {
 func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, send sendFunc) error {
 	st.ttftHeaders()
 	dropLength := false
-	if st.rewritten && st.respMode != modeNone && !h.GetEndOfStream() {
+	if st.rewritten && st.respBody && !h.GetEndOfStream() {
 		ct, encoded := "", false
 		for _, hv := range h.GetHeaders().GetHeaders() {
 			switch strings.ToLower(hv.GetKey()) {
@@ -731,9 +722,6 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 		}
 	}
 	r := newResponseHeaders(dropLength)
-	if st.ten != nil {
-		st.tenantResponseHeaders(h, r)
-	}
 	for _, hk := range st.ch.responseHeaders {
 		hk.responseHeaders(&st.request, h, r)
 	}
@@ -813,4 +801,20 @@ func (st *stream) finish() {
 	for _, h := range st.ch.done {
 		h.done(&st.request, now)
 	}
+}
+
+// responseFilter runs a response body chunk through the model rewriter
+// and the stages (a tenant's usage tap); changed reports whether any may
+// have altered it.
+func (st *stream) responseFilter(data []byte, eos bool) (out []byte, changed bool) {
+	out = data
+	if st.rw != nil {
+		out, changed = st.rw.Write(out, eos), true
+	}
+	for _, h := range st.ch.responseBody {
+		var c bool
+		out, c = h.responseBody(&st.request, out, eos)
+		changed = changed || c
+	}
+	return out, changed
 }
