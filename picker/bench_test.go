@@ -101,6 +101,7 @@ func BenchmarkHandleRequest(b *testing.B) {
 					}
 				}
 				st.release()
+				srv.freeStream(st)
 			}
 			b.StopTimer()
 			if n, _ := srv.InFlight(); n != 0 || sent == 0 {
@@ -199,6 +200,7 @@ func benchDecision(b *testing.B, profile string) {
 			b.Fatalf("%d %s", code, msg)
 		}
 		st.release()
+		srv.freeStream(st)
 	}
 	for _, body := range bodies { // warm the prefix index
 		decide(body)
@@ -309,6 +311,7 @@ func BenchmarkScheduleDecisionBusy(b *testing.B) {
 			b.Fatalf("%d %s", code, msg)
 		}
 		st.release()
+		srv.freeStream(st)
 	}
 	for i := range bodies { // the 32 system prompts spread over the pool
 		decide(i)

@@ -70,6 +70,7 @@ func BenchmarkDecisionOverhead(b *testing.B) {
 		}
 		st.release()
 		st.finish()
+		srv.freeStream(st)
 	}
 	for _, c := range cases {
 		for _, body := range bodies {
@@ -130,6 +131,7 @@ func benchNotePick(b *testing.B, srv *Server) {
 		st.outcome = pickOutcome{pool: pv, target: "llama", req: req, sc: sc, dest: dest}
 		st.noteDecided(&st.outcome)
 		st.finish()
+		srv.freeStream(st)
 	}
 }
 

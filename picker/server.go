@@ -125,6 +125,7 @@ type Server struct {
 	// (loadKey -> *latencyHists; see latency.go).
 	epLatency sync.Map
 	scratch   sync.Pool
+	streams   sync.Pool // *stream, see newStream
 	stats     counters
 	warm      warmCache
 
@@ -187,6 +188,7 @@ func New(view registry.View, opts Options, logger *slog.Logger) *Server {
 		stages:  stages(),
 	}
 	s.scratch.New = func() any { return new(sched.Scratch) }
+	s.streams.New = func() any { return new(stream) }
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
 	st, _ := view.Current()
 	s.apply(st)
@@ -335,6 +337,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	defer s.active.Add(-1)
 	ctx := srv.Context()
 	st := s.newStream(ctx)
+	defer s.freeStream(st)
 	defer st.finish()
 	defer st.release()
 	for {

@@ -47,9 +47,26 @@ type stream struct {
 	chunkLens []int // STREAMED mode: original chunk sizes
 }
 
+// newStream returns the state of a new ext_proc stream. Streams are
+// pooled: the stages take the request by pointer through their hook
+// interfaces, so it lives on the heap, and a request should not cost an
+// allocation for it. Return it with freeStream.
 func (s *Server) newStream(ctx context.Context) *stream {
-	return &stream{request: request{s: s, ctx: ctx, ch: &s.snap.Load().chain, respBody: s.opts.ResponseBodyMode != modeNone},
-		reqMode: s.opts.RequestBodyMode, respMode: s.opts.ResponseBodyMode}
+	st := s.streams.Get().(*stream)
+	st.s, st.ctx, st.ch = s, ctx, &s.snap.Load().chain
+	st.reqMode, st.respMode = s.opts.RequestBodyMode, s.opts.ResponseBodyMode
+	st.respBody = st.respMode != modeNone
+	return st
+}
+
+// freeStream returns st to the pool once its stream has ended. Nothing
+// holds a pointer into it then: responses are marshalled as they are
+// sent, and what outlives the request (records, spans, prefill work) is
+// allocated apart. Clearing it drops the request's references (its body)
+// at once.
+func (s *Server) freeStream(st *stream) {
+	*st = stream{}
+	s.streams.Put(st)
 }
 
 // release returns the in-flight request and tokens exactly once (and
