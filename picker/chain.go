@@ -226,6 +226,7 @@ func stages() []stageDef {
 		{name: "tracing", build: traceStageFor},
 		{name: "decisions", build: recordStageFor},
 		{name: "tenants", build: tenantStageFor},
+		{name: "replicas", build: replicaStageFor},
 	}
 }
 

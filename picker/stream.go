@@ -80,7 +80,6 @@ func (st *stream) release() {
 	}
 	st.released = true
 	st.ttftRelease()
-	st.unpublish()
 	st.primary.Load.InFlightRequests.Add(-1)
 	st.primary.Load.InFlightTokens.Add(-st.tokens)
 	if st.running != nil {
@@ -587,7 +586,6 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	}
 	st.primary.Load.InFlightRequests.Add(1)
 	st.primary.Load.InFlightTokens.Add(st.tokens)
-	st.publish(pv.name, st.primary.Address, st.tokens, sreq.Hashes, sreq.Session)
 	st.primary.Load.Picked.Add(1)
 	if mv != nil {
 		st.running = mv.running
@@ -698,9 +696,6 @@ func (st *stream) moveServed(addr string) (moved bool) {
 	ep.Load.InFlightTokens.Add(st.tokens)
 	st.primary = ep
 	st.moveTTFT(ep)
-	// The other replicas move it too.
-	st.unpublish()
-	st.publish(st.pool.name, ep.Address, st.tokens, nil, "")
 	return true
 }
 
