@@ -227,6 +227,7 @@ func stages() []stageDef {
 		{name: "decisions", build: recordStageFor},
 		{name: "tenants", build: tenantStageFor},
 		{name: "replicas", build: replicaStageFor},
+		{name: "ttft", perPool: true, build: ttftStageFor},
 	}
 }
 

@@ -79,7 +79,6 @@ func (st *stream) release() {
 		return
 	}
 	st.released = true
-	st.ttftRelease()
 	st.primary.Load.InFlightRequests.Add(-1)
 	st.primary.Load.InFlightTokens.Add(-st.tokens)
 	if st.running != nil {
@@ -579,11 +578,6 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 	}
 	dest = d
 	st.pool, st.primary, st.tokens = pv, picked[0], sreq.Tokens
-	if pv.predictor != nil {
-		if pred, ok := sc.Prediction(st.primary.Address); ok {
-			st.trackTTFT(st.primary, pred, sreq.Now, r.Stream)
-		}
-	}
 	st.primary.Load.InFlightRequests.Add(1)
 	st.primary.Load.InFlightTokens.Add(st.tokens)
 	st.primary.Load.Picked.Add(1)
@@ -695,7 +689,6 @@ func (st *stream) moveServed(addr string) (moved bool) {
 	ep.Load.InFlightRequests.Add(1)
 	ep.Load.InFlightTokens.Add(st.tokens)
 	st.primary = ep
-	st.moveTTFT(ep)
 	return true
 }
 
@@ -714,7 +707,6 @@ func (pv *poolView) lookup(addr string) *sched.Endpoint {
 }
 
 func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, send sendFunc) error {
-	st.ttftHeaders()
 	dropLength := false
 	if st.rewritten && st.respBody && !h.GetEndOfStream() {
 		ct, encoded := "", false
@@ -748,7 +740,6 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 
 func (st *stream) onResponseBody(b *extprocv3.HttpBody, send sendFunc) error {
 	data, eos := b.GetBody(), b.GetEndOfStream()
-	st.ttftBody()
 	var r *extprocv3.ProcessingResponse
 	switch st.respMode {
 	case modeDuplex:
