@@ -228,6 +228,7 @@ func stages() []stageDef {
 		{name: "tenants", build: tenantStageFor},
 		{name: "replicas", build: replicaStageFor},
 		{name: "ttft", perPool: true, build: ttftStageFor},
+		{name: "upstream-key", perPool: true, build: upstreamKeyStageFor},
 	}
 }
 

@@ -364,7 +364,6 @@ func (st *stream) decide(send sendFunc) (bool, error) {
 	}
 	asBody := !st.headerOnly && (st.reqMode == modeBuffered || st.reqMode == modePartial)
 	d := newDecision(dest, string(dest), st.pool.nameBytes, clen, remove, asBody)
-	st.upstreamKey(d)
 	for _, h := range st.ch.answer {
 		h.answer(&st.request, d)
 	}

@@ -258,24 +258,6 @@ func appendRateHeaders(set []*corev3.HeaderValueOption, tr *tenantReq) []*corev3
 	return set
 }
 
-// upstreamKey sets the pool's own API key on the request going upstream,
-// in place of the client's (removed by authenticate).
-func (st *stream) upstreamKey(d *decisionBlock) {
-	key := st.pool.upstreamKey
-	if key == "" {
-		return
-	}
-	for i, k := range d.hm.RemoveHeaders {
-		if k == "authorization" {
-			// Set below; removing it as well would leave Envoy's order of
-			// operations to decide.
-			d.hm.RemoveHeaders = append(d.hm.RemoveHeaders[:i:i], d.hm.RemoveHeaders[i+1:]...)
-			break
-		}
-	}
-	d.hm.SetHeaders = append(d.hm.SetHeaders, setHeader("authorization", "Bearer "+key))
-}
-
 // responseHeaders notes the response status, adds the rate-limit
 // headers and, for JSON and event-stream bodies that are not compressed,
 // starts reading the usage (dropping content-length when the usage chunk
