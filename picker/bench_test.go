@@ -196,8 +196,8 @@ func benchDecision(b *testing.B, profile string) {
 	decide := func(body []byte) {
 		st := srv.newStream(context.Background())
 		st.path, st.method, st.body = []byte("/v1/chat/completions"), []byte("POST"), body
-		if code, msg, _, _ := st.pick(); code != 0 {
-			b.Fatalf("%d %s", code, msg)
+		if rep := st.pick(); rep.code != 0 {
+			b.Fatalf("%d %s", rep.code, rep.msg)
 		}
 		st.release()
 		srv.freeStream(st)
@@ -307,8 +307,8 @@ func BenchmarkScheduleDecisionBusy(b *testing.B) {
 	decide := func(i int) {
 		st := srv.newStream(context.Background())
 		st.path, st.method, st.body, st.headers = []byte("/v1/chat/completions"), []byte("POST"), bodies[i], headers[i]
-		if code, msg, _, _ := st.pick(); code != 0 {
-			b.Fatalf("%d %s", code, msg)
+		if rep := st.pick(); rep.code != 0 {
+			b.Fatalf("%d %s", rep.code, rep.msg)
 		}
 		st.release()
 		srv.freeStream(st)

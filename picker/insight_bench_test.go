@@ -65,8 +65,8 @@ func BenchmarkDecisionOverhead(b *testing.B) {
 		st := srv.newStream(context.Background())
 		st.path, st.method, st.body = []byte("/v1/chat/completions"), []byte("POST"), body
 		st.begin()
-		if code, msg, _, _ := st.pick(); code != 0 {
-			b.Fatalf("%d %s", code, msg)
+		if rep := st.pick(); rep.code != 0 {
+			b.Fatalf("%d %s", rep.code, rep.msg)
 		}
 		st.release()
 		st.finish()
