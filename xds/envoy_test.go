@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard/switchyard/envoy"
 	"github.com/switchyard/switchyard/internal/testutil"
 	"github.com/switchyard/switchyard/registry"
 	"github.com/switchyard/switchyard/xds/ir"
@@ -292,12 +293,18 @@ func TestEnvoyServesTranslatedConfig(t *testing.T) {
 // picker: a fail-open pool keeps serving through least_request, while a
 // configuration with only fail-closed pools answers 503.
 func TestEnvoyFailOpenAndFailClosed(t *testing.T) {
+	for _, api := range apiTypes {
+		t.Run(api, func(t *testing.T) { testEnvoyFailOpenAndFailClosed(t, api) })
+	}
+}
+
+func testEnvoyFailOpenAndFailClosed(t *testing.T, api string) {
 	a, b := startBackend(t), startBackend(t)
 	deadPicker := testutil.FreeAddr(t) // nothing listens here
 	listen := testutil.FreeAddr(t)
 	pub := registry.NewPublisher(newState(1, listen, pool("llama", registry.FailOpen, a.Addr, b.Addr)))
 	srv, xdsAddr := startXDS(t, pub, Options{Translation: ir.Options{PickerAddr: deadPicker}})
-	admin, _ := startEnvoy(t, "envoy-failopen", xdsAddr)
+	admin, _ := startEnvoyAPI(t, "envoy-failopen", xdsAddr, api)
 	waitClusters(t, admin, 10*time.Second, []string{"pool/llama::" + a.Addr + "::"}, nil)
 	testutil.WaitTCP(t, listen, 5*time.Second)
 	waitPicker(t, admin, deadPicker, false)
@@ -481,15 +488,28 @@ func TestEnvoyPickerCrashFailsOpen(t *testing.T) {
 // the same content then has the same versions (content addresses), so
 // Envoy gets no new configuration at all; new content gets new versions.
 func TestEnvoySurvivesSwitchyardRestart(t *testing.T) {
+	for _, api := range apiTypes {
+		t.Run(api, func(t *testing.T) { testEnvoySurvivesSwitchyardRestart(t, api) })
+	}
+}
+
+func testEnvoySurvivesSwitchyardRestart(t *testing.T, api string) {
 	a, b := startBackend(t), startBackend(t)
 	listen := testutil.FreeAddr(t)
 	pub1 := registry.NewPublisher(newState(1, listen, pool("llama", registry.FailClosed, a.Addr)))
 	srv1, xdsAddr, stop1 := startXDSAt(t, "127.0.0.1:0", pub1, Options{})
-	admin, _ := startEnvoy(t, "envoy-restart", xdsAddr)
+	admin, _ := startEnvoyAPI(t, "envoy-restart", xdsAddr, api)
 	waitClusters(t, admin, 10*time.Second, []string{"pool/llama::" + a.Addr + "::"}, nil)
 	v1 := srv1.Stats().Versions
+	// State of the world: a reconnecting Envoy holding the served
+	// versions is sent nothing. Incremental: its first wildcard request
+	// is answered with an empty update, which changes no cluster.
+	filter := "^cluster_manager.cds.update_success$"
+	if api == envoy.APITypeDelta {
+		filter = "^cluster_manager.cluster_(added|modified|removed)$"
+	}
 	updates := func() string {
-		out, err := httpGet(admin + "/stats?filter=^cluster_manager.cds.update_success$")
+		out, err := httpGet(admin + "/stats?filter=" + filter)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -529,6 +549,14 @@ func TestEnvoySurvivesSwitchyardRestart(t *testing.T) {
 	if after := updates(); after != before {
 		t.Fatalf("Envoy updated its clusters for unchanged content: %q -> %q", before, after)
 	}
+	// The status knows the node holds every served version, though
+	// nothing (or, incremental, an empty update) was sent.
+	testutil.Eventually(t, 5*time.Second, "node holds the served versions", func() error {
+		if n := srv2.Nodes(); len(n) != 1 || !maps.Equal(n[0].Acked, v1) {
+			return fmt.Errorf("nodes %+v, want %v held", n, v1)
+		}
+		return nil
+	})
 
 	pub2.Publish(newState(6, listen, pool("llama", registry.FailClosed, b.Addr)))
 	waitClusters(t, admin, 5*time.Second, []string{"pool/llama::" + b.Addr + "::"}, []string{"pool/llama::" + a.Addr + "::"})
@@ -579,6 +607,12 @@ func TestEnvoyIPv6Endpoint(t *testing.T) {
 // TestEnvoyNACKIsCounted gives Envoy a listener it cannot bind (the port is
 // taken), which it rejects: the NACK must be counted and attributed.
 func TestEnvoyNACKIsCounted(t *testing.T) {
+	for _, api := range apiTypes {
+		t.Run(api, func(t *testing.T) { testEnvoyNACKIsCounted(t, api) })
+	}
+}
+
+func testEnvoyNACKIsCounted(t *testing.T, api string) {
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -587,7 +621,7 @@ func TestEnvoyNACKIsCounted(t *testing.T) {
 	listen := testutil.FreeAddr(t)
 	pub := registry.NewPublisher(newState(1, listen, pool("llama", registry.FailClosed, "127.0.0.1:1")))
 	srv, xdsAddr := startXDS(t, pub, Options{})
-	startEnvoy(t, "envoy-nack", xdsAddr)
+	startEnvoyAPI(t, "envoy-nack", xdsAddr, api)
 	testutil.WaitTCP(t, listen, 10*time.Second)
 	if n := srv.Stats().NACKs; n != 0 {
 		t.Fatalf("NACKs before the bad listener = %d", n)

@@ -70,16 +70,26 @@ func startXDSAt(t *testing.T, addr string, view registry.View, opts Options) (sr
 	return srv, lis.Addr().String(), stop
 }
 
-// startEnvoy runs a real Envoy bootstrapped at xdsAddr and returns its
-// admin base URL.
+// startEnvoy runs a real Envoy bootstrapped at xdsAddr (with the shipped
+// bootstrap's ADS protocol) and returns its admin base URL.
 func startEnvoy(t *testing.T, nodeID, xdsAddr string) (string, *testutil.Process) {
+	t.Helper()
+	return startEnvoyAPI(t, nodeID, xdsAddr, "")
+}
+
+// apiTypes are the ADS protocol variants Envoy tests run under.
+var apiTypes = []string{envoy.APITypeSotW, envoy.APITypeDelta}
+
+// startEnvoyAPI is startEnvoy on ADS protocol apiType (envoy.APITypeSotW
+// or envoy.APITypeDelta; "" for the bootstrap's default).
+func startEnvoyAPI(t *testing.T, nodeID, xdsAddr, apiType string) (string, *testutil.Process) {
 	t.Helper()
 	bin := testutil.EnvoyPath(t)
 	host, port, _ := net.SplitHostPort(xdsAddr)
 	var xdsPort int
 	fmt.Sscan(port, &xdsPort)
 	adminPort := testutil.FreePort(t)
-	cfg, err := envoy.Bootstrap(envoy.Params{NodeID: nodeID, NodeCluster: "test", XDSHost: host, XDSPort: xdsPort, AdminPort: adminPort})
+	cfg, err := envoy.Bootstrap(envoy.Params{NodeID: nodeID, NodeCluster: "test", XDSHost: host, XDSPort: xdsPort, AdminPort: adminPort, ADSAPIType: apiType})
 	if err != nil {
 		t.Fatal(err)
 	}
