@@ -57,8 +57,8 @@ func contentVersions(items []types.Resource) (string, map[string]string, error) 
 		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
 		h.Write(n[:])
 		h.Write(b)
-		sum := sha256.Sum256(b)
-		per[cachev3.GetResourceName(r)] = hex.EncodeToString(sum[:12])
+		// What go-control-plane sends Envoy as the resource's version.
+		per[cachev3.GetResourceName(r)] = cachev3.HashResource(b)
 	}
 	sum := h.Sum(nil)
 	return hex.EncodeToString(sum[:12]), per, nil
@@ -89,14 +89,17 @@ type versions struct {
 }
 
 // resourceVersions returns the versions of res. A type's version folds in
-// the version of the type it depends on (dependsOn); a resource's version
-// folds in the versions of the resources that refer to it: a
-// ClusterLoadAssignment those of the clusters that name it, a route
-// configuration those of the listeners that name it. Envoy, on
-// incremental xDS, does not fetch a resource it already holds when a new
-// or changed cluster (or listener) subscribes to it again: the cluster
-// would stay warming until its initial fetch timeout. Folding moves the
-// version of exactly the resources such a change needs re-sent.
+// the version of the type it depends on (dependsOn). A resource's version
+// is the hash of its encoding (the version go-control-plane sends Envoy
+// with it), folding in, for a ClusterLoadAssignment, the versions of the
+// clusters that name it, and for a route configuration those of the
+// listeners that name it. Envoy, on incremental xDS, does not fetch a
+// resource it already holds when a new or changed cluster (or listener)
+// subscribes to it again: that cluster would stay warming until its
+// initial fetch timeout. Folding moves the version of exactly the
+// resources such a change needs sent again. The price: an incremental
+// Envoy reconnecting reports the plain hashes, so it is sent its
+// endpoints and routes again (never its clusters and listeners).
 func resourceVersions(res translator.Resources) (versions, error) {
 	out := versions{types: make(map[string]string, len(res)), resources: make(map[string]map[string]string, len(res))}
 	for typ, items := range res {
@@ -126,7 +129,7 @@ func resourceVersions(res translator.Resources) (versions, error) {
 			for _, r := range by {
 				h.Write([]byte("/" + r + "=" + out.resources[dep][r]))
 			}
-			per[name] = hex.EncodeToString(h.Sum(nil)[:12])
+			per[name] = hex.EncodeToString(h.Sum(nil))
 		}
 	}
 	fold(resource.EndpointType, resource.ClusterType, edsReferences(res[resource.ClusterType]))
