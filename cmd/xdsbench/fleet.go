@@ -23,6 +23,7 @@ import (
 // on stdout and serves until stdin closes. A line "stall <duration>" on
 // stdin makes every /metrics answer wait that long (a scrape hiccup); a
 // line "stall <duration> <share>" stalls that share of the answers; a
+// line "count" prints "scrapes <n>" (the /metrics requests answered); a
 // line "burn <duration>" spins one goroutine per CPU (CPU pressure).
 func fleetMain(n int, pagePath string) error {
 	page, err := loadPage(pagePath)
@@ -30,10 +31,12 @@ func fleetMain(n int, pagePath string) error {
 		return err
 	}
 	var stallUntil atomic.Int64
+	var scrapes atomic.Int64
 	var stallShare atomic.Uint64 // math.Float64bits of the share of answers stalled
 	models := []byte(`{"object":"list","data":[{"id":"m","object":"model"}]}`)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		scrapes.Add(1)
 		if d := time.Until(time.Unix(0, stallUntil.Load())); d > 0 && rand.Float64() < math.Float64frombits(stallShare.Load()) {
 			select {
 			case <-time.After(d):
@@ -64,6 +67,10 @@ func fleetMain(n int, pagePath string) error {
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		f := strings.Fields(in.Text())
+		if len(f) == 1 && f[0] == "count" {
+			fmt.Printf("scrapes %d\n", scrapes.Load())
+			continue
+		}
 		if len(f) < 2 {
 			continue
 		}
@@ -118,11 +125,23 @@ func loadPage(path string) ([]byte, error) {
 
 // fleet is the parent's handle on the fleet child.
 type fleet struct {
-	addrs []string
-	ctl   io.WriteCloser
-	proc  *child
+	addrs  []string
+	ctl    io.WriteCloser
+	proc   *child
+	counts chan int64
 }
 
 func (f *fleet) send(cmd string) {
 	_, _ = fmt.Fprintln(f.ctl, cmd)
+}
+
+// scrapes returns how many /metrics requests the fleet has answered.
+func (f *fleet) scrapes() (int64, error) {
+	f.send("count")
+	select {
+	case n := <-f.counts:
+		return n, nil
+	case <-time.After(10 * time.Second):
+		return 0, fmt.Errorf("fleet did not answer count")
+	}
 }

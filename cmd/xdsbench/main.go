@@ -21,6 +21,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -272,9 +273,26 @@ func (b *bench) startFleet() error {
 	}
 	ch := &child{name: "fleet", cmd: cmd, done: make(chan struct{})}
 	var addrs []string
-	derr := json.NewDecoder(stdout).Decode(&addrs)
-	go func() { _, _ = io.Copy(io.Discard, stdout); _ = cmd.Wait(); close(ch.done) }()
-	b.fleet = &fleet{ctl: stdin, proc: ch, addrs: addrs}
+	rd := bufio.NewReader(stdout)
+	line, derr := rd.ReadBytes('\n')
+	if derr == nil {
+		derr = json.Unmarshal(line, &addrs)
+	}
+	b.fleet = &fleet{ctl: stdin, proc: ch, addrs: addrs, counts: make(chan int64, 1)}
+	go func() {
+		for {
+			l, err := rd.ReadString('\n')
+			if err != nil {
+				break
+			}
+			if v, ok := strings.CutPrefix(strings.TrimSpace(l), "scrapes "); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				b.fleet.counts <- n
+			}
+		}
+		_ = cmd.Wait()
+		close(ch.done)
+	}()
 	if derr != nil {
 		return fmt.Errorf("fleet addresses: %w", derr)
 	}
@@ -377,10 +395,17 @@ type usage struct {
 	CPUPercent float64 `json:"cpu_percent"` // of one core
 	RSS        int64   `json:"rss_bytes"`
 	Heap       int64   `json:"heap_inuse_bytes"`
+	// ScrapesPerEndpointPerSecond is the /metrics requests the fleet
+	// answered, per endpoint and second.
+	ScrapesPerEndpointPerSecond float64 `json:"scrapes_per_endpoint_per_second"`
 }
 
 func (b *bench) usageOver(ctx context.Context, d time.Duration) (usage, error) {
 	u0, err := readUsage(b.serve.pid())
+	if err != nil {
+		return usage{}, err
+	}
+	s0, err := b.fleet.scrapes()
 	if err != nil {
 		return usage{}, err
 	}
@@ -392,8 +417,14 @@ func (b *bench) usageOver(ctx context.Context, d time.Duration) (usage, error) {
 	if err != nil {
 		return usage{}, err
 	}
+	s1, err := b.fleet.scrapes()
+	if err != nil {
+		return usage{}, err
+	}
+	el := time.Since(t0)
 	heap, _ := heapInuse(b.admin)
-	return usage{CPUPercent: 100 * float64(u1.CPU-u0.CPU) / float64(time.Since(t0)), RSS: u1.RSS, Heap: heap}, nil
+	return usage{CPUPercent: 100 * float64(u1.CPU-u0.CPU) / float64(el), RSS: u1.RSS, Heap: heap,
+		ScrapesPerEndpointPerSecond: float64(s1-s0) / el.Seconds() / float64(len(b.fleet.addrs))}, nil
 }
 
 func (b *bench) startEnvoy() error {

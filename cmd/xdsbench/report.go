@@ -129,8 +129,10 @@ func (r *report) print(w io.Writer) {
 		fmt.Fprintf(w, "hiccup (%s for %s): %.1f EDS responses and %d bytes per client, %d registry publishes, %d xDS snapshots\n",
 			r.Hiccup, r.HiccupFor, h.EDSResponsesPerClient, h.BytesPerClient, h.Published, h.Snapshots)
 	}
-	fmt.Fprintf(w, "serve, no client: %.0f%% CPU, RSS %d MiB, heap %d MiB\n", r.ServeNoClients.CPUPercent, r.ServeNoClients.RSS>>20, r.ServeNoClients.Heap>>20)
-	fmt.Fprintf(w, "serve, %d clients + Envoy: %.0f%% CPU, RSS %d MiB, heap %d MiB\n", r.Clients, r.ServeClients.CPUPercent, r.ServeClients.RSS>>20, r.ServeClients.Heap>>20)
+	fmt.Fprintf(w, "serve, no client: %.0f%% CPU, RSS %d MiB, heap %d MiB, %.1f scrapes per endpoint per second\n",
+		r.ServeNoClients.CPUPercent, r.ServeNoClients.RSS>>20, r.ServeNoClients.Heap>>20, r.ServeNoClients.ScrapesPerEndpointPerSecond)
+	fmt.Fprintf(w, "serve, %d clients + %d Envoy: %.0f%% CPU, RSS %d MiB, heap %d MiB, %.1f scrapes per endpoint per second\n",
+		r.Clients, r.Envoys, r.ServeClients.CPUPercent, r.ServeClients.RSS>>20, r.ServeClients.Heap>>20, r.ServeClients.ScrapesPerEndpointPerSecond)
 	fmt.Fprintf(w, "per connected client: RSS %.0f KiB, heap %.0f KiB, idle CPU %.3f%%\n", r.PerClient.RSSKiB, r.PerClient.HeapKiB, r.PerClient.IdleCPUPercent)
 }
 
