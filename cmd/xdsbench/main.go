@@ -690,7 +690,14 @@ func (b *bench) changes(ctx context.Context, rep *report) error {
 		rep.PublishedMS = append(rep.PublishedMS, ch.PublishedMS)
 	}
 	rep.WorstPerChange = summarizeMS(worst)
-	rep.ChangesCPUPercent = 100 * float64(u1.CPU-u0.CPU) / float64(time.Since(t0))
+	el := time.Since(t0)
+	rep.ChangesCPUPercent = 100 * float64(u1.CPU-u0.CPU) / float64(el)
+	// What the changes cost beyond serve's idle rate with every client
+	// connected, per change and client.
+	extra := (u1.CPU - u0.CPU).Seconds() - rep.ServeClients.CPUPercent/100*el.Seconds()
+	if n := b.c.changes * (b.c.clients + boolInt(b.envoy != nil)); n > 0 {
+		rep.PerClient.CPUPerChangeMicros = max(0, extra) / float64(n) * 1e6
+	}
 	return nil
 }
 

@@ -98,6 +98,9 @@ type report struct {
 		RSSKiB         float64 `json:"rss_kib"`
 		HeapKiB        float64 `json:"heap_kib"`
 		IdleCPUPercent float64 `json:"idle_cpu_percent"`
+		// CPUPerChangeMicros is serve's CPU beyond its idle rate during
+		// the changes, per change and connected client.
+		CPUPerChangeMicros float64 `json:"cpu_per_change_us"`
 	} `json:"per_client"`
 }
 
@@ -133,7 +136,8 @@ func (r *report) print(w io.Writer) {
 		r.ServeNoClients.CPUPercent, r.ServeNoClients.RSS>>20, r.ServeNoClients.Heap>>20, r.ServeNoClients.ScrapesPerEndpointPerSecond)
 	fmt.Fprintf(w, "serve, %d clients + %d Envoy: %.0f%% CPU, RSS %d MiB, heap %d MiB, %.1f scrapes per endpoint per second\n",
 		r.Clients, r.Envoys, r.ServeClients.CPUPercent, r.ServeClients.RSS>>20, r.ServeClients.Heap>>20, r.ServeClients.ScrapesPerEndpointPerSecond)
-	fmt.Fprintf(w, "per connected client: RSS %.0f KiB, heap %.0f KiB, idle CPU %.3f%%\n", r.PerClient.RSSKiB, r.PerClient.HeapKiB, r.PerClient.IdleCPUPercent)
+	fmt.Fprintf(w, "per connected client: RSS %.0f KiB, heap %.0f KiB, idle CPU %.3f%% of a core, %.0f µs of CPU per change\n",
+		r.PerClient.RSSKiB, r.PerClient.HeapKiB, r.PerClient.IdleCPUPercent, r.PerClient.CPUPerChangeMicros)
 }
 
 func or(s, d string) string {
