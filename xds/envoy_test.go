@@ -642,3 +642,70 @@ func testEnvoyNACKIsCounted(t *testing.T, api string) {
 	})
 	t.Logf("NACK: %s", srv.Nodes()[0].LastNACK)
 }
+
+// TestEnvoyKeepsUnchangedPools changes one pool's endpoints several times:
+// Envoy is sent only that pool's assignment (on either protocol) and keeps
+// every other pool's endpoints, routing to them throughout.
+func TestEnvoyKeepsUnchangedPools(t *testing.T) {
+	for _, api := range apiTypes {
+		t.Run(api, func(t *testing.T) { testEnvoyKeepsUnchangedPools(t, api) })
+	}
+}
+
+func testEnvoyKeepsUnchangedPools(t *testing.T, api string) {
+	a, b1, b2, c := startBackend(t), startBackend(t), startBackend(t), startBackend(t)
+	picker := startResponder(t)
+	listen := testutil.FreeAddr(t)
+	st := func(v uint64, bs ...string) *registry.State {
+		return newState(v, listen, pool("a", registry.FailClosed, a.Addr), pool("b", registry.FailClosed, bs...), pool("c", registry.FailClosed, c.Addr))
+	}
+	pub := registry.NewPublisher(st(1, b1.Addr))
+	srv, xdsAddr := startXDS(t, pub, Options{Translation: ir.Options{PickerAddr: picker.Addr}})
+	admin, _ := startEnvoyAPI(t, "envoy-keep-"+api, xdsAddr, api)
+	waitClusters(t, admin, 10*time.Second, []string{"pool/a::" + a.Addr + "::", "pool/b::" + b1.Addr + "::", "pool/c::" + c.Addr + "::"}, nil)
+	testutil.WaitTCP(t, listen, 5*time.Second)
+	waitPicker(t, admin, picker.Addr, true)
+	served := func(p, pick string) error {
+		r, err := post(t, "http://"+listen+"/v1/completions", map[string]string{"x-test-pool": p, "x-test-pick": pick}, `{"model":"`+p+`"}`)
+		if err != nil {
+			return err
+		}
+		if r.status != http.StatusOK || r.header.Get("x-served-by") != pick {
+			return fmt.Errorf("pool %s: %d from %q, want %s", p, r.status, r.header.Get("x-served-by"), pick)
+		}
+		return nil
+	}
+	for i, bs := range [][]string{{b2.Addr}, {b1.Addr, b2.Addr}, {b1.Addr}} {
+		pub.Publish(st(uint64(i+2), bs...))
+		var unwanted []string
+		if len(bs) == 1 {
+			other := b1.Addr
+			if bs[0] == b1.Addr {
+				other = b2.Addr
+			}
+			unwanted = []string{"pool/b::" + other + "::"}
+		}
+		var want []string
+		for _, e := range bs {
+			want = append(want, "pool/b::"+e+"::")
+		}
+		waitClusters(t, admin, 5*time.Second, append(want, "pool/a::"+a.Addr+"::", "pool/c::"+c.Addr+"::"), unwanted)
+		for _, r := range [][2]string{{"a", a.Addr}, {"c", c.Addr}, {"b", bs[0]}} {
+			if err := served(r[0], r[1]); err != nil {
+				t.Fatalf("after change %d: %v", i+1, err)
+			}
+		}
+	}
+	if srv.Stats().NACKs != 0 {
+		t.Fatal("Envoy NACKed")
+	}
+	// Only pool b's assignment was ever sent again.
+	out, err := httpGet(admin + "/stats?filter=^cluster.pool/[abc].update_success$")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("EDS updates per cluster:\n%s", out)
+	if !strings.Contains(out, "cluster.pool/a.update_success: 1\n") || !strings.Contains(out, "cluster.pool/c.update_success: 1\n") {
+		t.Fatalf("pools a and c were updated again:\n%s", out)
+	}
+}

@@ -43,10 +43,14 @@ type Options struct {
 // Server translates registry states into snapshots and serves them over
 // ADS. Create it with NewServer, Register it on a gRPC server, and Run it.
 type Server struct {
-	view    registry.View
-	opts    Options
-	log     *slog.Logger
-	cache   cachev3.SnapshotCache
+	view  registry.View
+	opts  Options
+	log   *slog.Logger
+	cache cachev3.SnapshotCache
+	// eds serves endpoints to state-of-the-world streams (only what
+	// changed); the snapshot cache serves everything else, and endpoints
+	// to incremental streams.
+	eds     *sotwEndpoints
 	xds     serverv3.Server
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -111,7 +115,18 @@ func NewServer(view registry.View, opts Options, logger *slog.Logger) *Server {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.tracker = newTracker(logger, s.heldVersion)
 	s.cache = cachev3.NewSnapshotCache(true, constantHash(s.nodeKey), cacheLogger{logger})
-	s.xds = serverv3.NewServer(s.ctx, s.cache, s.tracker.callbacks())
+	s.eds = newSotwEndpoints()
+	mux := &cachev3.MuxCache{
+		Classify: func(r *cachev3.Request) string {
+			if r.GetTypeUrl() == resource.EndpointType {
+				return "eds"
+			}
+			return "snapshot"
+		},
+		ClassifyDelta: func(*cachev3.DeltaRequest) string { return "snapshot" },
+		Caches:        map[string]cachev3.Cache{"snapshot": s.cache, "eds": s.eds},
+	}
+	s.xds = serverv3.NewServer(s.ctx, mux, s.tracker.callbacks())
 	return s
 }
 
@@ -251,6 +266,11 @@ func (s *Server) trySync(ctx context.Context, state *registry.State) error {
 	}
 	if err := s.cache.SetSnapshot(ctx, s.nodeKey, snap); err != nil {
 		return fmt.Errorf("set snapshot %s: %w", version, err)
+	}
+	// After the snapshot: on each stream, a new or changed cluster is
+	// queued before the endpoints it needs.
+	if err := s.eds.set(versions[resource.EndpointType], res[resource.EndpointType], vs.resources[resource.EndpointType]); err != nil {
+		return fmt.Errorf("set endpoints %s: %w", version, err)
 	}
 	short := make(map[string]string, len(versions))
 	for typ, v := range versions {

@@ -233,12 +233,11 @@ func TestServerWaitsForFirstRegistryState(t *testing.T) {
 	}
 }
 
-// An incremental-xDS client is sent only the resources that changed: one
-// endpoint change sends one ClusterLoadAssignment; a pool's cluster change
-// also re-sends that pool's ClusterLoadAssignment (Envoy would otherwise
-// leave the changed cluster warming), and no other. A state-of-the-world
-// client keeps getting every assignment.
-func TestDeltaSendsOnlyChangedResources(t *testing.T) {
+// A client is sent only the endpoints that changed, on either protocol:
+// one endpoint change sends one ClusterLoadAssignment; a pool's cluster
+// change also re-sends that pool's ClusterLoadAssignment (Envoy would
+// otherwise leave the changed cluster warming), and no other.
+func TestOnlyChangedEndpointsAreSent(t *testing.T) {
 	const listen = "127.0.0.1:8080"
 	st := func(v uint64, modeA registry.FailureMode, b ...string) *registry.State {
 		return newState(v, listen, pool("a", modeA, "10.0.0.1:8000"), pool("b", registry.FailClosed, b...))
@@ -275,8 +274,8 @@ func TestDeltaSendsOnlyChangedResources(t *testing.T) {
 	if got := d1.Resources - d0.Resources; got != 1 || d1.Responses-d0.Responses != 1 {
 		t.Fatalf("incremental: %d assignments in %d responses for one endpoint change, want 1 in 1", got, d1.Responses-d0.Responses)
 	}
-	if got := s1.Resources - s0.Resources; got != 3 { // the picker's and both pools'
-		t.Fatalf("state of the world: %d assignments, want 3", got)
+	if got := s1.Resources - s0.Resources; got != 1 || s1.Responses-s0.Responses != 1 {
+		t.Fatalf("state of the world: %d assignments in %d responses for one endpoint change, want 1 in 1", got, s1.Responses-s0.Responses)
 	}
 
 	// Pool a fails open: a new cluster names a's assignment, which is
@@ -289,6 +288,22 @@ func TestDeltaSendsOnlyChangedResources(t *testing.T) {
 	}
 	if d2 := eds(delta); d2.Resources-d1.Resources != 1 {
 		t.Fatalf("incremental: %d assignments re-sent after pool a's cluster change, want 1", d2.Resources-d1.Resources)
+	}
+	if _, err := sotw.Wait(ctx, func(v adsclient.View) bool {
+		return slices.Contains(v.Clusters(), ir.FailOpenClusterName("a")) && v.Stats(resource.EndpointType).Resources > s1.Resources
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if s2 := eds(sotw); s2.Resources-s1.Resources != 1 {
+		t.Fatalf("state of the world: %d assignments re-sent after pool a's cluster change, want 1", s2.Resources-s1.Resources)
+	}
+	// Every pool keeps its endpoints on both clients.
+	for _, c := range []*adsclient.Client{delta, sotw} {
+		if _, err := c.Wait(ctx, func(v adsclient.View) bool {
+			return has(ir.ClusterName("a"), 1)(v) && has(ir.ClusterName("b"), 1)(v)
+		}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	testutil.Eventually(t, 5*time.Second, "both nodes ACKed the served versions", func() error {
 		want := srv.Stats().Versions

@@ -263,9 +263,9 @@ func (c *Client) apply(typeURL string, size int, version string, sotw bool, adde
 			delete(c.listeners, n)
 		}
 	case resource.RouteType:
-		if sotw {
-			clear(c.routes)
-		}
+		// Routes and endpoints are not state-of-the-world types: a
+		// response carries the resources it updates, and the others stay
+		// (as Envoy does).
 		for _, a := range added {
 			var m routev3.RouteConfiguration
 			if err := a.UnmarshalTo(&m); err != nil {
@@ -277,9 +277,6 @@ func (c *Client) apply(typeURL string, size int, version string, sotw bool, adde
 			delete(c.routes, n)
 		}
 	case resource.EndpointType:
-		if sotw {
-			clear(c.endpoints)
-		}
 		for _, a := range added {
 			var m endpointv3.ClusterLoadAssignment
 			if err := a.UnmarshalTo(&m); err != nil {
