@@ -34,6 +34,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -172,7 +173,7 @@ func run(ctx context.Context, c config) (*report, error) {
 	if err := sleepCtx(ctx, c.settle); err != nil {
 		return rep, err
 	}
-	idle, err := b.usageOver(ctx, 5*time.Second)
+	idle, err := b.usageOver(ctx, 10*time.Second)
 	if err != nil {
 		return rep, err
 	}
@@ -185,7 +186,7 @@ func run(ctx context.Context, c config) (*report, error) {
 	if err := sleepCtx(ctx, 2*time.Second); err != nil {
 		return rep, err
 	}
-	conn, err := b.usageOver(ctx, 5*time.Second)
+	conn, err := b.usageOver(ctx, 10*time.Second)
 	if err != nil {
 		return rep, err
 	}
@@ -410,8 +411,17 @@ func (b *bench) usageOver(ctx context.Context, d time.Duration) (usage, error) {
 		return usage{}, err
 	}
 	t0 := time.Now()
-	if err := sleepCtx(ctx, d); err != nil {
-		return usage{}, err
+	// The heap is sampled through the window and its least value kept:
+	// close to the live heap after a collection, not the garbage of the
+	// moment.
+	minHeap := int64(-1)
+	for time.Since(t0) < d {
+		if h, err := heapInuse(b.admin); err == nil && (minHeap < 0 || h < minHeap) {
+			minHeap = h
+		}
+		if err := sleepCtx(ctx, 250*time.Millisecond); err != nil {
+			return usage{}, err
+		}
 	}
 	u1, err := readUsage(b.serve.pid())
 	if err != nil {
@@ -422,8 +432,7 @@ func (b *bench) usageOver(ctx context.Context, d time.Duration) (usage, error) {
 		return usage{}, err
 	}
 	el := time.Since(t0)
-	heap, _ := heapInuse(b.admin)
-	return usage{CPUPercent: 100 * float64(u1.CPU-u0.CPU) / float64(el), RSS: u1.RSS, Heap: heap,
+	return usage{CPUPercent: 100 * float64(u1.CPU-u0.CPU) / float64(el), RSS: u1.RSS, Heap: minHeap,
 		ScrapesPerEndpointPerSecond: float64(s1-s0) / el.Seconds() / float64(len(b.fleet.addrs))}, nil
 }
 
@@ -472,18 +481,19 @@ func (b *bench) envoyGet(path string) (string, error) {
 	return string(body), err
 }
 
-// envoyMembers returns a cluster's membership_total.
-func (b *bench) envoyMembers(cluster string) (int, error) {
-	s, err := b.envoyGet("/stats?filter=" + regexpQuote("cluster."+cluster+".membership_total") + "$")
+// envoyHas reports whether Envoy's ClusterLoadAssignment of cluster
+// lists addr (its EDS config dump, that one resource only).
+func (b *bench) envoyHas(cluster, addr string) (bool, error) {
+	s, err := b.envoyGet("/config_dump?include_eds&resource=dynamic_endpoint_configs&name_regex=" + regexpQuote(cluster) + "$")
 	if err != nil {
-		return 0, err
+		return false, err
 	}
-	for line := range strings.Lines(s) {
-		if _, v, ok := strings.Cut(line, ": "); ok {
-			return strconv.Atoi(strings.TrimSpace(v))
-		}
+	_, port, _ := strings.Cut(addr, ":")
+	if !strings.Contains(s, `"cluster_name": "`+cluster+`"`) {
+		return false, fmt.Errorf("no endpoints of %s in Envoy", cluster)
 	}
-	return 0, fmt.Errorf("no membership_total for %s", cluster)
+	// Every fleet endpoint is on 127.0.0.1 with a port of its own.
+	return regexp.MustCompile(`"port_value": ` + port + `\b`).MatchString(s), nil
 }
 
 func regexpQuote(s string) string {
@@ -638,10 +648,9 @@ func (b *bench) changes(ctx context.Context, rep *report) error {
 			})
 		}
 		if b.envoy != nil {
-			want := len(b.cfgEndpoints[pool])
 			at, err := waitEnvoy(ctx, 30*time.Second, func() bool {
-				n, err := b.envoyMembers(cluster)
-				return err == nil && n == want
+				has, err := b.envoyHas(cluster, addr)
+				return err == nil && has == present
 			})
 			if err != nil {
 				return fmt.Errorf("change %d: %w", i+1, err)
@@ -697,6 +706,7 @@ func (b *bench) changes(ctx context.Context, rep *report) error {
 	extra := (u1.CPU - u0.CPU).Seconds() - rep.ServeClients.CPUPercent/100*el.Seconds()
 	if n := b.c.changes * (b.c.clients + boolInt(b.envoy != nil)); n > 0 {
 		rep.PerClient.CPUPerChangeMicros = max(0, extra) / float64(n) * 1e6
+		rep.PerClient.CPUPerChangeGrossMicros = (u1.CPU - u0.CPU).Seconds() / float64(n) * 1e6
 	}
 	return nil
 }

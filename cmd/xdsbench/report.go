@@ -101,6 +101,10 @@ type report struct {
 		// CPUPerChangeMicros is serve's CPU beyond its idle rate during
 		// the changes, per change and connected client.
 		CPUPerChangeMicros float64 `json:"cpu_per_change_us"`
+		// CPUPerChangeGrossMicros is all of serve's CPU during the
+		// changes (idle work included), per change and client: an upper
+		// bound.
+		CPUPerChangeGrossMicros float64 `json:"cpu_per_change_gross_us"`
 	} `json:"per_client"`
 }
 
@@ -136,8 +140,8 @@ func (r *report) print(w io.Writer) {
 		r.ServeNoClients.CPUPercent, r.ServeNoClients.RSS>>20, r.ServeNoClients.Heap>>20, r.ServeNoClients.ScrapesPerEndpointPerSecond)
 	fmt.Fprintf(w, "serve, %d clients + %d Envoy: %.0f%% CPU, RSS %d MiB, heap %d MiB, %.1f scrapes per endpoint per second\n",
 		r.Clients, r.Envoys, r.ServeClients.CPUPercent, r.ServeClients.RSS>>20, r.ServeClients.Heap>>20, r.ServeClients.ScrapesPerEndpointPerSecond)
-	fmt.Fprintf(w, "per connected client: RSS %.0f KiB, heap %.0f KiB, idle CPU %.3f%% of a core, %.0f µs of CPU per change\n",
-		r.PerClient.RSSKiB, r.PerClient.HeapKiB, r.PerClient.IdleCPUPercent, r.PerClient.CPUPerChangeMicros)
+	fmt.Fprintf(w, "per connected client: RSS %.0f KiB, heap %.0f KiB, idle CPU %.3f%% of a core, CPU per change %.0f µs beyond idle (%.0f µs gross)\n",
+		r.PerClient.RSSKiB, r.PerClient.HeapKiB, r.PerClient.IdleCPUPercent, r.PerClient.CPUPerChangeMicros, r.PerClient.CPUPerChangeGrossMicros)
 }
 
 func or(s, d string) string {
