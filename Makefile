@@ -122,8 +122,8 @@ bench-routing: build
 # and memory per connected client. XDSBENCH adds flags (see -help).
 XDSBENCH ?=
 bench-xds: build envoy
-	$(BIN)/xdsbench -protocol sotw $(XDSBENCH)
-	$(BIN)/xdsbench -protocol delta $(XDSBENCH)
+	$(BIN)/xdsbench -switchyard $(BIN)/switchyard -protocol sotw $(XDSBENCH)
+	$(BIN)/xdsbench -switchyard $(BIN)/switchyard -protocol delta $(XDSBENCH)
 
 # A local CA and the mutual-TLS certificates of the docker-compose stack
 # (examples/compose/tls/, not in git). Run again to rotate the leaf
