@@ -27,7 +27,7 @@ DEPLOY        := $(GO) -C deploy
 export SWITCHYARD_ENVOY := $(ENVOY_BIN)
 export SWITCHYARD_CONSUL := $(CONSUL_BIN)
 
-.PHONY: all build test test-vllm unit race bench bench-routing run envoy consul chromium tools vllm vet fmt tidy-check clean fuzz compose-certs
+.PHONY: all build test test-vllm unit race bench bench-routing bench-xds run envoy consul chromium tools vllm vet fmt tidy-check clean fuzz compose-certs
 
 all: build
 
@@ -114,6 +114,16 @@ bench-routing: build
 	  done; \
 	done; \
 	$(BIN)/loadgen -url $${urls#,} -api chat -model llama3-8b $(ROUTING_LOAD)
+
+# xDS at fleet scale (issue 25): a fleet of 1,000 loopback model servers in
+# 20 pools, switchyard serve scraping them, one real Envoy and 100 Go ADS
+# clients, state of the world then incremental: initial sync, 20 endpoint
+# changes (file write to every client), a scrape hiccup, and serve's CPU
+# and memory per connected client. XDSBENCH adds flags (see -help).
+XDSBENCH ?=
+bench-xds: build envoy
+	$(BIN)/xdsbench -switchyard $(BIN)/switchyard -protocol sotw $(XDSBENCH)
+	$(BIN)/xdsbench -switchyard $(BIN)/switchyard -protocol delta $(XDSBENCH)
 
 # A local CA and the mutual-TLS certificates of the docker-compose stack
 # (examples/compose/tls/, not in git). Run again to rotate the leaf

@@ -69,6 +69,9 @@ type Options struct {
 	// Metrics tunes the scraper (interval default, timeouts, failure
 	// threshold); OnTransition and Logger are set by the picker.
 	Metrics metrics.Options
+	// Health is the rule deciding which endpoints with failing scrapes
+	// Envoy stops routing to (EndpointHealth); zero fields are defaults.
+	Health HealthPolicy
 	// RequestBodyMode and ResponseBodyMode are assumed when Envoy does not
 	// send protocol_config (default FULL_DUPLEX_STREAMED).
 	RequestBodyMode  extprocfilterv3.ProcessingMode_BodySendMode
@@ -177,7 +180,7 @@ func New(view registry.View, opts Options, logger *slog.Logger) *Server {
 		log:     logger,
 		debug:   logger.Enabled(context.Background(), slog.LevelDebug),
 		health:  health.NewServer(),
-		eh:      newEndpointHealth(),
+		eh:      newEndpointHealth(opts.Health),
 		started: time.Now(),
 		tenants: tenant.NewSet(),
 	}
@@ -227,7 +230,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if !s.opts.DisableMetrics {
 		mo := s.opts.Metrics
 		mo.Logger = s.log.With("component", "metrics")
-		mo.OnTransition = func(tr metrics.Transition) { s.eh.set(tr.Key, !tr.Healthy) }
+		mo.OnTransition = s.eh.observe
 		mo.OnScrape = func(snap *metrics.Snapshot) {
 			if l := s.loads.get(snap.Pool, snap.Address); l != nil {
 				l.MarkScrape(snap)
