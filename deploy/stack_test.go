@@ -289,11 +289,21 @@ func (s *stack) load(t *testing.T, fault string, inject func() string) composete
 		l.Stop()
 		t.Fatalf("%s: no steady load before the fault: %v", fault, err)
 	}
+	injected := time.Now()
 	notes := inject()
 	err := l.WaitDone(ctx, faultRequests)
 	r := l.Stop()
 	if err != nil {
 		t.Errorf("%s: %v", fault, err)
+	}
+	if len(r.Failures) > 0 {
+		// When the failed requests were sent, relative to the fault:
+		// before it, they were in flight; after, they were new.
+		var when []string
+		for _, f := range r.Failures {
+			when = append(when, fmt.Sprintf("%+dms", f.Start.Sub(injected).Milliseconds()))
+		}
+		notes += "; the failed requests were sent at " + strings.Join(when, ", ") + " from the fault"
 	}
 	s.table = append(s.table, faultRow{fault: fault, requests: r.Requests, failed: len(r.Failures), notes: notes})
 	t.Logf("%s: %s; %s", fault, r, notes)

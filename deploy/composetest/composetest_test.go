@@ -73,7 +73,7 @@ func TestLoad(t *testing.T) {
 		t.Fatalf("%d requests, %d failures; want >= 50 and about a tenth failed", r.Requests, len(r.Failures))
 	}
 	for _, f := range r.Failures {
-		if f.Err != "boom" || f.Seq < 1 || f.Seq > r.Requests {
+		if f.Err != "boom" || f.Seq < 1 || f.Seq > r.Requests || f.At.Before(f.Start) {
 			t.Errorf("failure %+v", f)
 		}
 	}

@@ -22,9 +22,10 @@ type Load struct {
 
 // Failure is one failed request.
 type Failure struct {
-	Seq int       // the request's number, in the order they finished
-	At  time.Time // when it finished
-	Err string
+	Seq   int       // the request's number, in the order they finished
+	Start time.Time // when it was sent
+	At    time.Time // when it finished
+	Err   string
 }
 
 // Send sends one request and returns nil when it succeeded.
@@ -39,6 +40,7 @@ func StartLoad(workers int, send Send) *Load {
 		go func() {
 			defer l.wg.Done()
 			for ctx.Err() == nil {
+				start := time.Now()
 				err := send(ctx)
 				if ctx.Err() != nil {
 					return // stopped mid-request: not counted
@@ -46,7 +48,7 @@ func StartLoad(workers int, send Send) *Load {
 				l.mu.Lock()
 				l.done++
 				if err != nil {
-					l.failures = append(l.failures, Failure{Seq: l.done, At: time.Now(), Err: err.Error()})
+					l.failures = append(l.failures, Failure{Seq: l.done, Start: start, At: time.Now(), Err: err.Error()})
 				}
 				close(l.changed)
 				l.changed = make(chan struct{})

@@ -8,7 +8,9 @@
 #    missing (root only); a dockerd that already answers is used as it is,
 #    otherwise one is started (and left running, like a service).
 # 2. Docker Compose v2 (COMPOSE_VERSION), built from the Go module proxy
-#    once per version into CACHE_DIR/compose-VERSION (build-compose.sh).
+#    once per version into CACHE_DIR/compose-VERSION (build-compose.sh),
+#    and linked as the user's docker CLI plugin when `docker compose` is
+#    missing (an existing one is left alone; the tests run this one).
 # 3. The images the compose file and the Dockerfiles name, when the engine
 #    does not have them: no image registry is reachable here, so stand-ins
 #    with the same tags are built from Debian packages and local binaries
@@ -87,9 +89,16 @@ say "$(docker version --format 'Docker {{.Server.Version}} (API {{.Server.APIVer
 #    compiles); the Dockerfile frontend's needs the Compose build.
 CACHE_DIR="$cache" "$here/standins.sh" golang distroless consul envoy
 
-# 2. Compose.
+# 2. Compose: the tests run this one (SWITCHYARD_COMPOSE); it becomes the
+#    user's `docker compose` too when there is none.
 wait_compose
 "$compose_out/docker-compose" version >/dev/null
+if ! docker compose version >/dev/null 2>&1; then
+	plugins="${DOCKER_CONFIG:-$HOME/.docker}/cli-plugins"
+	mkdir -p "$plugins"
+	ln -sfn "$compose_out/docker-compose" "$plugins/docker-compose"
+	say "installed Compose $COMPOSE_VERSION as the docker CLI plugin $plugins/docker-compose"
+fi
 CACHE_DIR="$cache" COMPOSE_OUT="$compose_out" "$here/standins.sh" dockerfile
 say "ready in $(( $(date +%s) - start )) s: $(docker version --format 'Docker {{.Server.Version}}'), $("$compose_out/docker-compose" version --short)"
 echo "$compose_out"
