@@ -1,15 +1,18 @@
 # switchyard: build, test and demo targets. `make test` and `make run` are the
 # two commands a fresh machine needs; everything they depend on is installed
 # by the targets below (Envoy into a project-local venv, Consul built from the
-# Go module proxy into a per-version cache outside the repo).
+# Go module proxy into a per-version cache outside the repo, a container
+# engine with Compose v2 for the docker-compose stack).
 
 GO            ?= go
 BIN           := $(CURDIR)/bin
 VENV          := $(CURDIR)/.venv
 ENVOY_VERSION := 1.40.0
 CONSUL_VERSION:= 1.22.0
+COMPOSE_VERSION := 2.40.3
 CACHE_DIR     ?= $(HOME)/.cache/switchyard
 CONSUL_BIN    := $(CACHE_DIR)/consul-$(CONSUL_VERSION)/consul
+COMPOSE_BIN   := $(CACHE_DIR)/compose-$(COMPOSE_VERSION)/docker-compose
 PYTHON        ?= python3
 
 # Use an envoy already on PATH when there is one; otherwise the venv's.
@@ -26,8 +29,12 @@ DEPLOY        := $(GO) -C deploy
 
 export SWITCHYARD_ENVOY := $(ENVOY_BIN)
 export SWITCHYARD_CONSUL := $(CONSUL_BIN)
+# The deploy tests run the docker-compose stack with this Compose (make
+# engine installs it); with it set they fail rather than skip without an
+# engine.
+export SWITCHYARD_COMPOSE := $(COMPOSE_BIN)
 
-.PHONY: all build test test-vllm unit race bench bench-routing bench-xds run envoy consul chromium tools vllm vet fmt tidy-check clean fuzz compose-certs
+.PHONY: all build test test-vllm test-compose unit race bench bench-routing bench-xds run envoy consul chromium tools vllm engine vet fmt tidy-check clean fuzz compose-certs
 
 all: build
 
@@ -58,15 +65,22 @@ tidy-check:
 fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
 
-# Everything: real Envoy, real Consul and real vLLM are installed first, then
-# every test runs: the fast pass, the library packages' unit tests under the
-# race detector, then the real-vLLM pass (one package at a time: each vLLM
-# server takes ~2.5 GB and a core while it starts).
-test: tools vllm fmt vet tidy-check
+# Everything: real Envoy, real Consul, real vLLM and a container engine are
+# installed first, then every test runs: the fast pass, the library
+# packages' unit tests under the race detector, the deployment checks (the
+# docker-compose stack in a real engine among them), then the real-vLLM
+# pass (one package at a time: each vLLM server takes ~2.5 GB and a core
+# while it starts).
+test: tools vllm engine fmt vet tidy-check
 	$(GO) test -count=1 -timeout 45m -skip 'RealVLLM' ./... 2>&1
 	$(MAKE) --no-print-directory race
-	$(DEPLOY) test -count=1 -timeout 15m ./... 2>&1
+	$(DEPLOY) test -count=1 -timeout 30m ./... 2>&1
 	SWITCHYARD_REQUIRE_VLLM=1 $(GO) test -count=1 -p 1 -timeout 30m -run 'RealVLLM' ./... 2>&1
+
+# Only the docker-compose stack in a real engine, verbose: it prints the
+# fault table docs/deployment.md shows.
+test-compose: engine
+	$(DEPLOY) test -count=1 -timeout 30m -run 'TestComposeStack$$' -v . 2>&1
 
 # Only the tests against real vLLM (installing it first).
 test-vllm: envoy vllm
@@ -137,6 +151,15 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzUsageTap -fuzztime 30s ./picker/openai/
 
 tools: envoy consul chromium
+
+# A container engine for the docker-compose stack (deploy/engine/install.sh):
+# Debian's docker.io when dockerd is missing (root), dockerd started when
+# none answers, Compose v2 built once per version into $(CACHE_DIR), and
+# stand-ins for the images the compose file names when the engine has none
+# (no registry is reachable here). A no-op when all of it is there.
+engine: consul envoy
+	@CONSUL_BIN=$(CONSUL_BIN) ENVOY_BIN=$(ENVOY_BIN) COMPOSE_VERSION=$(COMPOSE_VERSION) GO=$(GO) \
+	  deploy/engine/install.sh $(CACHE_DIR) >/dev/null
 
 # The status page test renders the page in Debian's headless Chromium.
 chromium:

@@ -22,14 +22,23 @@ import (
 	"time"
 
 	"github.com/switchyard/switchyard/cmd/vllm-sim/sim"
+	healthprobe "github.com/switchyard/switchyard/internal/probe"
 )
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "vllm-sim:", err)
+		var pf probeFailed
+		if errors.As(err, &pf) {
+			os.Exit(1)
+		}
 		os.Exit(2)
 	}
 }
+
+// probeFailed is a -probe that got no 2xx answer (exit status 1, where a
+// command-line error is 2).
+type probeFailed struct{ error }
 
 // listFlag collects comma-separated values from one or more uses of a flag.
 type listFlag []string
@@ -62,6 +71,7 @@ type options struct {
 	hangRate            float64
 	crashAfter          int
 	logLevel            string
+	probe               string
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -96,6 +106,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.crashAfter, "crash-after", 0, "if > 0, the process exits (code 3) when inference request N+1 arrives")
 	fs.StringVar(&o.apiKey, "api-key", "", "if set, /v1 requests need Authorization: Bearer KEY (vLLM's --api-key; else 401)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.probe, "probe", "", "instead of serving, GET this `URL` (e.g. http://127.0.0.1:8000/health) and exit 0 on a 2xx answer, 1 otherwise: the container image's health check")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -170,6 +181,12 @@ func run(args []string) error {
 			return nil
 		}
 		return err
+	}
+	if o.probe != "" {
+		if err := healthprobe.Check(context.Background(), o.probe, healthprobe.Options{}); err != nil {
+			return probeFailed{err}
+		}
+		return nil
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {

@@ -732,3 +732,36 @@ func TestAPIKey(t *testing.T) {
 		}
 	}
 }
+
+// TestProbeFlag: the image's health check is `vllm-sim -probe URL`: exit 0
+// while the server's /health answers 200, 1 while it answers 503 (a
+// -startup-delay) or nothing listens.
+func TestProbeFlag(t *testing.T) {
+	bin := testutil.Binary(t, "vllm-sim")
+	runProbe := func(url string) int {
+		t.Helper()
+		p := testutil.StartNoCleanup(t, "vllm-sim -probe", bin, "-probe", url)
+		select {
+		case <-p.Done():
+		case <-time.After(10 * time.Second):
+			p.Kill()
+			t.Fatalf("-probe %s still running", url)
+		}
+		return p.Cmd.ProcessState.ExitCode()
+	}
+	starting := startSim(t, "-startup-delay", "60s")
+	if code := runProbe(starting.url("/health")); code != 1 {
+		t.Errorf("-probe of a starting server (503): exit %d, want 1", code)
+	}
+	up := startSim(t)
+	testutil.Eventually(t, 10*time.Second, "probe passes", func() error {
+		if code := runProbe(up.url("/health")); code != 0 {
+			return fmt.Errorf("exit %d", code)
+		}
+		return nil
+	})
+	up.proc.Stop()
+	if code := runProbe(up.url("/health")); code != 1 {
+		t.Errorf("-probe of a stopped server: exit %d, want 1", code)
+	}
+}
