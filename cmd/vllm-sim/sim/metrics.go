@@ -125,6 +125,7 @@ func (e *Engine) touchLoRAInfo(now time.Time) {
 func (e *Engine) WriteMetrics(w io.Writer) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.expireHeld(e.clock.Now())
 	bw := bufio.NewWriter(w)
 	mw := &metricWriter{w: bw, labels: `model_name="` + escapeLabel(e.cfg.Model) + `",engine="0"`}
 	st := &e.stats
