@@ -119,6 +119,7 @@ func parseFlags(args []string) (*options, error) {
 		o.enableLoRA = true
 	}
 	o.cfg.EnableLoRA = o.enableLoRA
+	o.cfg.KVConnector = o.kvConnector != ""
 	for name, v := range map[string]int{"max-num-seqs": o.cfg.MaxNumSeqs, "max-num-batched-tokens": o.cfg.MaxNumBatchedTokens,
 		"num-gpu-blocks": o.cfg.NumGPUBlocks, "block-size": o.cfg.BlockSize, "max-model-len": o.cfg.MaxModelLen, "max-loras": o.cfg.MaxLoRAs} {
 		if v < 1 {

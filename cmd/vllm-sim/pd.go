@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/switchyard/switchyard/cmd/vllm-sim/sim"
@@ -50,6 +51,11 @@ type pdConfig struct {
 	advertisePort int
 	recompute     bool // kv_load_failure_policy "recompute" rather than "fail"
 	client        *http.Client
+
+	// peers remembers where each remote engine was first reached: like
+	// vLLM's NIXL handshake, done once per engine id.
+	mu    sync.Mutex
+	peers map[string]string
 }
 
 // kvParams is the part of a request's kv_transfer_params the simulator
@@ -79,7 +85,7 @@ func (p *pdConfig) prefillParams(requestID string, ev sim.Event) map[string]any 
 	return map[string]any{
 		"do_remote_prefill":            true,
 		"do_remote_decode":             false,
-		"remote_block_ids":             ev.KVBlocks,
+		"remote_block_ids":             [][]int{ev.KVBlocks}, // one list per KV-cache group
 		"remote_engine_id":             p.engineID,
 		"remote_request_id":            requestID,
 		"remote_host":                  p.advertiseHost,
@@ -128,6 +134,11 @@ func (p *pdConfig) pullRemote(ctx context.Context, kv *kvParams) (int, error) {
 		return 0, fmt.Errorf("%w: kv_transfer_params lack remote_host, remote_port, remote_engine_id or remote_request_id", errKVLoad)
 	}
 	addr := net.JoinHostPort(*kv.RemoteHost, strconv.Itoa(*kv.RemotePort))
+	p.mu.Lock()
+	if known, ok := p.peers[*kv.RemoteEngineID]; ok {
+		addr = known
+	}
+	p.mu.Unlock()
 	body, _ := json.Marshal(pullRequest{EngineID: *kv.RemoteEngineID, RequestID: *kv.RemoteRequestID})
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -151,6 +162,12 @@ func (p *pdConfig) pullRemote(ctx context.Context, kv *kvParams) (int, error) {
 	if err := json.Unmarshal(b, &out); err != nil {
 		return 0, fmt.Errorf("%w: %s: %v", errKVLoad, addr, err)
 	}
+	p.mu.Lock()
+	if p.peers == nil {
+		p.peers = map[string]string{}
+	}
+	p.peers[*kv.RemoteEngineID] = addr
+	p.mu.Unlock()
 	return out.NumTokens, nil
 }
 

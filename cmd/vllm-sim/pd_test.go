@@ -64,7 +64,9 @@ func TestDisaggregatedPrefillProtocol(t *testing.T) {
 	if kv["remote_host"] != host || fmt.Sprint(kv["remote_port"]) != port {
 		t.Errorf("remote_host:port = %v:%v, want %s", kv["remote_host"], kv["remote_port"], p.addr)
 	}
-	if ids, _ := kv["remote_block_ids"].([]any); len(ids) != 38 {
+	if groups, _ := kv["remote_block_ids"].([]any); len(groups) != 1 {
+		t.Errorf("remote_block_ids %v, want one list per KV-cache group (one here)", kv["remote_block_ids"])
+	} else if ids, _ := groups[0].([]any); len(ids) != 38 {
 		t.Errorf("remote_block_ids has %d blocks, want 38 (600 tokens in 16-token blocks)", len(ids))
 	}
 	for _, k := range []string{"remote_engine_id", "remote_request_id", "tp_size"} {
@@ -89,8 +91,11 @@ func TestDisaggregatedPrefillProtocol(t *testing.T) {
 	if c.Usage.PromptTokens != 600 || c.Usage.CompletionTokens != 8 || c.Usage.PromptTokensDetails.CachedTokens != 0 {
 		t.Errorf("decode usage %+v; want 600 prompt tokens, 8 completion, 0 cached (the prefill's own hits)", *c.Usage)
 	}
-	if got := histSum(d.metrics(t), "vllm:request_prefill_kv_computed_tokens"); got != 1 {
-		t.Errorf("decode computed %v prompt tokens itself, want 1 (the rest came from the prefill)", got)
+	if got := value(d.metrics(t), "vllm:external_prefix_cache_hits_total"); got != 600 {
+		t.Errorf("decode's external prefix cache hits %v, want the 600 transferred tokens", got)
+	}
+	if got := histSum(d.metrics(t), "vllm:request_prefill_kv_computed_tokens"); got != 600 {
+		t.Errorf("decode's computed-tokens histogram %v, want 600 (vLLM counts the prompt less the prefill's own hits)", got)
 	}
 	if u := value(p.metrics(t), "vllm:kv_cache_usage_perc"); u != 0 {
 		t.Errorf("prefill's KV usage %v after the pull, want 0 (blocks freed)", u)
@@ -108,20 +113,28 @@ func TestDisaggregatedPrefillProtocol(t *testing.T) {
 		t.Errorf("second pull, streaming: %d %q; want 200 with an error event", r.code, r.body)
 	}
 
-	// An unknown prefill server fails the same way.
-	bad := map[string]any{}
+	// A known engine is found where it was first reached, whatever the
+	// port says (vLLM handshakes once per engine id).
+	moved := map[string]any{}
 	for k, v := range prefill(t, p, prompt).KV {
-		bad[k] = v
+		moved[k] = v
 	}
-	bad["remote_port"] = testutil.FreePort(t)
-	r = d.post(t, "/v1/completions", map[string]any{"model": baseModel, "prompt": prompt, "max_tokens": 8, "kv_transfer_params": bad})
+	moved["remote_port"] = testutil.FreePort(t)
+	r = d.post(t, "/v1/completions", map[string]any{"model": baseModel, "prompt": prompt, "max_tokens": 8, "kv_transfer_params": moved})
+	if r.code != http.StatusOK {
+		t.Errorf("known engine, wrong port: %d %s; want 200", r.code, r.body)
+	}
+	// An engine never reached, on a dead port, fails the request.
+	moved["remote_engine_id"] = "11111111-1111-4111-8111-111111111111"
+	r = d.post(t, "/v1/completions", map[string]any{"model": baseModel, "prompt": prompt, "max_tokens": 8, "kv_transfer_params": moved})
 	if r.code != http.StatusInternalServerError {
 		t.Errorf("unknown prefill server: %d %s; want 500", r.code, r.body)
 	}
-	// So does a restarted one (another engine id).
-	bad["remote_port"] = kv["remote_port"]
-	bad["remote_engine_id"] = "00000000-0000-4000-8000-000000000000"
-	r = d.post(t, "/v1/completions", map[string]any{"model": baseModel, "prompt": prompt, "max_tokens": 8, "kv_transfer_params": bad})
+	// So does an engine id the server at the address does not have (a
+	// restarted prefill: vLLM's "Remote NIXL agent engine ID mismatch").
+	moved["remote_port"] = kv["remote_port"]
+	moved["remote_engine_id"] = "00000000-0000-4000-8000-000000000000"
+	r = d.post(t, "/v1/completions", map[string]any{"model": baseModel, "prompt": prompt, "max_tokens": 8, "kv_transfer_params": moved})
 	if r.code != http.StatusInternalServerError {
 		t.Errorf("unknown engine id: %d %s; want 500", r.code, r.body)
 	}
@@ -151,8 +164,8 @@ func TestDisaggregatedPrefillRecomputeAndLease(t *testing.T) {
 	if r.code != http.StatusOK {
 		t.Fatalf("decode after expiry with recompute: %d %s", r.code, r.body)
 	}
-	if got := histSum(d.metrics(t), "vllm:request_prefill_kv_computed_tokens"); got != 300 {
-		t.Errorf("decode computed %v prompt tokens, want all 300", got)
+	if got := value(d.metrics(t), "vllm:external_prefix_cache_hits_total"); got != 0 {
+		t.Errorf("decode's external hits %v after a failed pull, want 0 (it computed all 300 tokens)", got)
 	}
 }
 
@@ -185,8 +198,8 @@ func TestDisaggregatedPrefillChatStream(t *testing.T) {
 	if usage == nil || usage.Usage.PromptTokens != a.Usage.PromptTokens || usage.Usage.CompletionTokens != 5 {
 		t.Fatalf("stream usage %+v; want the prefill's %d prompt tokens and 5 completion tokens", usage, a.Usage.PromptTokens)
 	}
-	if got := histSum(d.metrics(t), "vllm:request_prefill_kv_computed_tokens"); got != 1 {
-		t.Errorf("decode computed %v prompt tokens, want 1", got)
+	if got := value(d.metrics(t), "vllm:external_prefix_cache_hits_total"); got != float64(a.Usage.PromptTokens) {
+		t.Errorf("decode's external hits %v, want the %d transferred tokens", got, a.Usage.PromptTokens)
 	}
 }
 

@@ -58,6 +58,9 @@ type Config struct {
 	// with do_remote_decode for a decode server to pull (vLLM's NIXL
 	// kv_lease_duration, 30 s); real time, not scaled.
 	KVLease time.Duration
+	// KVConnector reports the KV connector's metrics
+	// (vllm:external_prefix_cache_*), as vLLM does when one is configured.
+	KVConnector bool
 }
 
 // DefaultConfig is Llama-3-8B on one H100 80GB under vLLM 0.11.
@@ -181,9 +184,9 @@ type seq struct {
 	blocks          []*block
 	numCachedBlocks int // leading blocks already registered in the prefix cache
 	cachedTokens    int
-	computedFrom    int // tokens not prefilled here: local hits and remote KV
 	holdKV          string
-	remoteTokens    int
+	remoteTokens    int // remote tokens still usable (0 after a preemption)
+	remoteReceived  int // tokens the transfer brought
 	remoteCached    int
 	everScheduled   bool
 	arrival         time.Time
@@ -333,10 +336,11 @@ func (e *Engine) Submit(ctx context.Context, r Request) (*Handle, error) {
 		lora:      r.LoRA,
 		holdKV:    r.HoldKV,
 		// The last prompt token is always computed here, as vLLM does.
-		remoteTokens: min(r.RemoteTokens, len(r.Prompt)-1),
-		remoteCached: r.RemoteCached,
-		arrival:      arrival,
-		out:          make(chan Event, r.MaxTokens),
+		remoteTokens:   min(r.RemoteTokens, len(r.Prompt)-1),
+		remoteReceived: r.RemoteTokens,
+		remoteCached:   r.RemoteCached,
+		arrival:        arrival,
+		out:            make(chan Event, r.MaxTokens),
 	}
 	e.mu.Lock()
 	e.nextID++
@@ -487,10 +491,15 @@ func (e *Engine) schedule(now time.Time) []work {
 			e.stats.prefixQueries += uint64(len(s.tokens))
 			e.stats.prefixHits += uint64(numCached)
 		}
+		if e.cfg.KVConnector && !s.everScheduled {
+			e.stats.externalQueries += uint64(len(s.tokens) - numCached)
+			if s.remoteTokens > 0 {
+				e.stats.externalHits += uint64(s.remoteReceived)
+			}
+		}
 		if !s.everScheduled {
 			s.everScheduled = true
 			s.scheduled = now
-			s.computedFrom = numSkipped
 			s.cachedTokens = numSkipped
 			if s.remoteTokens > 0 && s.remoteCached >= 0 {
 				s.cachedTokens = s.remoteCached
@@ -561,7 +570,9 @@ func (e *Engine) finish(s *seq, now time.Time, reason string) {
 		// As vLLM: the phases of a request that ran, observed at its end.
 		e.stats.prefillTime.observe(max(0, s.firstToken.Sub(s.scheduled).Seconds()))
 		e.stats.inferenceTime.observe(max(0, now.Sub(s.scheduled).Seconds()))
-		e.stats.prefillComputed.observe(float64(s.numPrompt - s.computedFrom))
+		// As vLLM: the prompt less what the response reports cached (for a
+		// remote prefill, the prefill's own hits).
+		e.stats.prefillComputed.observe(float64(s.numPrompt - s.cachedTokens))
 	}
 }
 

@@ -187,12 +187,12 @@ func TestSplitCompletionsAndChat(t *testing.T) {
 	if u.PromptTokens != 600 || u.CompletionTokens != 8 {
 		t.Errorf("usage %+v, want the client's 600 prompt and 8 completion tokens", u)
 	}
-	// The prefill ran its one token; the decode computed one prompt token.
+	// The prefill ran the prompt; the decode server received its KV.
 	if got := pr.p.metric(t, "vllm:prompt_tokens_total"); got != 600 {
 		t.Errorf("prefill server saw %v prompt tokens, want 600", got)
 	}
-	if got := pr.d.metric(t, "vllm:request_prefill_kv_computed_tokens"); got != 1 {
-		t.Errorf("decode server computed %v prompt tokens, want 1", got)
+	if got := pr.d.metric(t, "vllm:external_prefix_cache_hits_total"); got != 600 {
+		t.Errorf("decode server received %v tokens of KV, want 600", got)
 	}
 
 	// Chat, streamed with usage: the answer streams through, usage once.
@@ -208,8 +208,8 @@ func TestSplitCompletionsAndChat(t *testing.T) {
 	if n := strings.Count(string(a.body), `"content":"`); n < 6 {
 		t.Errorf("stream has %d content deltas, want the 6 tokens: %s", n, a.body)
 	}
-	if got := pr.d.metric(t, "vllm:request_prefill_kv_computed_tokens"); got != 2 {
-		t.Errorf("decode server computed %v prompt tokens over two requests, want 2", got)
+	if got := pr.d.metric(t, "vllm:external_prefix_cache_hits_total"); got < 1100 {
+		t.Errorf("decode server received %v tokens of KV over two requests, want both prompts (over 1100)", got)
 	}
 	if c := pr.h.Counters(); c.Split != 2 || c.Fallback != 0 {
 		t.Errorf("counters %+v, want 2 splits", c)
@@ -230,8 +230,8 @@ func TestPrefillFailureFallsBackToLocalDecode(t *testing.T) {
 			t.Errorf("stream=%v: usage %+v", stream, u)
 		}
 	}
-	if got := pr.d.metric(t, "vllm:request_prefill_kv_computed_tokens"); got < 300 {
-		t.Errorf("decode computed %v prompt tokens, want the whole prompt (at least 300 for the first request)", got)
+	if got := pr.d.metric(t, "vllm:external_prefix_cache_hits_total"); got != 0 {
+		t.Errorf("decode server received %v tokens of KV, want none (it prefilled itself)", got)
 	}
 
 	// An unreachable prefill server: the same.
