@@ -26,7 +26,7 @@ type sim struct {
 	addr string
 }
 
-func startSim(t *testing.T, args ...string) *sim {
+func startSim(t testing.TB, args ...string) *sim {
 	t.Helper()
 	bin := testutil.Binary(t, "vllm-sim")
 	addr := testutil.FreeAddr(t)
