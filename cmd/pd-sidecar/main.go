@@ -8,8 +8,10 @@
 // It contacts only prefill servers it trusts: a static list (-prefillers),
 // the prefill-capable endpoints of a pool in switchyard's HCL
 // configuration (-config, -pool; re-read every -config-refresh and on
-// SIGHUP), and/or any server whose name carries switchyard's signature
-// (-signing-key-file). A request naming another server is decoded locally.
+// SIGHUP), including those Consul supplies when the pool has a consul block
+// (watched as switchyard watches them), and/or any server whose name
+// carries switchyard's signature (-signing-key-file). A request naming
+// another server is decoded locally.
 package main
 
 import (
@@ -24,6 +26,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -31,6 +34,7 @@ import (
 	"github.com/switchyard/switchyard/internal/pd"
 	"github.com/switchyard/switchyard/internal/pd/sidecar"
 	"github.com/switchyard/switchyard/registry"
+	"github.com/switchyard/switchyard/registry/consul"
 	"github.com/switchyard/switchyard/registry/hclfile"
 )
 
@@ -60,7 +64,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.listen, "listen", "0.0.0.0:8000", "address the sidecar listens on: the decode endpoint's address in the pool")
 	fs.StringVar(&o.decoder, "decoder", "http://127.0.0.1:8200", "base URL of the decode server (vLLM) beside the sidecar")
 	fs.StringVar(&o.prefillers, "prefillers", "", "prefill servers (ip:port, comma-separated) the sidecar may contact")
-	fs.StringVar(&o.config, "config", "", "switchyard's HCL configuration (file or directory): with -pool, the pool's prefill-capable endpoints may be contacted")
+	fs.StringVar(&o.config, "config", "", "switchyard's HCL configuration (file or directory): with -pool, the pool's prefill-capable endpoints may be contacted, Consul's included")
 	fs.StringVar(&o.pool, "pool", "", "the pool whose prefill servers -config names")
 	fs.DurationVar(&o.configRefresh, "config-refresh", 30*time.Second, "how often -config is re-read (also on SIGHUP)")
 	fs.StringVar(&o.signingKeyFile, "signing-key-file", "", "file holding the key switchyard signs x-prefiller-host-port with; a valid signature is then required")
@@ -87,20 +91,38 @@ func parseFlags(args []string) (*options, error) {
 	return o, nil
 }
 
-// allowList is the set of prefill servers the sidecar may contact,
-// swapped whole when the configuration is re-read.
+// allowList is the set of prefill servers the sidecar may contact:
+// -prefillers, plus the pool's prefill endpoints from the configuration
+// and from Consul, each part replaced whole when its source changes.
 type allowList struct {
 	static []string
-	cur    atomic.Pointer[map[string]bool]
+
+	mu             sync.Mutex
+	config, consul []string
+	cur            atomic.Pointer[map[string]bool]
 }
 
 func (a *allowList) set(fromConfig []string) {
-	m := make(map[string]bool, len(a.static)+len(fromConfig))
-	for _, hp := range a.static {
-		m[hp] = true
-	}
-	for _, hp := range fromConfig {
-		m[hp] = true
+	a.mu.Lock()
+	a.config = fromConfig
+	a.rebuild()
+	a.mu.Unlock()
+}
+
+func (a *allowList) setConsul(fromConsul []string) {
+	a.mu.Lock()
+	a.consul = fromConsul
+	a.rebuild()
+	a.mu.Unlock()
+}
+
+// rebuild publishes the union; called with a.mu held.
+func (a *allowList) rebuild() {
+	m := make(map[string]bool, len(a.static)+len(a.config)+len(a.consul))
+	for _, part := range [][]string{a.static, a.config, a.consul} {
+		for _, hp := range part {
+			m[hp] = true
+		}
 	}
 	a.cur.Store(&m)
 }
@@ -114,26 +136,76 @@ func (a *allowList) allowed(hp string) bool {
 }
 
 // poolPrefillers reads the configuration at path and returns the pool's
-// endpoints that may prefill (role prefill or both), draining ones left out.
-func poolPrefillers(path, pool string) ([]string, error) {
+// endpoints that may prefill, and the configuration.
+func poolPrefillers(path, pool string) ([]string, *hclfile.Config, error) {
 	cfg, diags := hclfile.Load(path, nil)
 	if diags.HasErrors() {
-		return nil, fmt.Errorf("%s: %s", path, hclfile.FormatDiagnostics(diags))
+		return nil, nil, fmt.Errorf("%s: %s", path, hclfile.FormatDiagnostics(diags))
 	}
 	p, ok := cfg.State.Pools[pool]
 	if !ok {
-		return nil, fmt.Errorf("%s: no pool %q", path, pool)
+		return nil, nil, fmt.Errorf("%s: no pool %q", path, pool)
 	}
 	if p.Disaggregation == nil {
-		return nil, fmt.Errorf("%s: pool %q has no disaggregation block", path, pool)
+		return nil, nil, fmt.Errorf("%s: pool %q has no disaggregation block", path, pool)
 	}
+	return prefillers(p.Endpoints), cfg, nil
+}
+
+// prefillers returns the endpoints that may prefill (role prefill or
+// both), leaving out draining and failing ones.
+func prefillers(eps []registry.Endpoint) []string {
 	var out []string
-	for _, ep := range p.Endpoints {
-		if ep.Role.Prefills() && !ep.Draining {
+	for _, ep := range eps {
+		if ep.Role.Prefills() && !ep.Draining && !ep.Critical {
 			out = append(out, ep.Address)
 		}
 	}
-	return out, nil
+	return out
+}
+
+// consulWants is what the sidecar asks Consul: the pool's members, when
+// the configuration says they (also) come from Consul.
+func consulWants(cfg *hclfile.Config, pool string) consul.Wants {
+	w := consul.Wants{Pools: map[string]consul.PoolWant{}}
+	if pw, ok := consul.WantsFrom(cfg.State).Pools[pool]; ok {
+		w.Pools[pool] = pw
+	}
+	return w
+}
+
+// consulOptions are the agent settings of the configuration's consul block
+// (the CONSUL_HTTP_* environment otherwise), as switchyard serve uses them.
+func consulOptions(cfg *hclfile.Config) consul.Options {
+	var opts consul.Options
+	if ag := cfg.Consul; ag != nil {
+		opts.Address, opts.Token, opts.TokenFile = ag.Address, ag.Token, ag.TokenFile
+		t := ag.TLS
+		opts.TLS = consul.TLSOptions{ServerName: t.ServerName, CAFile: t.CAFile, CAPath: t.CAPath,
+			CertFile: t.CertFile, KeyFile: t.KeyFile, InsecureSkipVerify: t.InsecureSkipVerify}
+	}
+	return opts
+}
+
+// watchConsul keeps the pool's prefill servers from Consul in allow; an
+// update that carries an error keeps the last list, as switchyard does.
+func watchConsul(ctx context.Context, src *consul.Source, pool string, allow *allowList, log *slog.Logger) {
+	up := make(chan registry.Update, 1)
+	go src.Run(ctx, up)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case u := <-up:
+			if u.Err != nil {
+				log.Warn("Consul unreachable; keeping the last prefill servers", "err", u.Err)
+				continue
+			}
+			hps := prefillers(u.Endpoints[pool])
+			allow.setConsul(hps)
+			log.Debug("prefill servers from Consul", "pool", pool, "prefillers", hps)
+		}
+	}
 }
 
 func run(args []string) error {
@@ -168,13 +240,21 @@ func run(args []string) error {
 	if o.prefillers != "" || o.config != "" {
 		cfg.Allowed = allow.allowed
 	}
+	var consulSrc *consul.Source
 	if o.config != "" {
-		hps, err := poolPrefillers(o.config, o.pool)
+		hps, loaded, err := poolPrefillers(o.config, o.pool)
 		if err != nil {
 			return err
 		}
 		allow.set(hps)
 		log.Info("prefill servers from the configuration", "pool", o.pool, "prefillers", hps)
+		if w := consulWants(loaded, o.pool); len(w.Pools) > 0 {
+			opts := consulOptions(loaded)
+			opts.Wants, opts.Logger = w, log.With("component", "consul")
+			if consulSrc, err = consul.New(opts); err != nil {
+				return fmt.Errorf("consul: %w", err)
+			}
+		}
 	}
 	if o.signingKeyFile != "" {
 		key, err := os.ReadFile(o.signingKeyFile)
@@ -193,7 +273,10 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if o.config != "" {
-		go watchConfig(ctx, o, allow, log)
+		go watchConfig(ctx, o, allow, consulSrc, log)
+	}
+	if consulSrc != nil {
+		go watchConsul(ctx, consulSrc, o.pool, allow, log)
 	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
@@ -221,7 +304,8 @@ func run(args []string) error {
 
 // watchConfig re-reads the configuration's prefill servers every refresh
 // and on SIGHUP; a configuration that does not load keeps the last list.
-func watchConfig(ctx context.Context, o *options, allow *allowList, log *slog.Logger) {
+// A changed consul block is passed to src (when Consul is watched at all).
+func watchConfig(ctx context.Context, o *options, allow *allowList, src *consul.Source, log *slog.Logger) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -234,11 +318,14 @@ func watchConfig(ctx context.Context, o *options, allow *allowList, log *slog.Lo
 		case <-t.C:
 		case <-hup:
 		}
-		hps, err := poolPrefillers(o.config, o.pool)
+		hps, loaded, err := poolPrefillers(o.config, o.pool)
 		if err != nil {
 			log.Warn("configuration not re-read; keeping the last prefill servers", "err", err)
 			continue
 		}
 		allow.set(hps)
+		if src != nil {
+			src.Apply(consulWants(loaded, o.pool))
+		}
 	}
 }

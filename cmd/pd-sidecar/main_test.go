@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/consul/api"
 
 	"github.com/switchyard/switchyard/internal/pd"
 	"github.com/switchyard/switchyard/internal/testutil"
@@ -107,3 +110,73 @@ func TestSidecarProcess(t *testing.T) {
 type resultErr struct{ got string }
 
 func (e *resultErr) Error() string { return "result " + e.got }
+
+// TestSidecarTrustsConsulPrefillers runs the binary on a pool whose
+// members come from a real Consul: an instance registered with meta role
+// prefill becomes a trusted prefill server, one with role decode does not,
+// and a deregistered one stops being trusted.
+func TestSidecarTrustsConsulPrefillers(t *testing.T) {
+	c := testutil.StartConsul(t)
+	p, other, d := startSim(t), startSim(t), startSim(t)
+	addr := testutil.FreeAddr(t)
+	cfg := testutil.WriteFile(t, t.TempDir(), "pd.hcl", `consul {
+  address = "`+c.Addr+`"
+}
+pool "big" {
+  consul {
+    service = "vllm-big"
+  }
+  disaggregation {}
+}
+`)
+	register := func(id, hostport, role string) {
+		t.Helper()
+		host, port, _ := strings.Cut(hostport, ":")
+		n, _ := strconv.Atoi(port)
+		err := c.Client().Agent().ServiceRegister(&api.AgentServiceRegistration{ID: id, Name: "vllm-big", Address: host, Port: n,
+			Meta: map[string]string{"role": role}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	register("p", p, "prefill")
+	register("other", other, "decode")
+	testutil.Start(t, "pd-sidecar", testutil.Binary(t, "pd-sidecar"), "-listen", addr, "-decoder", "http://"+d,
+		"-config", cfg, "-pool", "big", "-log-level", "debug")
+	testutil.WaitHTTP(t, "http://"+addr+"/health", 10*time.Second)
+
+	result := func(prefill string) string {
+		t.Helper()
+		b, _ := json.Marshal(map[string]any{"model": "meta-llama/Meta-Llama-3-8B-Instruct", "prompt": strings.Repeat("word ", 300), "max_tokens": 2})
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/completions", bytes.NewReader(b))
+		req.Header.Set(pd.PrefillerHeader, prefill)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		return resp.Header.Get(pd.ResultHeader)
+	}
+	testutil.Eventually(t, 15*time.Second, "the Consul prefill server trusted", func() error {
+		if got := result(p); got != "split" {
+			return &resultErr{got}
+		}
+		return nil
+	})
+	if got := result(other); got != "local" {
+		t.Errorf("a decode-role instance as prefill server: %s, want local", got)
+	}
+	if err := c.Client().Agent().ServiceDeregister("p"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 15*time.Second, "the deregistered prefill server no longer trusted", func() error {
+		if got := result(p); got != "local" {
+			return &resultErr{got}
+		}
+		return nil
+	})
+}
