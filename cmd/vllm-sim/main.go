@@ -145,8 +145,17 @@ func parseFlags(args []string) (*options, error) {
 		return nil, errors.New("-kv-cache-transfer-latency and -kv-cache-transfer-time-per-token must be >= 0")
 	case o.cfg.KVLease <= 0:
 		return nil, fmt.Errorf("-kv-lease-duration must be > 0, got %v", o.cfg.KVLease)
+	case o.kvConnector != "" && o.kvSideChannelHost == "" && unspecifiedHost(o.host):
+		return nil, fmt.Errorf("-kv-connector with -host %s: set -kv-side-channel-host to the address decode servers reach this one at", o.host)
 	}
 	return o, nil
+}
+
+// unspecifiedHost reports whether h listens on every address (0.0.0.0,
+// ::, or empty), which is no address to give a decode server.
+func unspecifiedHost(h string) bool {
+	ip := net.ParseIP(h)
+	return h == "" || ip != nil && ip.IsUnspecified()
 }
 
 func parseCodes(s string) ([]int, error) {

@@ -209,6 +209,7 @@ func TestKVFlagErrors(t *testing.T) {
 		{"-kv-load-failure-policy", "retry"},
 		{"-kv-lease-duration", "0s"},
 		{"-kv-cache-transfer-latency", "-1ms"},
+		{"-kv-connector", "NixlConnector", "-host", "0.0.0.0"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("parseFlags(%q) accepted", args)
