@@ -32,6 +32,10 @@ import (
 // MaxBody caps the request bodies the sidecar reads to split.
 const MaxBody = 32 << 20
 
+// MetricsPath is where the sidecar answers its own counters; every other
+// path, /metrics included, is the decode server's.
+const MetricsPath = "/pd-sidecar/metrics"
+
 // Config configures a Handler.
 type Config struct {
 	// Decoder is the base URL of the decode server beside the sidecar.
@@ -111,6 +115,22 @@ func (h *Handler) Counters() Counters {
 	return Counters{Split: h.split.Load(), Fallback: h.fallback.Load(), Local: h.local.Load(), Refused: h.refused.Load()}
 }
 
+// writeMetrics answers the counters in Prometheus' text format.
+func (h *Handler) writeMetrics(w http.ResponseWriter) {
+	c := h.Counters()
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	fmt.Fprintf(w, "# HELP pd_sidecar_requests_total Completions and chat requests by outcome: split (prefilled remotely), fallback (split failed, served whole), local (served whole).\n")
+	fmt.Fprintf(w, "# TYPE pd_sidecar_requests_total counter\n")
+	for _, v := range []struct {
+		result string
+		n      uint64
+	}{{"split", c.Split}, {"fallback", c.Fallback}, {"local", c.Local}} {
+		fmt.Fprintf(w, "pd_sidecar_requests_total{result=%q} %d\n", v.result, v.n)
+	}
+	fmt.Fprintf(w, "# HELP pd_sidecar_refused_total Prefill servers named by a request that the sidecar does not trust.\n")
+	fmt.Fprintf(w, "# TYPE pd_sidecar_refused_total counter\npd_sidecar_refused_total %d\n", c.Refused)
+}
+
 // splittable reports whether a request is one the two steps apply to.
 func splittable(r *http.Request) bool {
 	return r.Method == http.MethodPost && (r.URL.Path == "/v1/completions" || r.URL.Path == "/v1/chat/completions")
@@ -122,6 +142,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	sig := r.Header.Get(pd.SignatureHeader)
 	for _, k := range pd.ClientHeaders {
 		r.Header.Del(k)
+	}
+	if r.URL.Path == MetricsPath && r.Method == http.MethodGet {
+		h.writeMetrics(w)
+		return
 	}
 	if !splittable(r) {
 		h.proxy.ServeHTTP(w, r)

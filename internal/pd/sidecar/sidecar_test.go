@@ -214,6 +214,17 @@ func TestSplitCompletionsAndChat(t *testing.T) {
 	if c := pr.h.Counters(); c.Split != 2 || c.Fallback != 0 {
 		t.Errorf("counters %+v, want 2 splits", c)
 	}
+	resp, err := http.Get(pr.sidecar.URL + MetricsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`pd_sidecar_requests_total{result="split"} 2`, `pd_sidecar_requests_total{result="fallback"} 0`, "pd_sidecar_refused_total 0"} {
+		if !strings.Contains(string(page), want) {
+			t.Errorf("%s lacks %q:\n%s", MetricsPath, want, page)
+		}
+	}
 }
 
 func TestPrefillFailureFallsBackToLocalDecode(t *testing.T) {
