@@ -348,6 +348,8 @@ func (h *Handler) send(r *http.Request, body []byte) (*http.Response, []byte, er
 	}
 	copyHeaders(dreq.Header, r.Header)
 	dreq.Header.Set("Content-Type", "application/json")
+	// Plain bytes, so that the first event can be read.
+	dreq.Header.Del("Accept-Encoding")
 	resp, err := h.cfg.Client.Do(dreq)
 	if err != nil {
 		return nil, nil, err
