@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -213,6 +215,40 @@ func TestKVFlagErrors(t *testing.T) {
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("parseFlags(%q) accepted", args)
+		}
+	}
+}
+
+// TestSimPrefillAnswerMatchesRealVLLM compares the simulator's answer to
+// a prefill request with the one real vLLM 0.32 (CPU build, NixlConnector
+// over UCX/TCP) gave, recorded in testdata/vllm-0.32.0/pd-prefill.json:
+// the same JSON field paths and types, kv_transfer_params included.
+func TestSimPrefillAnswerMatchesRealVLLM(t *testing.T) {
+	rec, err := os.ReadFile("testdata/vllm-0.32.0/pd-prefill.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := jsonShape(string(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startSim(t, "-kv-connector", "NixlConnector")
+	r := p.post(t, "/v1/completions", prefillBody(words("w", 300)))
+	if r.code != http.StatusOK {
+		t.Fatalf("prefill: %d %s", r.code, r.body)
+	}
+	got, err := jsonShape(string(r.body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range want {
+		if !slices.Contains(got, w) {
+			t.Errorf("the simulator's prefill answer lacks %q", w)
+		}
+	}
+	for _, g := range got {
+		if !slices.Contains(want, g) {
+			t.Errorf("the simulator's prefill answer has %q, real vLLM's does not", g)
 		}
 	}
 }
