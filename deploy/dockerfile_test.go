@@ -128,6 +128,7 @@ func TestDockerfiles(t *testing.T) {
 	}{
 		{switchyardDockerfile, "switchyard", []int{9002, 18000, 9090}, true},
 		{simDockerfile, "vllm-sim", []int{8000}, false},
+		{sidecarDockerfile, "pd-sidecar", []int{8000}, false},
 	} {
 		t.Run(tc.binary, func(t *testing.T) {
 			file := filepath.Join(root, tc.file)

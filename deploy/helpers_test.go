@@ -53,6 +53,7 @@ const (
 const (
 	switchyardDockerfile = "cmd/switchyard/Dockerfile"
 	simDockerfile        = "cmd/vllm-sim/Dockerfile"
+	sidecarDockerfile    = "cmd/pd-sidecar/Dockerfile"
 	gpuImage             = "vllm/vllm-openai"
 )
 

@@ -73,6 +73,10 @@ type Endpoint struct {
 	// of EDS unless every endpoint of the pool fails, and the guard stops
 	// holding them.
 	ScrapeFailing bool
+	// Role is the part of a disaggregated request the endpoint serves
+	// (RoleBoth when unset); it matters only in a pool with a
+	// Disaggregation policy. A decode endpoint's Address is its sidecar's.
+	Role Role
 }
 
 // Pool is a set of interchangeable model servers behind one Envoy cluster.
@@ -101,6 +105,10 @@ type Pool struct {
 	// Admission is the pool's admission queue configuration; nil means
 	// the defaults (on). The picker owns its meaning (picker/admission).
 	Admission *Admission
+	// Disaggregation, when non-nil, serves the pool's requests split
+	// between prefill and decode servers (see Role); nil: whole requests,
+	// endpoint roles ignored.
+	Disaggregation *Disaggregation
 }
 
 // Admission configures a pool's admission queue: when every eligible
@@ -221,6 +229,9 @@ type Model struct {
 	// DeclRange is where the model was declared ("file:line:column"), for
 	// diagnostics ("" if not from a file).
 	DeclRange string
+	// Disaggregation, when non-nil, replaces the pool's policy for this
+	// model's requests (its pool must have one).
+	Disaggregation *Disaggregation
 }
 
 // Sheddable reports whether requests for this model may be shed with 429.

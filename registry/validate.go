@@ -175,7 +175,9 @@ func quoteList[T ~string](xs []T) string {
 //     unique, no model targets itself, and a target that is itself a model
 //     must be served by the same pool;
 //   - tenant limits are >= 0, an API key hash belongs to one tenant, and a
-//     tenant's models are declared (or a default pool may serve them).
+//     tenant's models are declared (or a default pool may serve them);
+//   - endpoint roles are known, disaggregation settings are >= 0, and a
+//     model's disaggregation block belongs to a disaggregated pool.
 func Validate(s *State, rules SchedulingRules) error {
 	var errs []error
 	add := func(kind, name, field, where string, sentinel error, format string, args ...any) {
@@ -300,6 +302,9 @@ func Validate(s *State, rules SchedulingRules) error {
 		}
 	}
 	validateTenants(s, add)
+	validateRoles(s, add, func(pool, addr, field string, sentinel error, msg string) {
+		errs = append(errs, &ValidationError{Kind: KindEndpoint, Name: addr, Pool: pool, Field: field, Where: s.Pools[pool].DeclRange, Err: sentinel, Msg: msg})
+	})
 	for _, r := range s.Replicas {
 		where := ""
 		if s.ReplicaDiscovery != nil {

@@ -72,6 +72,9 @@ type options struct {
 	crashAfter          int
 	logLevel            string
 	probe               string
+	kvConnector         string
+	kvFailurePolicy     string
+	kvSideChannelHost   string
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -107,6 +110,12 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.apiKey, "api-key", "", "if set, /v1 requests need Authorization: Bearer KEY (vLLM's --api-key; else 401)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.probe, "probe", "", "instead of serving, GET this `URL` (e.g. http://127.0.0.1:8000/health) and exit 0 on a 2xx answer, 1 otherwise: the container image's health check")
+	fs.StringVar(&o.kvConnector, "kv-connector", "", "\"NixlConnector\" emulates vLLM's disaggregated prefill (kv_transfer_params); empty: off")
+	fs.DurationVar(&o.cfg.KVTransferLatency, "kv-cache-transfer-latency", def.KVTransferLatency, "fixed time to pull a remote prefill's KV blocks (scaled by -time-scale)")
+	fs.DurationVar(&o.cfg.KVTransferPerToken, "kv-cache-transfer-time-per-token", def.KVTransferPerToken, "time per transferred prompt token (scaled by -time-scale)")
+	fs.DurationVar(&o.cfg.KVLease, "kv-lease-duration", def.KVLease, "how long a prefill keeps KV blocks for a decoder to pull (vLLM's kv_lease_duration)")
+	fs.StringVar(&o.kvFailurePolicy, "kv-load-failure-policy", "fail", "when remote KV cannot be pulled: \"fail\" the request (500) or \"recompute\" the prompt locally")
+	fs.StringVar(&o.kvSideChannelHost, "kv-side-channel-host", "", "host sent as remote_host to decoders (VLLM_NIXL_SIDE_CHANNEL_HOST); default -host")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -121,6 +130,7 @@ func parseFlags(args []string) (*options, error) {
 		o.enableLoRA = true
 	}
 	o.cfg.EnableLoRA = o.enableLoRA
+	o.cfg.KVConnector = o.kvConnector != ""
 	for name, v := range map[string]int{"max-num-seqs": o.cfg.MaxNumSeqs, "max-num-batched-tokens": o.cfg.MaxNumBatchedTokens,
 		"num-gpu-blocks": o.cfg.NumGPUBlocks, "block-size": o.cfg.BlockSize, "max-model-len": o.cfg.MaxModelLen, "max-loras": o.cfg.MaxLoRAs} {
 		if v < 1 {
@@ -138,8 +148,25 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("-default-max-tokens must be >= 1, got %d", o.defaultMaxTokens)
 	case o.eosMean < 0:
 		return nil, fmt.Errorf("-eos-mean-tokens must be >= 0, got %d", o.eosMean)
+	case o.kvConnector != "" && o.kvConnector != kvConnectorNixl:
+		return nil, fmt.Errorf("-kv-connector: %q is not supported; use %q", o.kvConnector, kvConnectorNixl)
+	case o.kvFailurePolicy != "fail" && o.kvFailurePolicy != "recompute":
+		return nil, fmt.Errorf("-kv-load-failure-policy must be fail or recompute, got %q", o.kvFailurePolicy)
+	case o.cfg.KVTransferLatency < 0 || o.cfg.KVTransferPerToken < 0:
+		return nil, errors.New("-kv-cache-transfer-latency and -kv-cache-transfer-time-per-token must be >= 0")
+	case o.cfg.KVLease <= 0:
+		return nil, fmt.Errorf("-kv-lease-duration must be > 0, got %v", o.cfg.KVLease)
+	case o.kvConnector != "" && o.kvSideChannelHost == "" && unspecifiedHost(o.host):
+		return nil, fmt.Errorf("-kv-connector with -host %s: set -kv-side-channel-host to the address decode servers reach this one at", o.host)
 	}
 	return o, nil
+}
+
+// unspecifiedHost reports whether h listens on every address (0.0.0.0,
+// ::, or empty), which is no address to give a decode server.
+func unspecifiedHost(h string) bool {
+	ip := net.ParseIP(h)
+	return h == "" || ip != nil && ip.IsUnspecified()
 }
 
 func parseCodes(s string) ([]int, error) {
@@ -227,6 +254,15 @@ func run(args []string) error {
 		rng:     rand.New(rand.NewPCG(o.seed, o.seed^0x9e3779b97f4a7c15)),
 		loras:   loras,
 	}
+	if o.kvConnector != "" {
+		host := o.kvSideChannelHost
+		if host == "" {
+			host = ln.Addr().(*net.TCPAddr).IP.String()
+		}
+		s.pd = pdConfig{enabled: true, engineID: newEngineID(), advertiseHost: host,
+			advertisePort: ln.Addr().(*net.TCPAddr).Port, recompute: o.kvFailurePolicy == "recompute",
+			client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -241,7 +277,7 @@ func run(args []string) error {
 	cfg := eng.Config()
 	log.Info("vllm-sim listening", "addr", s.servedBy, "models", o.served, "loras", len(loras),
 		"max_num_seqs", cfg.MaxNumSeqs, "num_gpu_blocks", cfg.NumGPUBlocks, "prefix_caching", cfg.EnablePrefixCaching,
-		"time_scale", cfg.TimeScale)
+		"time_scale", cfg.TimeScale, "kv_connector", o.kvConnector, "engine_id", s.pd.engineID)
 
 	select {
 	case err := <-errc:

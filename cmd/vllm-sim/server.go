@@ -43,6 +43,7 @@ type server struct {
 	defaultMax   int
 	eosMean      int
 	faults       faults
+	pd           pdConfig
 	readyAt      time.Time
 	quit         chan struct{} // closed when shutdown starts
 	exit         func(code int)
@@ -65,6 +66,9 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/unload_lora_adapter", s.handleUnloadLoRA)
 	mux.HandleFunc("GET /health", s.handleHealth)
 	mux.HandleFunc("GET /metrics", s.handleMetrics)
+	if s.pd.enabled {
+		mux.HandleFunc("POST "+kvPullPath, s.handlePull)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("x-served-by", s.servedBy)
 		// Echo the picker's destination list, so tests can check that
@@ -213,6 +217,7 @@ type genRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
+	KVTransferParams *kvParams `json:"kv_transfer_params"`
 }
 
 type chatMessage struct {
@@ -314,7 +319,30 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	if s.eosMean > 0 && !req.IgnoreEOS {
 		stopAfter = max(naturalLength(toks, s.eosMean), req.MinTokens)
 	}
-	h, err := s.eng.Submit(r.Context(), sim.Request{Prompt: toks, MaxTokens: maxTokens, StopAfter: stopAfter, LoRA: adapter})
+	rs := response{id: s.newID(chat), model: modelName, created: time.Now().Unix(), chat: chat}
+	simReq := sim.Request{Prompt: toks, MaxTokens: maxTokens, StopAfter: stopAfter, LoRA: adapter, RemoteCached: -1}
+	if kv := req.KVTransferParams; s.pd.enabled && kv != nil {
+		switch {
+		case kv.DoRemoteDecode:
+			simReq.HoldKV = rs.id
+		case kv.DoRemotePrefill:
+			n, err := s.pd.pullRemote(r.Context(), kv)
+			if err != nil && !s.pd.recompute {
+				s.log.Warn("remote KV load failed; failing the request (kv_load_failure_policy fail)", "err", err)
+				writeKVLoadError(w, req.Stream)
+				return
+			}
+			if err != nil {
+				s.log.Warn("remote KV load failed; recomputing the prompt (kv_load_failure_policy recompute)", "err", err)
+				break
+			}
+			simReq.RemoteTokens = min(n, len(toks))
+			if kv.RemotePrefillCachedTokens != nil {
+				simReq.RemoteCached = *kv.RemotePrefillCachedTokens
+			}
+		}
+	}
+	h, err := s.eng.Submit(r.Context(), simReq)
 	if errors.Is(err, sim.ErrInvalidRequest) {
 		msg := strings.TrimPrefix(err.Error(), sim.ErrInvalidRequest.Error()+": ")
 		param := ""
@@ -329,7 +357,6 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	defer h.Cancel() // no-op once finished; frees the request if the client left
 
-	rs := response{id: s.newID(chat), model: modelName, created: time.Now().Unix(), chat: chat}
 	if req.Stream {
 		includeUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 		s.stream(w, r, h, rs, includeUsage)
@@ -341,7 +368,11 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		case ev := <-h.Events:
 			out.WriteString(ev.Text)
 			if ev.Done {
-				writeJSON(w, http.StatusOK, rs.full(out.String(), ev))
+				body := rs.full(out.String(), ev)
+				if simReq.HoldKV != "" {
+					body["kv_transfer_params"] = s.pd.prefillParams(rs.id, ev)
+				}
+				writeJSON(w, http.StatusOK, body)
 				return
 			}
 		case <-r.Context().Done():

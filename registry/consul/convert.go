@@ -24,6 +24,10 @@ const (
 	MetaEngine = "engine"
 	// MetaMetricsPath overrides the pool's metrics path for the instance.
 	MetaMetricsPath = "metrics_path"
+	// MetaRole is the instance's part in a disaggregated pool: prefill,
+	// decode or both (llm-d's prefill-decode is read as both). An unknown
+	// value leaves the instance out.
+	MetaRole = "role"
 )
 
 // convert turns the instances one health query returned into the endpoints
@@ -80,6 +84,12 @@ func convert(entries []*api.ServiceEntry, sel registry.ConsulSelector, engine re
 			warn("left out: meta %s=%q but the pool's engine is %q", MetaEngine, eng, engine)
 			continue
 		}
+		role, err := registry.ParseRole(meta[MetaRole])
+		if err != nil {
+			warn("left out: meta %s: %v", MetaRole, err)
+			continue
+		}
+		ep.Role = role
 		ep.Models = parseModels(meta[MetaModels])
 		if mp := strings.TrimSpace(meta[MetaMetricsPath]); mp != "" {
 			if err := registry.CheckMetricsPath(mp); err != nil {

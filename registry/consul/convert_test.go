@@ -134,6 +134,22 @@ func TestConvert(t *testing.T) {
 			warnings: []string{`instance n1/v: left out: meta engine="vllm" but the pool's engine is "sglang"`},
 		},
 		{
+			desc: "meta role: prefill, decode, both and llm-d's prefill-decode; unknown left out",
+			entries: []*api.ServiceEntry{
+				inst("n1", "p", "", "10.0.0.1", 8000, map[string]string{MetaRole: "prefill"}, ""),
+				inst("n1", "d", "", "10.0.0.2", 8000, map[string]string{MetaRole: " Decode "}, ""),
+				inst("n1", "b", "", "10.0.0.3", 8000, map[string]string{MetaRole: "both"}, ""),
+				inst("n1", "pd", "", "10.0.0.4", 8000, map[string]string{MetaRole: "prefill-decode"}, ""),
+				inst("n1", "x", "", "10.0.0.5", 8000, map[string]string{MetaRole: "encode"}, ""),
+			},
+			want: []registry.Endpoint{
+				{Address: "10.0.0.1:8000", Source: SourceName, Role: registry.RolePrefill},
+				{Address: "10.0.0.2:8000", Source: SourceName, Role: registry.RoleDecode},
+				ep("10.0.0.3:8000"), ep("10.0.0.4:8000"),
+			},
+			warnings: []string{`instance n1/x: left out: meta role: bad role "encode"`},
+		},
+		{
 			desc: "two instances on one address: the smaller node/ID wins",
 			entries: []*api.ServiceEntry{
 				inst("n2", "z", "", "10.0.0.1", 8000, map[string]string{MetaModels: "second"}, ""),

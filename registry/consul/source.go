@@ -41,6 +41,9 @@
 //	                   optional, but when set it must equal the pool's
 //	                   engine or the instance is left out with a warning
 //	meta.metrics_path  optional; overrides the pool's metrics path
+//	meta.role          optional: prefill, decode or both (the default); used
+//	                   only by pools with a disaggregation block. An unknown
+//	                   value leaves the instance out with a warning
 //	check    an HTTP check on /health with a short interval (1s); a
 //	         critical check takes the instance out (no
 //	         deregister_critical_service_after for agent definition files:

@@ -269,6 +269,10 @@ func summaryFor(ve *registry.ValidationError) string {
 		return "Invalid metrics_path"
 	case errors.Is(ve, registry.ErrBadScheduling):
 		return "Invalid scheduling"
+	case errors.Is(ve, registry.ErrBadDisaggregation):
+		return "Invalid disaggregation"
+	case errors.Is(ve, registry.ErrBadRole):
+		return "Invalid role"
 	case errors.Is(ve, registry.ErrBadAdmission):
 		return "Invalid admission"
 	case errors.Is(ve, registry.ErrBadWeights):

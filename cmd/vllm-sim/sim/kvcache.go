@@ -223,13 +223,18 @@ func (c *kvCache) commit(s *seq) {
 // release returns s's blocks, last block first so a request's tail is
 // evicted before its (more shareable) head.
 func (c *kvCache) release(s *seq) {
-	for i := len(s.blocks) - 1; i >= 0; i-- {
-		b := s.blocks[i]
+	c.releaseBlocks(s.blocks)
+	s.blocks = s.blocks[:0]
+	s.numCachedBlocks = 0
+}
+
+// releaseBlocks drops one reference to each block, last block first.
+func (c *kvCache) releaseBlocks(blocks []*block) {
+	for i := len(blocks) - 1; i >= 0; i-- {
+		b := blocks[i]
 		b.ref--
 		if b.ref == 0 {
 			c.pushFree(b)
 		}
 	}
-	s.blocks = s.blocks[:0]
-	s.numCachedBlocks = 0
 }
