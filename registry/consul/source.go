@@ -41,6 +41,10 @@
 //	                   optional, but when set it must equal the pool's
 //	                   engine or the instance is left out with a warning
 //	meta.metrics_path  optional; overrides the pool's metrics path
+//	meta.kv_events_port, meta.kv_events_replay_port, meta.kv_events_topic
+//	                   optional; the instance publishes KV-cache events
+//	                   (vLLM --kv-events-config), overriding the pool's
+//	                   kv_events block
 //	check    an HTTP check on /health with a short interval (1s); a
 //	         critical check takes the instance out (no
 //	         deregister_critical_service_after for agent definition files:
