@@ -3,6 +3,8 @@ package kvevents
 import (
 	"testing"
 	"time"
+
+	"github.com/switchyard/switchyard/picker/sched"
 )
 
 var testNow = time.Unix(1_800_000_000, 0)
@@ -267,3 +269,6 @@ func BenchmarkQuery(b *testing.B) {
 		q.Release()
 	}
 }
+
+// A Query is what picker/sched consults as a request's exact view.
+var _ sched.CacheView = (*Query)(nil)

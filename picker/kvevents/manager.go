@@ -2,10 +2,12 @@ package kvevents
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/switchyard/switchyard/registry"
 )
@@ -29,7 +31,7 @@ func TargetsFromState(st *registry.State) []Target {
 			if err != nil {
 				continue // Validate refuses such addresses
 			}
-			t := Target{Pool: name, Address: ep.Address, Topic: kv.Topic,
+			t := Target{Pool: name, Address: ep.Address, Topic: kv.Topic, APIKey: p.UpstreamAPIKey,
 				Endpoint: "tcp://" + net.JoinHostPort(host, strconv.Itoa(kv.Port))}
 			if kv.ReplayPort != 0 {
 				t.Replay = "tcp://" + net.JoinHostPort(host, strconv.Itoa(kv.ReplayPort))
@@ -41,17 +43,27 @@ func TargetsFromState(st *registry.State) []Target {
 }
 
 // Manager runs one subscriber per event stream and keeps each pool's
-// Index. Sync it with the registry's targets on every state.
+// Index and Tokenizer. Sync it with the registry's targets on every
+// state; requests call Prepare.
 type Manager struct {
-	opts   Options
-	ctx    context.Context
-	cancel context.CancelFunc
+	opts    Options
+	tokOpts TokenizerOptions
+	ctx     context.Context
+	cancel  context.CancelFunc
 
 	mu      sync.Mutex
 	stopped bool
-	pools   map[string]*Index
 	subs    map[subKey]*running
-	wg      sync.WaitGroup
+	// pools is replaced, never changed, by Sync: requests read it with
+	// one atomic load.
+	pools atomic.Pointer[map[string]*poolEntry]
+	wg    sync.WaitGroup
+}
+
+type poolEntry struct {
+	index *Index
+	tok   *Tokenizer
+	key   string // the API key tok was made with
 }
 
 type subKey struct{ pool, addr string }
@@ -63,11 +75,14 @@ type running struct {
 }
 
 // NewManager returns a Manager with no streams; they stop when ctx ends
-// or Stop is called.
-func NewManager(ctx context.Context, opts Options) *Manager {
+// or Stop is called. tok configures every pool's Tokenizer (its APIKey
+// comes from the targets).
+func NewManager(ctx context.Context, opts Options, tok TokenizerOptions) *Manager {
 	opts.setDefaults()
-	m := &Manager{opts: opts, pools: map[string]*Index{}, subs: map[subKey]*running{}}
+	m := &Manager{opts: opts, tokOpts: tok, subs: map[subKey]*running{}}
 	m.ctx, m.cancel = context.WithCancel(ctx)
+	empty := map[string]*poolEntry{}
+	m.pools.Store(&empty)
 	return m
 }
 
@@ -81,9 +96,25 @@ func (m *Manager) Sync(targets []Target) {
 	if m.stopped {
 		return
 	}
+	old := *m.pools.Load()
+	pools := make(map[string]*poolEntry, len(old))
 	want := make(map[subKey]Target, len(targets))
 	for _, t := range targets {
 		want[subKey{t.Pool, t.Address}] = t
+		pe := pools[t.Pool]
+		if pe == nil {
+			pe = old[t.Pool]
+			if pe == nil || pe.key != t.APIKey {
+				x := NewIndex()
+				if pe != nil {
+					x = pe.index
+				}
+				o := m.tokOpts
+				o.APIKey = t.APIKey
+				pe = &poolEntry{index: x, tok: NewTokenizer(o), key: t.APIKey}
+			}
+			pools[t.Pool] = pe
+		}
 	}
 	for k, r := range m.subs {
 		if t, ok := want[k]; ok && t == r.sub.t {
@@ -92,20 +123,15 @@ func (m *Manager) Sync(targets []Target) {
 		r.cancel()
 		<-r.done
 		delete(m.subs, k)
-		if x := m.pools[k.pool]; x != nil {
-			x.Remove(k.addr)
+		if pe := old[k.pool]; pe != nil {
+			pe.index.Remove(k.addr)
 		}
 	}
 	for k, t := range want {
 		if m.subs[k] != nil {
 			continue
 		}
-		x := m.pools[k.pool]
-		if x == nil {
-			x = NewIndex()
-			m.pools[k.pool] = x
-		}
-		srv := x.Server(k.addr)
+		srv := pools[k.pool].index.Server(k.addr)
 		if srv == nil {
 			m.opts.Logger.Warn("KV events: too many servers in the pool; the estimating index serves this one", "pool", k.pool, "endpoint", k.addr, "max", MaxServers)
 			continue
@@ -121,23 +147,47 @@ func (m *Manager) Sync(targets []Target) {
 			r.sub.run(ctx)
 		}()
 	}
-	for name := range m.pools {
-		used := false
-		for k := range m.subs {
-			used = used || k.pool == name
-		}
-		if !used {
-			delete(m.pools, name)
-		}
-	}
+	m.pools.Store(&pools)
 }
 
 // Index returns the pool's Index, or nil when none of its servers
 // publishes events.
 func (m *Manager) Index(pool string) *Index {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.pools[pool]
+	if pe := (*m.pools.Load())[pool]; pe != nil {
+		return pe.index
+	}
+	return nil
+}
+
+// Tokenizer returns the pool's Tokenizer, or nil when none of its
+// servers publishes events.
+func (m *Manager) Tokenizer(pool string) *Tokenizer {
+	if pe := (*m.pools.Load())[pool]; pe != nil {
+		return pe.tok
+	}
+	return nil
+}
+
+// ErrNoEvents: the pool has no server publishing KV events.
+var ErrNoEvents = errors.New("no KV events for the pool")
+
+// Prepare turns a request for pool into a Query of its Index: the
+// prompt tokenized as the engines tokenize it (asking one of servers,
+// the request's candidates, when the cache does not have it). The caller
+// consults the Query while scheduling and Releases it. It fails with
+// ErrNoEvents for a pool without events, ErrUnsupported for a request
+// that cannot be matched exactly, or the tokenizer's error; the caller
+// then uses its estimate alone.
+func (m *Manager) Prepare(ctx context.Context, pool string, servers []string, p Prompt) (*Query, error) {
+	pe := (*m.pools.Load())[pool]
+	if pe == nil {
+		return nil, ErrNoEvents
+	}
+	tok, err := pe.tok.Tokenize(ctx, servers, p)
+	if err != nil {
+		return nil, err
+	}
+	return pe.index.NewQuery(tok.IDs, tok.Adapter, tok.Salt), nil
 }
 
 // Status returns every stream's status, sorted by pool and address.

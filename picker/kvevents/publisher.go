@@ -14,11 +14,12 @@ import (
 	"github.com/go-zeromq/zmq4"
 )
 
-// Publisher publishes KV-cache events the way vLLM's ZmqEventPublisher
-// does: a PUB socket sends [topic, 8-byte big-endian sequence, payload]
-// with sequences from 0, and a ROUTER socket answers a replay request
-// (an empty delimiter and an 8-byte start sequence) with every buffered
-// batch from that sequence on, then an end marker (sequence -1). The
+// Publisher publishes KV-cache events the way vLLM 0.32's
+// ZmqEventPublisher does: a PUB socket sends [topic, 8-byte big-endian
+// sequence, payload] with sequences from 0, and a ROUTER socket answers a
+// replay request (an empty delimiter and an 8-byte start sequence) with
+// every buffered batch from that sequence on, each as ["", topic,
+// sequence, payload], then the end marker ["", "", -1, ""]. The
 // simulator (cmd/vllm-sim) publishes through it; tests use it as an
 // engine.
 type Publisher struct {
@@ -159,11 +160,11 @@ func (p *Publisher) serveReplay() {
 		id := m.Frames[0]
 		start := int64(binary.BigEndian.Uint64(m.Frames[2]))
 		for _, b := range p.from(start) {
-			if err := p.router.Send(zmq4.NewMsgFrom(id, []byte{}, binary.BigEndian.AppendUint64(nil, uint64(b.seq)), b.payload)); err != nil {
+			if err := p.router.Send(zmq4.NewMsgFrom(id, []byte{}, []byte(p.opts.Topic), binary.BigEndian.AppendUint64(nil, uint64(b.seq)), b.payload)); err != nil {
 				break
 			}
 		}
-		_ = p.router.Send(zmq4.NewMsgFrom(id, []byte{}, end, []byte{}))
+		_ = p.router.Send(zmq4.NewMsgFrom(id, []byte{}, []byte{}, end, []byte{}))
 	}
 }
 

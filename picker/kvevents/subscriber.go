@@ -28,6 +28,9 @@ type Target struct {
 	Endpoint string
 	Replay   string
 	Topic    string
+	// APIKey is the bearer token the pool's servers want ("" none): the
+	// tokenizer sends it.
+	APIKey string
 }
 
 // Options tune the subscribers. Zero fields take the defaults.
@@ -457,6 +460,27 @@ func (s *subscriber) probe(ctx context.Context) error {
 	return nil
 }
 
+// replayFrames reads one replay answer as a DEALER receives it: the
+// empty delimiter, then [topic, sequence, payload] (vLLM 0.32; the end
+// marker has an empty topic) or [sequence, payload] (earlier versions).
+func replayFrames(frames [][]byte) (seq uint64, payload []byte, err error) {
+	f := frames
+	if len(f) > 0 && len(f[0]) == 0 {
+		f = f[1:]
+	}
+	if len(f) == 3 {
+		f = f[1:] // the topic
+	}
+	if len(f) != 2 || len(f[0]) != 8 {
+		sizes := make([]int, len(frames))
+		for i, fr := range frames {
+			sizes[i] = len(fr)
+		}
+		return 0, nil, fmt.Errorf("replay answer of frames sized %v, want [\"\", topic, sequence, payload]", sizes)
+	}
+	return binary.BigEndian.Uint64(f[0]), f[1], nil
+}
+
 type replayed struct {
 	seq     int64
 	payload []byte
@@ -489,14 +513,10 @@ func (s *subscriber) replay(ctx context.Context, from int64) ([]replayed, error)
 			}
 			return nil, err
 		}
-		f := m.Frames
-		if len(f) > 0 && len(f[0]) == 0 {
-			f = f[1:] // the delimiter
+		seq, payload, err := replayFrames(m.Frames)
+		if err != nil {
+			return nil, err
 		}
-		if len(f) != 2 || len(f[0]) != 8 {
-			return nil, fmt.Errorf("replay message of %d frames, want [sequence, payload]", len(f))
-		}
-		seq := binary.BigEndian.Uint64(f[0])
 		if seq == endSeq {
 			s.st.Replayed += int64(len(out))
 			return out, nil
@@ -504,6 +524,6 @@ func (s *subscriber) replay(ctx context.Context, from int64) ([]replayed, error)
 		if seq > math.MaxInt64 {
 			return nil, errors.New("replay: bad sequence number")
 		}
-		out = append(out, replayed{seq: int64(seq), payload: f[1]})
+		out = append(out, replayed{seq: int64(seq), payload: payload})
 	}
 }

@@ -60,17 +60,16 @@ func fastOptions() Options {
 
 func startManager(t *testing.T, opts Options, targets ...Target) *Manager {
 	t.Helper()
-	m := NewManager(context.Background(), opts)
+	m := NewManager(context.Background(), opts, TokenizerOptions{})
 	t.Cleanup(m.Stop)
 	m.Sync(targets)
 	return m
 }
 
+// status is the status of the manager's only stream.
 func status(m *Manager) Status {
-	for _, s := range m.Status() {
-		if s.Address == addr {
-			return s
-		}
+	if st := m.Status(); len(st) == 1 {
+		return st[0]
 	}
 	return Status{}
 }
@@ -264,5 +263,30 @@ func TestManagerSync(t *testing.T) {
 	m.Sync(nil)
 	if m.Index("p") != nil || len(m.Status()) != 0 {
 		t.Fatal("pool kept after its last stream left")
+	}
+}
+
+// Replay answers come in vLLM 0.32's shape (with the topic) and the
+// earlier one (without).
+func TestReplayFrames(t *testing.T) {
+	seq5 := []byte{0, 0, 0, 0, 0, 0, 0, 5}
+	end := []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	for _, c := range []struct {
+		frames  [][]byte
+		seq     uint64
+		payload string
+	}{
+		{[][]byte{{}, []byte("kv"), seq5, []byte("p")}, 5, "p"},
+		{[][]byte{{}, {}, end, {}}, endSeq, ""},
+		{[][]byte{{}, seq5, []byte("p")}, 5, "p"},
+		{[][]byte{{}, end, {}}, endSeq, ""},
+	} {
+		seq, p, err := replayFrames(c.frames)
+		if err != nil || seq != c.seq || string(p) != c.payload {
+			t.Errorf("%q: %d %q %v", c.frames, seq, p, err)
+		}
+	}
+	if _, _, err := replayFrames([][]byte{{}, []byte("x")}); err == nil {
+		t.Error("a one-frame answer was accepted")
 	}
 }
