@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/switchyard/switchyard/cmd/vllm-sim/sim"
+	"github.com/switchyard/switchyard/picker/kvevents"
 )
 
 func main() {
@@ -62,6 +63,11 @@ type options struct {
 	hangRate            float64
 	crashAfter          int
 	logLevel            string
+	// KV-cache events (vLLM --kv-events-config): PUB and replay ports on
+	// -host (0: off / no replay), topic and payload format.
+	kvPort, kvReplayPort int
+	kvTopic              string
+	kvFormat             string
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -96,6 +102,10 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.crashAfter, "crash-after", 0, "if > 0, the process exits (code 3) when inference request N+1 arrives")
 	fs.StringVar(&o.apiKey, "api-key", "", "if set, /v1 requests need Authorization: Bearer KEY (vLLM's --api-key; else 401)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.IntVar(&o.kvPort, "kv-events-port", 0, "publish KV-cache events on this ZMQ PUB port on -host, as vLLM's --kv-events-config endpoint (0: off)")
+	fs.IntVar(&o.kvReplayPort, "kv-events-replay-port", 0, "serve replay of the last 10000 event batches on this ZMQ ROUTER port (0: none)")
+	fs.StringVar(&o.kvTopic, "kv-events-topic", "", "topic of the published KV events")
+	fs.StringVar(&o.kvFormat, "kv-events-format", "tagged", "KV event encoding: tagged (vLLM 0.32: positional batches of maps tagged \"type\"), array (older vLLM) or map")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -127,6 +137,13 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("-default-max-tokens must be >= 1, got %d", o.defaultMaxTokens)
 	case o.eosMean < 0:
 		return nil, fmt.Errorf("-eos-mean-tokens must be >= 0, got %d", o.eosMean)
+	case o.kvPort < 0 || o.kvPort > 65535 || o.kvReplayPort < 0 || o.kvReplayPort > 65535:
+		return nil, fmt.Errorf("-kv-events-port and -kv-events-replay-port must be in 0-65535")
+	case o.kvReplayPort != 0 && o.kvPort == 0:
+		return nil, fmt.Errorf("-kv-events-replay-port needs -kv-events-port")
+	}
+	if _, err := kvevents.ParseFormat(o.kvFormat); err != nil {
+		return nil, fmt.Errorf("-kv-events-format: %w", err)
 	}
 	return o, nil
 }
@@ -184,6 +201,14 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	if o.kvPort != 0 {
+		pub, err := startKVEvents(o)
+		if err != nil {
+			return err
+		}
+		defer pub.Close()
+		log.Info("publishing KV events", "endpoint", pub.Endpoint(), "replay", pub.Replay(), "format", o.kvFormat)
+	}
 	eng, err := sim.New(o.cfg, sim.RealClock{})
 	if err != nil {
 		return fmt.Errorf("engine: %w", err)
@@ -240,4 +265,52 @@ func run(args []string) error {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+// startKVEvents binds the KV-event sockets and sets o.cfg.OnKVEvents to
+// publish each step's events as vLLM does: one batch per step, blocks of
+// -block-size tokens in the GPU medium, an adapter named on every block
+// (lora_name, extra_keys) with a numeric id in order of first use.
+func startKVEvents(o *options) (*kvevents.Publisher, error) {
+	f, _ := kvevents.ParseFormat(o.kvFormat)
+	po := kvevents.PublisherOptions{Endpoint: "tcp://" + net.JoinHostPort(o.host, strconv.Itoa(o.kvPort)), Topic: o.kvTopic, Format: f}
+	if o.kvReplayPort != 0 {
+		po.Replay = "tcp://" + net.JoinHostPort(o.host, strconv.Itoa(o.kvReplayPort))
+	}
+	pub, err := kvevents.NewPublisher(po)
+	if err != nil {
+		return nil, err
+	}
+	bs := o.cfg.BlockSize
+	loraIDs := map[string]int64{} // used under the engine's lock only
+	var batch []kvevents.EncodeEvent
+	o.cfg.OnKVEvents = func(evs []sim.KVEvent) {
+		batch = batch[:0]
+		for _, ev := range evs {
+			var e kvevents.EncodeEvent
+			switch ev.Kind {
+			case sim.KVStored:
+				e.Kind, e.Hashes, e.Parent, e.HasParent, e.Tokens, e.BlockSize, e.Medium = kvevents.BlockStored, ev.Hashes, ev.Parent, ev.HasParent, ev.Tokens, bs, kvevents.MediumGPU
+				e.ExtraKeys = make([][]string, len(ev.Hashes))
+				if ev.LoRA != "" {
+					id, ok := loraIDs[ev.LoRA]
+					if !ok {
+						id = int64(len(loraIDs) + 1)
+						loraIDs[ev.LoRA] = id
+					}
+					e.LoRAName, e.LoRAID, e.HasLoRAID = ev.LoRA, id, true
+					for i := range e.ExtraKeys {
+						e.ExtraKeys[i] = []string{ev.LoRA}
+					}
+				}
+			case sim.KVRemoved:
+				e.Kind, e.Hashes, e.Medium = kvevents.BlockRemoved, ev.Hashes, kvevents.MediumGPU
+			case sim.KVCleared:
+				e.Kind = kvevents.AllBlocksCleared
+			}
+			batch = append(batch, e)
+		}
+		pub.Publish(batch)
+	}
+	return pub, nil
 }
