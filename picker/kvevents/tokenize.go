@@ -3,6 +3,7 @@ package kvevents
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -198,7 +199,18 @@ func (t *Tokenizer) Tokenize(ctx context.Context, servers []string, p Prompt) (T
 
 // ids returns the prompt's token ids, from the cache or from srv.
 func (t *Tokenizer) ids(ctx context.Context, srv string, p Prompt, r *request) ([]uint32, error) {
-	var body []byte
+	// The cache key covers exactly what the /tokenize body would carry,
+	// read from the raw fields: a hit costs no encoding.
+	var h maphash.Hash
+	h.SetSeed(t.seed)
+	field := func(b []byte) {
+		var n [8]byte
+		binary.LittleEndian.PutUint64(n[:], uint64(len(b)))
+		h.Write(n[:])
+		h.Write(b)
+	}
+	field([]byte(p.Model))
+	var prompt string
 	switch {
 	case p.Chat:
 		if len(r.Messages) == 0 {
@@ -212,24 +224,35 @@ func (t *Tokenizer) ids(ctx context.Context, srv string, p Prompt, r *request) (
 		if len(r.Documents) > 0 && string(r.Documents) != "null" {
 			return nil, fmt.Errorf("%w: documents", ErrUnsupported)
 		}
-		cr := chatTokenize{Model: p.Model, Messages: r.Messages, AddGenerationPrompt: r.AddGenerationPrompt,
-			ContinueFinalMessage: r.ContinueFinalMessage, AddSpecialTokens: r.AddSpecialTokens, ChatTemplate: r.ChatTemplate,
-			ChatTemplateKwargs: r.ChatTemplateKwargs, Tools: r.Tools}
-		body, _ = json.Marshal(cr)
+		h.WriteByte('c')
+		for _, f := range [][]byte{r.Messages, r.AddGenerationPrompt, r.ContinueFinalMessage, r.AddSpecialTokens, r.ChatTemplate, r.ChatTemplateKwargs, r.Tools} {
+			field(f)
+		}
 	default:
-		prompt, ids, err := completionPrompt(r.Prompt)
-		if err != nil {
+		var ids []uint32
+		var err error
+		if prompt, ids, err = completionPrompt(r.Prompt); err != nil {
 			return nil, err
 		}
 		if ids != nil {
 			return ids, nil // token ids already
 		}
-		body, _ = json.Marshal(completionTokenize{Model: p.Model, Prompt: prompt, AddSpecialTokens: r.AddSpecialTokens})
+		h.WriteByte('p')
+		field([]byte(prompt))
+		field(r.AddSpecialTokens)
 	}
-	key := maphash.Bytes(t.seed, body)
+	key := h.Sum64()
 	if ids := t.lookup(key); ids != nil {
 		t.hits.Add(1)
 		return ids, nil
+	}
+	var body []byte
+	if p.Chat {
+		body, _ = json.Marshal(chatTokenize{Model: p.Model, Messages: r.Messages, AddGenerationPrompt: r.AddGenerationPrompt,
+			ContinueFinalMessage: r.ContinueFinalMessage, AddSpecialTokens: r.AddSpecialTokens, ChatTemplate: r.ChatTemplate,
+			ChatTemplateKwargs: r.ChatTemplateKwargs, Tools: r.Tools})
+	} else {
+		body, _ = json.Marshal(completionTokenize{Model: p.Model, Prompt: prompt, AddSpecialTokens: r.AddSpecialTokens})
 	}
 	v, err, _ := t.flight.Do(strconv.FormatUint(key, 16), func() (any, error) {
 		ids, err := t.call(ctx, srv, body)

@@ -20,7 +20,7 @@ type fakeTokenizeServer struct {
 	last  atomic.Pointer[map[string]any]
 }
 
-func newFakeTokenizeServer(t *testing.T) *fakeTokenizeServer {
+func newFakeTokenizeServer(t testing.TB) *fakeTokenizeServer {
 	f := &fakeTokenizeServer{}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /tokenize", func(w http.ResponseWriter, r *http.Request) {
