@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"testing"
 
 	"github.com/switchyard/switchyard/internal/realvllm"
@@ -82,4 +83,42 @@ func BenchmarkRealVLLMTokenize(b *testing.B) {
 		b.Fatalf("stats %+v after %d prompts", st, i)
 	}
 	b.ReportMetric(float64(tokens), "tokens")
+}
+
+// BenchmarkIndexApply is what following a server costs the router: each
+// op stores a 64-block run (16-token blocks) and evicts it again; it
+// reports the memory a held block takes (server maps and the pool's key
+// table) from a second index holding 26,000 blocks on each of 8 servers.
+func BenchmarkIndexApply(b *testing.B) {
+	x := NewIndex()
+	s := x.Server("a")
+	s.SetState(Synced)
+	prompt := seqTokens(0, 64*16)
+	hashes := engineHashes(prompt, 16, 1)
+	store := Batch{Events: []Event{storeRun(prompt, 16, 0, 64, hashes, "")}}
+	evict := Batch{Events: []Event{{Kind: BlockRemoved, Hashes: hashes, Medium: MediumGPU}}}
+	b.ReportAllocs()
+	for b.Loop() {
+		s.Apply(&store, testNow)
+		s.Apply(&evict, testNow)
+	}
+	b.StopTimer()
+	const servers, blocks = 8, 26000
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	big := NewIndex()
+	long := seqTokens(0, blocks*16)
+	for i := range servers {
+		srv := big.Server(fmt.Sprint(i))
+		// Servers share half their blocks (common prefixes), as a pool's do.
+		h := engineHashes(long, 16, uint64(i))
+		apply(srv, storeRun(long, 16, 0, blocks/2, h, ""))
+		other := seqTokens(1_000_000*(i+1), blocks/2*16)
+		apply(srv, storeRun(other, 16, 0, blocks/2, engineHashes(other, 16, uint64(i)), ""))
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(servers*blocks), "bytes/held-block")
+	runtime.KeepAlive(big)
 }
