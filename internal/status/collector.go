@@ -91,6 +91,7 @@ var (
 	mKVReplayed    = desc("switchyard_kv_events_replayed_batches_total", "Batches received from the replay socket.", "pool", "endpoint")
 	mKVLost        = desc("switchyard_kv_events_lost_total", "Times batches were lost beyond replay (the view was dropped and turned partial).", "pool", "endpoint")
 	mKVRestarts    = desc("switchyard_kv_events_engine_restarts_total", "Engine restarts noticed (the old engine's blocks dropped).", "pool", "endpoint")
+	mKVPredicted   = desc("switchyard_kv_events_predictions_total", "Exact predictions of a request's cached tokens checked against what the server reported, by result: agree, over (predicted more), under.", "pool", "endpoint", "result")
 	mKVTokenize    = desc("switchyard_kv_tokenize_requests_total", "Prompts tokenized for the exact prefix index, by result: hit (cache), call (a server's /tokenize), failure.", "pool", "result")
 	mKVTokSecs     = desc("switchyard_kv_tokenize_seconds_total", "Time spent in /tokenize calls.", "pool")
 	mDecisionDrops = desc("switchyard_decision_records_file_dropped_total", "Decision records the JSON-lines file missed because its writer fell behind.")
@@ -104,7 +105,7 @@ var allDescs = []*prometheus.Desc{mBuild, mRegVersion, mConfigError, mPoolReady,
 	mReplicas, mPeerSharing, mPeerDropped, mPeerLag, mPeerPicks, mTLSRejected, mTLSExpiry, mTLSReloads,
 	mFCSaturation, mFCQueueSize, mFCQueueBytes, mFCQueueWait, mAdmDispatched, mAdmRejected, mAdmCancelled,
 	mObjTTFT, mObjTPOT, mObjDuration, mObjNTPOT, mEpTTFT, mEpTPOT, mEpDuration, mDecisionRecs, mDecisionDrops,
-	mKVExact, mKVConnected, mKVBlocks, mKVBatches, mKVGaps, mKVReplayed, mKVLost, mKVRestarts, mKVTokenize, mKVTokSecs}
+	mKVExact, mKVConnected, mKVBlocks, mKVBatches, mKVGaps, mKVReplayed, mKVLost, mKVRestarts, mKVPredicted, mKVTokenize, mKVTokSecs}
 
 // tlsZeroReasons are the rejection reasons exported as 0 before any
 // happens, so alerts on rate() see the counter from the start.
@@ -172,6 +173,9 @@ func collect(r *Report, now time.Time, ch chan<- prometheus.Metric) {
 				counter(mKVReplayed, float64(kv.Replayed), p.Name, e.Address)
 				counter(mKVLost, float64(kv.Lost), p.Name, e.Address)
 				counter(mKVRestarts, float64(kv.Restarts), p.Name, e.Address)
+				counter(mKVPredicted, float64(kv.PredictionsAgreed), p.Name, e.Address, "agree")
+				counter(mKVPredicted, float64(kv.PredictionsOver), p.Name, e.Address, "over")
+				counter(mKVPredicted, float64(kv.PredictionsUnder), p.Name, e.Address, "under")
 			}
 		}
 		if tok := p.KVTokenize; tok != nil {

@@ -102,6 +102,7 @@ func TestCollectorReadsTheReport(t *testing.T) {
 		{"KV blocks offloaded", "switchyard_kv_events_blocks", map[string]string{"endpoint": "10.0.0.1:8000", "medium": "CPU"}, 7},
 		{"KV restarts", "switchyard_kv_events_engine_restarts_total", map[string]string{"endpoint": "10.0.0.1:8000"}, 1},
 		{"KV losses", "switchyard_kv_events_lost_total", map[string]string{"endpoint": "10.0.0.2:8000"}, 1},
+		{"predictions checked", "switchyard_kv_events_predictions_total", map[string]string{"endpoint": "10.0.0.1:8000", "result": "agree"}, 95},
 		{"tokenize calls", "switchyard_kv_tokenize_requests_total", map[string]string{"pool": "llama", "result": "call"}, 10},
 		{"tokenize hits", "switchyard_kv_tokenize_requests_total", map[string]string{"pool": "llama", "result": "hit"}, 30},
 	}

@@ -329,7 +329,8 @@ func pools(in *inputs) []Pool {
 func kvEventsOf(ks kvevents.Status) *KVEvents {
 	out := &KVEvents{State: ks.State.String(), Exact: ks.State == kvevents.Synced, Connected: ks.Connected, LastSeq: ks.LastSeq,
 		Blocks: ks.Server.Blocks, Media: ks.Server.Media, Batches: ks.Server.Batches, Gaps: ks.Gaps, Replayed: ks.Replayed,
-		Lost: ks.Lost, Restarts: ks.Restarts, DecodeErrors: ks.DecodeErrors, Orphans: ks.Server.Orphans, LastError: ks.LastError}
+		Lost: ks.Lost, Restarts: ks.Restarts, DecodeErrors: ks.DecodeErrors, Orphans: ks.Server.Orphans, LastError: ks.LastError,
+		PredictionsAgreed: ks.Server.Agreed, PredictionsOver: ks.Server.Over, PredictionsUnder: ks.Server.Under}
 	if !ks.LastMessage.IsZero() {
 		t := ks.LastMessage.UTC()
 		out.LastMessage = &t

@@ -233,15 +233,20 @@ type KVEvents struct {
 	Blocks int            `json:"blocks"`
 	Media  map[string]int `json:"media,omitempty"`
 	// Counters since start.
-	Batches      int64      `json:"batches"`
-	Gaps         int64      `json:"gaps"`
-	Replayed     int64      `json:"replayed"`
-	Lost         int64      `json:"lost"`
-	Restarts     int64      `json:"restarts"`
-	DecodeErrors int64      `json:"decode_errors"`
-	Orphans      int64      `json:"orphans"`
-	LastMessage  *time.Time `json:"last_message,omitempty"`
-	LastError    string     `json:"last_error,omitempty"`
+	Batches      int64 `json:"batches"`
+	Gaps         int64 `json:"gaps"`
+	Replayed     int64 `json:"replayed"`
+	Lost         int64 `json:"lost"`
+	Restarts     int64 `json:"restarts"`
+	DecodeErrors int64 `json:"decode_errors"`
+	Orphans      int64 `json:"orphans"`
+	// Predictions checked against the cached tokens the server reported:
+	// equal, over, under.
+	PredictionsAgreed int64      `json:"predictions_agreed"`
+	PredictionsOver   int64      `json:"predictions_over"`
+	PredictionsUnder  int64      `json:"predictions_under"`
+	LastMessage       *time.Time `json:"last_message,omitempty"`
+	LastError         string     `json:"last_error,omitempty"`
 }
 
 // KVTokenize is a pool's request tokenization for the exact prefix index

@@ -130,7 +130,7 @@ func sample() *inputs {
 		allowedSANs: []string{"envoy.internal"},
 		kvEvents: map[metrics.Key]kvevents.Status{
 			{Pool: "llama", Address: "10.0.0.1:8000"}: {State: kvevents.Synced, Connected: true, LastSeq: 41, Gaps: 2, Replayed: 3, Restarts: 1,
-				Server: kvevents.ServerStats{Blocks: 120, Batches: 42, Media: map[string]int{"CPU": 7}}, LastMessage: t0.Add(-time.Second)},
+				Server: kvevents.ServerStats{Blocks: 120, Batches: 42, Media: map[string]int{"CPU": 7}, Agreed: 95, Over: 3, Under: 2}, LastMessage: t0.Add(-time.Second)},
 			{Pool: "llama", Address: "10.0.0.2:8000"}: {State: kvevents.Partial, Connected: true, LastSeq: 9, Lost: 1, LastError: "batches 3-5 are no longer in the engine's replay buffer"},
 		},
 		kvTokenize: map[string]kvevents.TokenizerStats{"llama": {Hits: 30, Calls: 12, Failures: 2, CallSeconds: 0.06, CachedTokens: 5000}},

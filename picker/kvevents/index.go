@@ -217,6 +217,9 @@ type Server struct {
 	// full-block BlockStored).
 	blockSize atomic.Int32
 
+	// Predictions checked against what the server reported (Observe).
+	agreed, over, under atomic.Int64
+
 	mu      sync.Mutex
 	removed bool
 	// gpu maps the engine's hash of each block in its own cache to the
@@ -257,6 +260,10 @@ type ServerStats struct {
 	Orphans, UnknownRemoved int64
 	// LastEvent is when the latest batch was applied.
 	LastEvent time.Time
+	// Agreed, Over and Under count the predictions checked against the
+	// cached tokens the server then reported (Index.Observe): equal, more
+	// than it had, less.
+	Agreed, Over, Under int64
 }
 
 func newServer(x *Index, name string, id uint16) *Server {
@@ -281,6 +288,7 @@ func (s *Server) Stats() ServerStats {
 	defer s.mu.Unlock()
 	st := s.stats
 	st.Blocks, st.Keys = len(s.gpu), len(s.keyRefs)
+	st.Agreed, st.Over, st.Under = s.agreed.Load(), s.over.Load(), s.under.Load()
 	st.Media = map[string]int{}
 	for m, blocks := range s.other {
 		if len(blocks) > 0 {
@@ -455,6 +463,25 @@ func (s *Server) removedEv(e *Event) {
 				s.x.clearHolder(rec.key, s.id)
 			}
 		}
+	}
+}
+
+// Observe checks an exact prediction against what the server then
+// reported: predicted is the cached tokens a Query said addr held
+// (Scratch.CachedTokens of the chosen server), actual the response's
+// usage.prompt_tokens_details.cached_tokens. The counts (ServerStats
+// Agreed, Over, Under) show how exact the view is in production; a race
+// between a prediction and an eviction in flight is the usual miss.
+func (x *Index) Observe(addr string, predicted, actual int) {
+	s := x.Lookup(addr)
+	switch {
+	case s == nil:
+	case predicted == actual:
+		s.agreed.Add(1)
+	case predicted > actual:
+		s.over.Add(1)
+	default:
+		s.under.Add(1)
 	}
 }
 

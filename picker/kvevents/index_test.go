@@ -230,6 +230,19 @@ func TestIndexAdapterAndSalt(t *testing.T) {
 	}
 }
 
+func TestIndexObserve(t *testing.T) {
+	x := NewIndex()
+	x.Server("a")
+	x.Observe("a", 64, 64)
+	x.Observe("a", 64, 32)
+	x.Observe("a", 0, 32)
+	x.Observe("a", 0, 0)
+	x.Observe("gone", 1, 2)
+	if st := x.Lookup("a").Stats(); st.Agreed != 2 || st.Over != 1 || st.Under != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
 func TestIndexRemoveServer(t *testing.T) {
 	x := NewIndex()
 	prompt := seqTokens(0, 8)

@@ -190,11 +190,12 @@ func (s *subscriber) session(ctx context.Context) error {
 	// Reconnection is ours: zmq4's automatic reconnect redials from the
 	// connection reaper concurrently with Close (a data race llm-d hit).
 	sub := zmq4.NewSub(sctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.opts.DialTimeout), zmq4.WithLogger(s.zlog))
-	defer sub.Close()
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.t.Topic); err != nil {
+		sub.Close()
 		return fmt.Errorf("subscribe: %w", err)
 	}
 	if err := sub.Dial(s.t.Endpoint); err != nil {
+		sub.Close()
 		return fmt.Errorf("dial %s: %w", s.t.Endpoint, err)
 	}
 	msgs := make(chan recvd, 64)
