@@ -151,17 +151,26 @@ func (s *subscriber) setState(st State) {
 // run follows the stream until ctx ends, reconnecting with back-off.
 func (s *subscriber) run(ctx context.Context) {
 	backoff := s.opts.MinBackoff
+	failing := false // warned about already: later failures log at debug
 	for ctx.Err() == nil {
-		start := time.Now()
+		start, connects := time.Now(), s.st.Connects
 		err := s.session(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		s.srv.SetState(Disconnected)
 		s.st.Connected = false
+		if s.st.Connects != connects {
+			failing = false
+		}
 		if err != nil {
 			s.st.LastError = err.Error()
-			s.log.Warn("KV events stream down", "err", err)
+			if failing {
+				s.log.Debug("KV events stream still down", "err", err)
+			} else {
+				s.log.Warn("KV events stream down; the estimating prefix index serves this endpoint until it is back", "err", err)
+			}
+			failing = true
 		}
 		s.publish()
 		if time.Since(start) > 4*s.opts.MaxBackoff {
