@@ -448,8 +448,8 @@ func TestRealVLLMKVEvents(t *testing.T) {
 		// Every replica subscribes to every server: the engine's PUB
 		// socket copies each batch to each subscriber, in libzmq's I/O
 		// threads (ZMQbg/*) of the engine core process. Their CPU time
-		// for one seeded workload with 1 and with 9 subscribers,
-		// alternated, next to the whole engine core's.
+		// for one seeded workload with 1 and with 9 subscribers, next to
+		// the whole engine core's.
 		engine := engineCorePID(t, srv)
 		direct := Target{Pool: "p", Address: srv.addr, Endpoint: "ipc://" + srv.pub, Replay: "ipc://" + srv.replay}
 		type sample struct {
