@@ -29,6 +29,7 @@ import (
 
 	"github.com/switchyard/switchyard/internal/contract"
 	"github.com/switchyard/switchyard/picker/decisions"
+	"github.com/switchyard/switchyard/picker/kvevents"
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/picker/sched"
@@ -84,6 +85,9 @@ type Options struct {
 	// none).
 	Tracer    *tracing.Tracer
 	Decisions *decisions.Recorder
+	// KVEvents tunes the subscribers to the KV-cache events of servers
+	// whose pool (or endpoint) declares them (see KVEvents).
+	KVEvents kvevents.Options
 }
 
 func (o Options) withDefaults() Options {
@@ -149,6 +153,9 @@ type Server struct {
 	// Metrics scraping: the manager exists while Run runs.
 	mgr *metrics.Manager
 	eh  *EndpointHealth
+	// kv follows the servers' KV-cache events while Run runs (nil
+	// otherwise).
+	kv atomic.Pointer[kvevents.Manager]
 }
 
 // counters are process-wide request outcomes.
@@ -242,6 +249,12 @@ func (s *Server) Run(ctx context.Context) error {
 			s.mgr = nil
 		}()
 	}
+	kv := kvevents.NewManager(ctx, s.kvOptions(), kvevents.TokenizerOptions{})
+	s.kv.Store(kv)
+	defer func() {
+		kv.Stop()
+		s.kv.Store(nil)
+	}()
 	s.runCtx = ctx
 	// The queues' dispatchers end with ctx, rejecting what still waits.
 	defer s.queues.Wait()
@@ -285,6 +298,9 @@ func (s *Server) apply(st *registry.State) {
 			}
 			return nil
 		}
+	}
+	if kv := s.kv.Load(); kv != nil {
+		kv.Sync(kvevents.TargetsFromState(st))
 	}
 	snap := buildSnapshot(st, &s.loads, d)
 	old := s.snap.Load()

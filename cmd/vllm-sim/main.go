@@ -23,6 +23,7 @@ import (
 
 	"github.com/switchyard/switchyard/cmd/vllm-sim/sim"
 	healthprobe "github.com/switchyard/switchyard/internal/probe"
+	"github.com/switchyard/switchyard/picker/kvevents"
 )
 
 func main() {
@@ -75,6 +76,11 @@ type options struct {
 	kvConnector         string
 	kvFailurePolicy     string
 	kvSideChannelHost   string
+	// KV-cache events (vLLM --kv-events-config): PUB and replay ports on
+	// -host (0: off / no replay), topic and payload format.
+	kvPort, kvReplayPort int
+	kvTopic              string
+	kvFormat             string
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -116,6 +122,10 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.cfg.KVLease, "kv-lease-duration", def.KVLease, "how long a prefill keeps KV blocks for a decoder to pull (vLLM's kv_lease_duration)")
 	fs.StringVar(&o.kvFailurePolicy, "kv-load-failure-policy", "fail", "when remote KV cannot be pulled: \"fail\" the request (500) or \"recompute\" the prompt locally")
 	fs.StringVar(&o.kvSideChannelHost, "kv-side-channel-host", "", "host sent as remote_host to decoders (VLLM_NIXL_SIDE_CHANNEL_HOST); default -host")
+	fs.IntVar(&o.kvPort, "kv-events-port", 0, "publish KV-cache events on this ZMQ PUB port on -host, as vLLM's --kv-events-config endpoint (0: off)")
+	fs.IntVar(&o.kvReplayPort, "kv-events-replay-port", 0, "serve replay of the last 10000 event batches on this ZMQ ROUTER port (0: none)")
+	fs.StringVar(&o.kvTopic, "kv-events-topic", "", "topic of the published KV events")
+	fs.StringVar(&o.kvFormat, "kv-events-format", "tagged", "KV event encoding: tagged (vLLM 0.32: positional batches of maps tagged \"type\"), array (older vLLM) or map")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -158,6 +168,13 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("-kv-lease-duration must be > 0, got %v", o.cfg.KVLease)
 	case o.kvConnector != "" && o.kvSideChannelHost == "" && unspecifiedHost(o.host):
 		return nil, fmt.Errorf("-kv-connector with -host %s: set -kv-side-channel-host to the address decode servers reach this one at", o.host)
+	case o.kvPort < 0 || o.kvPort > 65535 || o.kvReplayPort < 0 || o.kvReplayPort > 65535:
+		return nil, fmt.Errorf("-kv-events-port and -kv-events-replay-port must be in 0-65535")
+	case o.kvReplayPort != 0 && o.kvPort == 0:
+		return nil, fmt.Errorf("-kv-events-replay-port needs -kv-events-port")
+	}
+	if _, err := kvevents.ParseFormat(o.kvFormat); err != nil {
+		return nil, fmt.Errorf("-kv-events-format: %w", err)
 	}
 	return o, nil
 }
@@ -228,6 +245,14 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	if o.kvPort != 0 {
+		pub, err := startKVEvents(o)
+		if err != nil {
+			return err
+		}
+		defer pub.Close()
+		log.Info("publishing KV events", "endpoint", pub.Endpoint(), "replay", pub.Replay(), "format", o.kvFormat)
+	}
 	eng, err := sim.New(o.cfg, sim.RealClock{})
 	if err != nil {
 		return fmt.Errorf("engine: %w", err)
@@ -293,4 +318,52 @@ func run(args []string) error {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+// startKVEvents binds the KV-event sockets and sets o.cfg.OnKVEvents to
+// publish each step's events as vLLM does: one batch per step, blocks of
+// -block-size tokens in the GPU medium, an adapter named on every block
+// (lora_name, extra_keys) with a numeric id in order of first use.
+func startKVEvents(o *options) (*kvevents.Publisher, error) {
+	f, _ := kvevents.ParseFormat(o.kvFormat)
+	po := kvevents.PublisherOptions{Endpoint: "tcp://" + net.JoinHostPort(o.host, strconv.Itoa(o.kvPort)), Topic: o.kvTopic, Format: f}
+	if o.kvReplayPort != 0 {
+		po.Replay = "tcp://" + net.JoinHostPort(o.host, strconv.Itoa(o.kvReplayPort))
+	}
+	pub, err := kvevents.NewPublisher(po)
+	if err != nil {
+		return nil, err
+	}
+	bs := o.cfg.BlockSize
+	loraIDs := map[string]int64{} // used under the engine's lock only
+	var batch []kvevents.EncodeEvent
+	o.cfg.OnKVEvents = func(evs []sim.KVEvent) {
+		batch = batch[:0]
+		for _, ev := range evs {
+			var e kvevents.EncodeEvent
+			switch ev.Kind {
+			case sim.KVStored:
+				e.Kind, e.Hashes, e.Parent, e.HasParent, e.Tokens, e.BlockSize, e.Medium = kvevents.BlockStored, ev.Hashes, ev.Parent, ev.HasParent, ev.Tokens, bs, kvevents.MediumGPU
+				e.ExtraKeys = make([][]string, len(ev.Hashes))
+				if ev.LoRA != "" {
+					id, ok := loraIDs[ev.LoRA]
+					if !ok {
+						id = int64(len(loraIDs) + 1)
+						loraIDs[ev.LoRA] = id
+					}
+					e.LoRAName, e.LoRAID, e.HasLoRAID = ev.LoRA, id, true
+					for i := range e.ExtraKeys {
+						e.ExtraKeys[i] = []string{ev.LoRA}
+					}
+				}
+			case sim.KVRemoved:
+				e.Kind, e.Hashes, e.Medium = kvevents.BlockRemoved, ev.Hashes, kvevents.MediumGPU
+			case sim.KVCleared:
+				e.Kind = kvevents.AllBlocksCleared
+			}
+			batch = append(batch, e)
+		}
+		pub.Publish(batch)
+	}
+	return pub, nil
 }

@@ -61,6 +61,11 @@ type Config struct {
 	// KVConnector reports the KV connector's metrics
 	// (vllm:external_prefix_cache_*), as vLLM does when one is configured.
 	KVConnector bool
+	// OnKVEvents, when set, receives the KV-cache events of every engine
+	// step that has any, in order, at the step's end (vLLM publishes them
+	// from the scheduler's update after each step), under the engine's
+	// lock: it must not call back into the engine.
+	OnKVEvents func([]KVEvent)
 }
 
 // DefaultConfig is Llama-3-8B on one H100 80GB under vLLM 0.11.
@@ -274,7 +279,7 @@ func New(cfg Config, clock Clock) (*Engine, error) {
 		cfg:   cfg,
 		clock: clock,
 		wake:  make(chan struct{}, 1),
-		kv:    newKVCache(cfg.NumGPUBlocks, cfg.BlockSize, cfg.EnablePrefixCaching),
+		kv:    newKVCache(cfg.NumGPUBlocks, cfg.BlockSize, cfg.EnablePrefixCaching, cfg.OnKVEvents != nil),
 		stats: newCounters(cfg.MaxModelLen),
 		held:  make(map[string]*heldKV),
 	}, nil
@@ -397,6 +402,26 @@ func (e *Engine) Step(ctx context.Context) bool {
 	e.commit(plan, e.clock.Now())
 	e.mu.Unlock()
 	return true
+}
+
+// publishKVEvents hands the step's KV events to OnKVEvents. Called with
+// e.mu held.
+func (e *Engine) publishKVEvents() {
+	if e.kv.events == nil || len(*e.kv.events) == 0 {
+		return
+	}
+	e.cfg.OnKVEvents(*e.kv.events)
+	*e.kv.events = (*e.kv.events)[:0]
+}
+
+// ResetPrefixCache drops every cached block, as vLLM's
+// /reset_prefix_cache: it reports false, changing nothing, while a
+// request holds blocks. Like vLLM, the AllBlocksCleared event goes out
+// with the next step's events.
+func (e *Engine) ResetPrefixCache() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.kv.reset()
 }
 
 // maxCatchUp bounds how late a step may start and still be timed from the
@@ -580,7 +605,10 @@ func (e *Engine) finish(s *seq, now time.Time, reason string) {
 // request whose tokens are all computed produces its next token. Called with
 // e.mu held.
 func (e *Engine) commit(plan []work, now time.Time) {
-	anyDone := false
+	// Computed tokens enter the cache first, and the step's KV events go
+	// out before its tokens do, as vLLM publishes them from the
+	// scheduler's update before the step's outputs leave the engine: a
+	// client that reads a response sees its cache's events already sent.
 	for _, w := range plan {
 		s := w.s
 		if s.aborted.Load() || s.finished {
@@ -588,6 +616,14 @@ func (e *Engine) commit(plan []work, now time.Time) {
 		}
 		s.numComputed += w.numNew
 		e.kv.commit(s)
+	}
+	e.publishKVEvents()
+	anyDone := false
+	for _, w := range plan {
+		s := w.s
+		if s.aborted.Load() || s.finished {
+			continue
+		}
 		if s.numComputed < len(s.tokens) {
 			continue // more prefill chunks to go
 		}
