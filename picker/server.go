@@ -5,7 +5,11 @@
 // metadata. It also rewrites model names in both directions, answers
 // 400/404/413/429/503 locally, and keeps per-endpoint in-flight counters.
 //
-// Request parsing lives in picker/openai, scheduling in picker/sched.
+// Request parsing lives in picker/openai, scheduling in picker/sched. A
+// request's path is a fixed sequence of stages, each in its own file,
+// with the optional ones (tracing, decision records, tenants, replica
+// sharing, TTFT accounting) in a chain built with each snapshot: see
+// request.go, chain.go and README.md. stream.go adapts Envoy's protocol.
 package picker
 
 import (
