@@ -101,6 +101,7 @@ func BenchmarkHandleRequest(b *testing.B) {
 					}
 				}
 				st.release()
+				srv.freeStream(st)
 			}
 			b.StopTimer()
 			if n, _ := srv.InFlight(); n != 0 || sent == 0 {
@@ -183,6 +184,7 @@ func benchDecision(b *testing.B, profile string) {
 			Perf:        metrics.Perf{TTFT: 0.05, Queue: 0.005, Prefill: 0.03, Inference: 2, PrefillTokens: 600, PrefillPerToken: 50e-6, Requests: 1000, Rate: 5},
 			LastSuccess: far, MaxAge: 2 * time.Hour}}
 	}})
+	srv.buildChains(snap)
 	srv.snap.Store(snap)
 	// An admission queue, idle as in an unsaturated pool: its check is
 	// part of every decision.
@@ -194,10 +196,11 @@ func benchDecision(b *testing.B, profile string) {
 	decide := func(body []byte) {
 		st := srv.newStream(context.Background())
 		st.path, st.method, st.body = []byte("/v1/chat/completions"), []byte("POST"), body
-		if code, msg, _, _ := st.pick(); code != 0 {
-			b.Fatalf("%d %s", code, msg)
+		if rep := st.pick(); rep.code != 0 {
+			b.Fatalf("%d %s", rep.code, rep.msg)
 		}
 		st.release()
+		srv.freeStream(st)
 	}
 	for _, body := range bodies { // warm the prefix index
 		decide(body)
@@ -304,10 +307,11 @@ func BenchmarkScheduleDecisionBusy(b *testing.B) {
 	decide := func(i int) {
 		st := srv.newStream(context.Background())
 		st.path, st.method, st.body, st.headers = []byte("/v1/chat/completions"), []byte("POST"), bodies[i], headers[i]
-		if code, msg, _, _ := st.pick(); code != 0 {
-			b.Fatalf("%d %s", code, msg)
+		if rep := st.pick(); rep.code != 0 {
+			b.Fatalf("%d %s", rep.code, rep.msg)
 		}
 		st.release()
+		srv.freeStream(st)
 	}
 	for i := range bodies { // the 32 system prompts spread over the pool
 		decide(i)

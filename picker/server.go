@@ -5,7 +5,11 @@
 // metadata. It also rewrites model names in both directions, answers
 // 400/404/413/429/503 locally, and keeps per-endpoint in-flight counters.
 //
-// Request parsing lives in picker/openai, scheduling in picker/sched.
+// Request parsing lives in picker/openai, scheduling in picker/sched. A
+// request's path is a fixed sequence of stages, each in its own file,
+// with the optional ones (tracing, decision records, tenants, replica
+// sharing, TTFT accounting) in a chain built with each snapshot: see
+// request.go, chain.go and README.md. stream.go adapts Envoy's protocol.
 package picker
 
 import (
@@ -132,6 +136,7 @@ type Server struct {
 	// (loadKey -> *latencyHists; see latency.go).
 	epLatency sync.Map
 	scratch   sync.Pool
+	streams   sync.Pool // *stream, see newStream
 	stats     counters
 	warm      warmCache
 
@@ -156,6 +161,10 @@ type Server struct {
 	// kv follows the servers' KV-cache events while Run runs (nil
 	// otherwise).
 	kv atomic.Pointer[kvevents.Manager]
+
+	// stages are the optional stages every snapshot's chains are built
+	// from (chain.go).
+	stages []stageDef
 }
 
 // counters are process-wide request outcomes.
@@ -190,8 +199,10 @@ func New(view registry.View, opts Options, logger *slog.Logger) *Server {
 		eh:      newEndpointHealth(opts.Health),
 		started: time.Now(),
 		tenants: tenant.NewSet(),
+		stages:  stages(),
 	}
 	s.scratch.New = func() any { return new(sched.Scratch) }
+	s.streams.New = func() any { return new(stream) }
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
 	st, _ := view.Current()
 	s.apply(st)
@@ -305,6 +316,7 @@ func (s *Server) apply(st *registry.State) {
 	snap := buildSnapshot(st, &s.loads, d)
 	old := s.snap.Load()
 	snap.tenants = s.tenants.Build(st, len(st.Replicas))
+	s.buildChains(snap)
 	s.snap.Store(snap)
 	s.syncQueues(st, snap, old)
 	ready := healthpb.HealthCheckResponse_NOT_SERVING
@@ -348,6 +360,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	defer s.active.Add(-1)
 	ctx := srv.Context()
 	st := s.newStream(ctx)
+	defer s.freeStream(st)
 	defer st.finish()
 	defer st.release()
 	for {

@@ -28,6 +28,9 @@ type snapshot struct {
 	headerOnlyPool *poolView
 	// tenants authenticates requests (nil: no tenants, no checks).
 	tenants *tenant.Table
+	// chain is the server's optional stages: every request's until its
+	// pool is known (chain.go).
+	chain chain
 }
 
 type poolView struct {
@@ -51,6 +54,9 @@ type poolView struct {
 	upstreamKey string
 	// tables are what decision records share (insight.go).
 	tables recordTables
+	// chain is the optional stages of the pool's requests: the server's
+	// and the pool's own (chain.go).
+	chain chain
 }
 
 // poolState is a pool's scheduling memory that survives rebuilds: the
