@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/switchyard/switchyard/picker/metrics"
+	"github.com/switchyard/switchyard/registry"
 )
 
 // Load holds an endpoint's live counters. One Load exists per pool+address
@@ -123,6 +124,10 @@ type Endpoint struct {
 	// Models the endpoint advertises; empty means it serves the whole pool.
 	Models   []string
 	Draining bool
+	// Role is the endpoint's part in a disaggregated pool (RoleBoth in
+	// every other pool): RoleFilter keeps clients' requests off prefill
+	// servers.
+	Role registry.Role
 	// Load is shared across snapshots (never nil).
 	Load *Load
 	// Metrics is the endpoint's scraped load; nil when it is not scraped
