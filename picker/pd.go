@@ -195,7 +195,7 @@ func (ps *pdStage) picked(r *request, o *pickOutcome) {
 	for i, e := range ps.prefill {
 		q, f := e.QueueIfSent(req.Now)
 		c := &sc.cands[i]
-		*c = pdpick.Candidate{Address: e.Address, Role: e.Role, Ready: !e.Draining && f != sched.Stale,
+		*c = pdpick.Candidate{Address: e.Address, Role: e.Role, Ready: !e.Draining && f != sched.Stale && !prefillFailed(e),
 			CachedTokens: sc.matched[i] * bt, Waiting: int(q), PendingPrefillTokens: int(e.Load.PrefillTokens.Load())}
 		if f == sched.Fresh {
 			if s := e.Snapshot(); s != nil {
@@ -218,6 +218,20 @@ func (ps *pdStage) picked(r *request, o *pickOutcome) {
 	if ps.learnDecode && len(req.Hashes) > 0 {
 		sched.LearnPrefix(ps.index, primary, req.Hashes)
 	}
+}
+
+// prefillFailed reports whether a sidecar reported e's latest prefill
+// failed and no scrape of e has succeeded since: a server that died or
+// restarted is not chosen again in the scrapes it takes to go stale (at
+// 50 ms scrapes, some 250 ms: under load, hundreds of requests that
+// would each try it first).
+func prefillFailed(e *sched.Endpoint) bool {
+	at := e.Load.PrefillFailed.Load()
+	if at == 0 {
+		return false
+	}
+	s := e.Snapshot()
+	return s == nil || s.LastSuccess.UnixNano() <= at
 }
 
 // decodeCached is how many of the prompt's tokens the decode server (the
@@ -289,7 +303,9 @@ func (ps *pdStage) answer(r *request, d *decisionBlock) {
 }
 
 // responseHeaders ends the prefill's accounting: the sidecar answers once
-// the prefill is over (or failed). It notes what the sidecar did.
+// the prefill is over (or failed). It notes what the sidecar did; a
+// prefill that failed keeps its server from being chosen until a scrape
+// shows it up.
 func (ps *pdStage) responseHeaders(r *request, h *extprocv3.HttpHeaders, _ *extprocv3.ProcessingResponse) {
 	st := &r.pd
 	if !st.split {
@@ -301,6 +317,9 @@ func (ps *pdStage) responseHeaders(r *request, h *extprocv3.HttpHeaders, _ *extp
 			st.result = headerValue(hv)
 			break
 		}
+	}
+	if st.result == pdwire.ResultFallback {
+		st.work.load.PrefillFailed.Store(time.Now().UnixNano())
 	}
 }
 

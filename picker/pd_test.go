@@ -328,3 +328,26 @@ func TestPDBufferedMode(t *testing.T) {
 	}
 	s.cancel()
 }
+
+// A prefill the sidecar reports failed (fallback) keeps its server from
+// being chosen again until a scrape shows it up: with both prefill
+// servers failed, a long prompt goes whole.
+func TestPDFailedPrefillServerSkipped(t *testing.T) {
+	h := newHarness(t, pdTestState(), Options{})
+	chosen := map[string]bool{}
+	for i := range 2 {
+		s, d := pdSend(t, h, pdBody("big-m", 2000, true, fmt.Sprintf("fail-%d", i)))
+		if d.prefill == "" || chosen[d.prefill] {
+			t.Fatalf("request %d: prefill %q after %v failed", i, d.prefill, chosen)
+		}
+		chosen[d.prefill] = true
+		s.send(respHeaders(false, ":status", "200", "content-type", "text/event-stream", pdwire.ResultHeader, pdwire.ResultFallback))
+		s.recv()
+		s.cancel()
+	}
+	s, d := pdSend(t, h, pdBody("big-m", 2000, true, "fail-2"))
+	defer s.cancel()
+	if d.prefill != "" || d.meta["decision"] != string(pdpick.NoPrefillServer) {
+		t.Errorf("with both prefill servers failed: prefill %q, metadata %v", d.prefill, d.meta)
+	}
+}

@@ -40,6 +40,11 @@ type Load struct {
 	// the TTFT scorer keep them; see StartPrefill).
 	PrefillRequests atomic.Int64
 	PrefillTokens   atomic.Int64
+	// PrefillFailed is when (Unix ns) a split request's prefill on the
+	// endpoint last failed, as the decode server's sidecar reported it (0:
+	// never); the picker chooses the endpoint for prefills again once a
+	// later scrape of it succeeds.
+	PrefillFailed atomic.Int64
 	// prefillUntil (Unix nanoseconds) is when the prefill work counted
 	// in PrefillRequests is predicted to be done.
 	prefillUntil atomic.Int64
