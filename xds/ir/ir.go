@@ -88,6 +88,12 @@ type Options struct {
 	PickerHealthInterval time.Duration
 	// PickerHealthTimeout bounds one health check (default 500ms).
 	PickerHealthTimeout time.Duration
+	// PickerStreamRetries is how often Envoy retries opening an ext_proc
+	// stream on another picker when the one it chose cannot be reached
+	// or resets the stream before answering (default 3): a request whose
+	// picker died before it answered is picked by another replica
+	// instead of failing.
+	PickerStreamRetries uint32
 	// PickerEjectionTime is the outlier-detection base ejection time of
 	// the picker (default 1s). A passing health check unejects the picker
 	// sooner, so this only bounds how long a picker whose health checks
@@ -153,6 +159,7 @@ const (
 	DefaultPickerConnectTimeout   = time.Second
 	DefaultPickerHealthInterval   = 100 * time.Millisecond
 	DefaultPickerHealthTimeout    = 500 * time.Millisecond
+	DefaultPickerStreamRetries    = 3
 	DefaultPickerEjectionTime     = time.Second
 	DefaultMessageTimeout         = 10 * time.Second
 	DefaultUpstreamConnectTimeout = 2 * time.Second
@@ -176,6 +183,9 @@ func (o Options) WithDefaults() Options {
 	}
 	if o.PickerHealthTimeout <= 0 {
 		o.PickerHealthTimeout = DefaultPickerHealthTimeout
+	}
+	if o.PickerStreamRetries == 0 {
+		o.PickerStreamRetries = DefaultPickerStreamRetries
 	}
 	if o.PickerEjectionTime <= 0 {
 		o.PickerEjectionTime = DefaultPickerEjectionTime
@@ -251,6 +261,9 @@ type Picker struct {
 	HealthTimeout  time.Duration
 	HealthService  string
 	EjectionTime   time.Duration
+	// StreamRetries is how often Envoy retries opening an ext_proc
+	// stream elsewhere (Options.PickerStreamRetries).
+	StreamRetries  uint32
 	MessageTimeout time.Duration
 	// MaxMessageTimeout bounds how long the picker may ask Envoy to wait
 	// for its answer (override_message_timeout): a request waiting in an
@@ -449,6 +462,7 @@ func Build(s *registry.State, o Options) (*Config, error) {
 		HealthTimeout:  o.PickerHealthTimeout,
 		HealthService:  PickerHealthService,
 		EjectionTime:   o.PickerEjectionTime,
+		StreamRetries:  o.PickerStreamRetries,
 		MessageTimeout: o.MessageTimeout,
 		// The longest admission wait a pool may configure, and a margin.
 		MaxMessageTimeout: registry.MaxAdmissionTTL + time.Minute,
