@@ -1,13 +1,17 @@
 package main
 
 // End-to-end failover of the picker (issue 23): a replica that dies must
-// fail no request that was not using it.
+// fail no request that was not using it, and a picker that stalls for a
+// second must fail none at all.
 
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -115,5 +119,140 @@ model "m-a" {
 	}
 	if n > 0 {
 		t.Errorf("%d of %d requests that started after a kill failed: %q", n, len(after), ex)
+	}
+}
+
+// openLoop starts a request every interval, each in its own goroutine
+// (open loop: a stalled request does not hold back the next), until
+// stop; outcomes returns what finished.
+type openLoop struct {
+	stopc chan struct{}
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	outs  []outcome
+}
+
+func startOpenLoop(t *testing.T, base string, every time.Duration, next func(i int) infReq) *openLoop {
+	l := &openLoop{stopc: make(chan struct{})}
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-l.stopc:
+				return
+			case <-tick.C:
+			}
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				o := outcome{start: time.Now()}
+				resp, err := sendTo(client, base, next(i), nil)
+				o.end = time.Now()
+				switch {
+				case err != nil:
+					o.err = err.Error()
+				case resp.status != http.StatusOK:
+					o.err = fmt.Sprintf("status %d: %s", resp.status, truncate(string(resp.body), 200))
+				default:
+					o.ok = true
+				}
+				l.mu.Lock()
+				l.outs = append(l.outs, o)
+				l.mu.Unlock()
+			}()
+		}
+	}()
+	t.Cleanup(l.stop)
+	return l
+}
+
+// stop ends the sending and waits for the requests in flight; safe to
+// call twice.
+func (l *openLoop) stop() {
+	select {
+	case <-l.stopc:
+	default:
+		close(l.stopc)
+	}
+	l.wg.Wait()
+}
+
+func (l *openLoop) outcomes() []outcome {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.outs)
+}
+
+// TestE2EPickerStallFailsNothing stops (SIGSTOP) the only switchyard, the
+// picker of a fail-closed pool, for 1 s and then for 2 s under steady
+// load through Envoy: no request fails. A stalled picker (a GC pause, a
+// busy VM not scheduling it) keeps its connections, so only Envoy's health
+// checks could take it out; they must not before about 3 s without an
+// answer (ir.DefaultPickerHealthTimeout x ir.DefaultPickerUnhealthyThreshold),
+// while a picker that really died is still taken out at once
+// (TestE2EReplicaDeathFailsNoNewRequest, TestE2EPickerDown).
+func TestE2EPickerStallFailsNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Envoy, switchyard and simulators")
+	}
+	t.Parallel()
+	s1, s2 := startSim(t, simOptions{}), startSim(t, simOptions{})
+	f := newFleet(t, fmt.Sprintf(`pool "main" {
+  failure_mode = "fail_closed"
+  endpoints = [%q, %q]
+}
+model "m-a" {
+  pool = "main"
+}
+`, s1.Addr, s2.Addr), fleetOptions{})
+	// A request every 10 ms whatever the others do: during a stall they
+	// pile up waiting for the picker.
+	l := startOpenLoop(t, "http://"+f.listen, 10*time.Millisecond, func(i int) infReq {
+		return infReq{model: "m-a", prompt: fmt.Sprintf("request %d", i), maxTokens: 20, stream: true}
+	})
+	f.mu.Lock()
+	sy := f.sy
+	f.mu.Unlock()
+	// A failed test must not leave the process stopped.
+	t.Cleanup(func() { _ = sy.Signal(syscall.SIGCONT) })
+	waitDone := func(n int, from time.Time, what string) {
+		testutil.Eventually(t, 20*time.Second, what, func() error {
+			if got := len(between(l.outcomes(), from, time.Time{})); got < n {
+				return fmt.Errorf("%d of %d requests", got, n)
+			}
+			return nil
+		})
+	}
+	waitDone(100, time.Time{}, "load before the stalls")
+	for _, stall := range []time.Duration{time.Second, 2 * time.Second} {
+		if err := sy.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		stopped := time.Now()
+		// The stall is the condition under test, not a wait for an outcome.
+		time.Sleep(stall)
+		if err := sy.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		waitDone(100, time.Now(), "load after the stall")
+		during := between(l.outcomes(), stopped, stopped.Add(stall))
+		slowest := time.Duration(0)
+		for _, o := range during {
+			slowest = max(slowest, o.end.Sub(o.start))
+		}
+		t.Logf("%v stall: %d requests started during it, the slowest took %v; Envoy: %s", stall, len(during), slowest.Round(time.Millisecond),
+			pickerStats(f.envoyAdm, `cluster\.switchyard/picker\.(health_check\.(failure|network_failure)|outlier_detection\.ejections_enforced_total)$`))
+		if len(during) < int(stall/(20*time.Millisecond)) {
+			t.Errorf("only %d requests started during the %v stall", len(during), stall)
+		}
+	}
+	l.stop()
+	all := l.outcomes()
+	if n, ex := failures(all); n > 0 {
+		t.Errorf("%d of %d requests failed across the stalls: %q", n, len(all), ex)
 	}
 }

@@ -200,10 +200,16 @@ const (
 //   - a crash under traffic: the first refused or reset stream ejects the
 //     picker (outlier detection below), at once, and that stream is
 //     retried on another picker (extProc's retry policy).
-//   - an idle crash: health checks every HealthInterval, healthy or not,
-//     two refused connections in a row mark it unhealthy; NOT_SERVING
-//     does at once (Envoy applies the threshold to network failures only).
-//     Two, so that one slow check under load cannot take the picker out.
+//   - an idle crash: health checks every HealthInterval, healthy or not;
+//     UnhealthyThreshold (3) refused connections in a row mark it
+//     unhealthy, a few hundred milliseconds; NOT_SERVING does at once
+//     (Envoy applies the threshold to network failures only).
+//   - a stall (a stopped process, a GC pause, a VM not scheduled): its
+//     connections stay up and its streams wait, so only health checks can
+//     take it out. Each waits HealthTimeout (1s) and UnhealthyThreshold
+//     must time out in a row, so a picker is taken out only after about
+//     3 x (1s + HealthInterval) = 3.3 s without an answer; a stall of a
+//     second or two delays requests and fails none.
 //   - recovery: checks continue every HealthInterval while it is down; the
 //     first SERVING answer marks it healthy and also lifts an outlier
 //     ejection (successful_active_health_check_uneject_host).
@@ -238,7 +244,7 @@ func (t *translation) pickerCluster(p ir.Picker) *clusterv3.Cluster {
 			UnhealthyInterval:        dur(p.HealthInterval),
 			UnhealthyEdgeInterval:    dur(p.HealthInterval),
 			HealthyEdgeInterval:      dur(p.HealthInterval),
-			UnhealthyThreshold:       wrapperspb.UInt32(2),
+			UnhealthyThreshold:       wrapperspb.UInt32(p.UnhealthyThreshold),
 			HealthyThreshold:         wrapperspb.UInt32(1),
 			HealthChecker: &corev3.HealthCheck_GrpcHealthCheck_{GrpcHealthCheck: &corev3.HealthCheck_GrpcHealthCheck{
 				ServiceName: p.HealthService,
@@ -255,6 +261,9 @@ func (t *translation) pickerCluster(p ir.Picker) *clusterv3.Cluster {
 		// fail-open work. gRPC errors the picker returns on purpose never
 		// eject it (consecutive 5xx enforcement is off). max_ejection_percent
 		// 100 lets the only host be ejected (the default 10% would not).
+		// A stalled picker has no local-origin failure (its connections and
+		// streams stay open), so this never takes out a picker that is only
+		// slow.
 		OutlierDetection: &clusterv3.OutlierDetection{
 			SplitExternalLocalOriginErrors:         true,
 			ConsecutiveLocalOriginFailure:          wrapperspb.UInt32(1),
