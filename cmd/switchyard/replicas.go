@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/switchyard/switchyard/picker/peers"
+	"github.com/switchyard/switchyard/registry"
 	"github.com/switchyard/switchyard/registry/consul"
 	"github.com/switchyard/switchyard/registry/hclfile"
 )
@@ -32,7 +33,7 @@ func (a *app) replicaSetup(cfg *hclfile.Config, picker string) error {
 	}
 	// Replicas share their picks over their picker ports, with the same
 	// mutual TLS Envoy uses (each presents its own certificate).
-	opts := peers.Options{Self: id, Logger: a.log.With("component", "peers")}
+	opts := peers.Options{Self: id, Address: picker, Logger: a.log.With("component", "peers")}
 	if a.tls != nil {
 		opts.Credentials = func(addr string) credentials.TransportCredentials {
 			host, _, _ := net.SplitHostPort(addr)
@@ -84,6 +85,18 @@ func (a *app) registerReplica(ctx context.Context) error {
 	return nil
 }
 
+// otherReplicas returns the picker addresses of the replicas of st, less
+// this one.
+func (a *app) otherReplicas(st *registry.State) []string {
+	var others []string
+	for _, r := range st.Replicas {
+		if r.Address != a.pickerAddr {
+			others = append(others, r.Address)
+		}
+	}
+	return others
+}
+
 // sharePicks runs the pick sharing with the other replicas until ctx ends:
 // the peers are the replicas of every published state, less this one.
 func (a *app) sharePicks(ctx context.Context) error {
@@ -91,13 +104,7 @@ func (a *app) sharePicks(ctx context.Context) error {
 	go func() { done <- a.mesh.Run(ctx) }()
 	for {
 		st, changed := a.view.Current()
-		var others []string
-		for _, r := range st.Replicas {
-			if r.Address != a.pickerAddr {
-				others = append(others, r.Address)
-			}
-		}
-		a.mesh.SetPeers(others)
+		a.mesh.SetPeers(a.otherReplicas(st))
 		select {
 		case <-ctx.Done():
 			return <-done

@@ -172,7 +172,7 @@ func build(in *inputs) *Report {
 		Picker: Picker{Requests: ps.Requests, Picked: ps.Picked, Rewritten: ps.Rewritten,
 			FallbackServed: ps.FallbackServed, ResponseBodies: ps.ResponseBodies, PeerPicks: ps.PeerPicks, Rejected: ps.Rejected},
 		ReplicaID: in.replicaID,
-		Replicas:  replicas(st.Replicas, in.pickerAddr, in.mesh, in.nodes, in.peers),
+		Replicas:  replicas(st.Replicas, in.replicaID, in.pickerAddr, in.mesh, in.nodes, in.peers),
 		Envoys:    []Envoy{},
 		Peers:     in.mesh.Peers,
 		Inbound:   in.mesh.Inbound,
@@ -342,14 +342,21 @@ func admissionOf(q *admission.Stats) *Admission {
 }
 
 // replicas joins the configuration's replicas with the mesh's streams
-// (outbound ones by address, inbound ones by the replica ID they
-// announced) and with the Envoys whose ADS stream each holds (this
-// replica's own nodes; the others' as Peers last read them).
-func replicas(rs []registry.Replica, self string, mesh peers.Stats, nodes []xds.NodeStatus, seen map[string]PeerView) []Replica {
+// (by picker address; an inbound stream from a replica that does not send
+// its address, by the replica ID it announced) and with the Envoys whose
+// ADS stream each holds (this replica's own nodes; the others' as Peers
+// last read them). A replica is named by the ID it gives itself
+// (-replica-id): this one's own, another's as its streams announced it;
+// until it has been heard from, by the configuration's ID (a static
+// peer's is its address).
+func replicas(rs []registry.Replica, selfID, self string, mesh peers.Stats, nodes []xds.NodeStatus, seen map[string]PeerView) []Replica {
 	out := make([]Replica, 0, len(rs))
 	for _, r := range rs {
 		rep := Replica{ID: r.ID, Address: r.Address, Admin: r.Admin, XDS: r.XDS, Source: r.Source, Self: r.Address == self,
 			Envoys: []string{}}
+		if rep.Self && selfID != "" {
+			rep.ID = selfID
+		}
 		switch v, ok := seen[r.Address]; {
 		case rep.Self:
 			for _, n := range nodes {
@@ -363,19 +370,50 @@ func replicas(rs []registry.Replica, self string, mesh peers.Stats, nodes []xds.
 		case ok:
 			rep.EnvoysError = v.Err
 		}
+		learned := ""
 		for _, p := range mesh.Peers {
 			if p.Address == r.Address {
 				rep.Sharing, rep.Sent, rep.Dropped = p.Connected, p.Sent, p.Dropped
+				learned = p.ID
 			}
 		}
 		for _, in := range mesh.Inbound {
-			if in.From == r.ID {
+			if inboundFrom(in, r) {
 				rep.From, rep.LagMS = in.From, float64(in.Lag)/float64(time.Millisecond)
+				if learned == "" {
+					learned = in.From
+				}
 			}
+		}
+		if learned != "" && !rep.Self {
+			rep.ID = learned
 		}
 		out = append(out, rep)
 	}
 	return out
+}
+
+// inboundFrom reports whether in is the stream from replica r.
+func inboundFrom(in peers.InboundStats, r registry.Replica) bool {
+	if in.Address != "" {
+		return in.Address == r.Address
+	}
+	return in.From == r.ID
+}
+
+// peerName is the metric label of a mesh stream: the ID of the replica
+// row it joins (address, or announced ID for an inbound stream without
+// one), else what the stream itself says.
+func peerName(rows []Replica, address, from string) string {
+	for _, r := range rows {
+		if address != "" && r.Address == address || address == "" && from != "" && r.From == from {
+			return r.ID
+		}
+	}
+	if from != "" {
+		return from
+	}
+	return address
 }
 
 // unhealthyReason says why an endpoint is unhealthy, from its latest
