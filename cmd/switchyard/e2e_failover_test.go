@@ -5,17 +5,25 @@ package main
 // second must fail none at all.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
 	"github.com/switchyard/switchyard/internal/testutil"
+	"github.com/switchyard/switchyard/picker"
 )
 
 // pickerStats reads Envoy's counters of the picker cluster whose names
@@ -255,4 +263,138 @@ model "m-a" {
 	if n, ex := failures(all); n > 0 {
 		t.Errorf("%d of %d requests failed across the stalls: %q", n, len(all), ex)
 	}
+}
+
+// TestE2EReplicaRestartReadyOnlyInStep kills (SIGKILL) and restarts one of
+// three replicas (static peers, each with its own -store) ten times and,
+// from the moment it starts, reads its readiness as tightly as it can:
+// /readyz and the picker's readiness health service (what Envoy's picker
+// cluster checks). Whenever either says ready, the replica must already
+// serve the ClusterLoadAssignment versions the other two serve and list
+// all three replicas. (It once was ready at once on its persisted state,
+// which had no replicas: a picker cluster of itself alone.)
+func TestE2EReplicaRestartReadyOnlyInStep(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three switchyards and simulators")
+	}
+	t.Parallel()
+	s1, s2 := startSim(t, simOptions{}), startSim(t, simOptions{})
+	// No Envoy: what a replica serves is read from its own status.
+	f := &replicaFleet{t: t, dir: t.TempDir(), listen: testutil.FreeAddr(t)}
+	var peers []string
+	for i := range 3 {
+		r := &replicaProc{id: fmt.Sprintf("r%d", i+1), extproc: testutil.FreeAddr(t), xds: testutil.FreeAddr(t), admin: testutil.FreeAddr(t)}
+		r.args = []string{"-store", filepath.Join(t.TempDir(), r.id+".db")}
+		f.replicas = append(f.replicas, r)
+		peers = append(peers, strconv.Quote(r.extproc))
+	}
+	testutil.WriteFile(t, f.dir, "switchyard.hcl", fmt.Sprintf(`listener "public" {
+  address = %q
+}
+replicas {
+  peers = [%s]
+}
+pool "main" {
+  failure_mode = "fail_closed"
+  endpoints = [%q, %q]
+}
+model "m-a" {
+  pool = "main"
+}
+`, f.listen, strings.Join(peers, ", "), s1.Addr, s2.Addr))
+	t.Cleanup(func() {
+		for _, r := range f.replicas {
+			r.mu.Lock()
+			procs := append(append([]*testutil.Process(nil), r.old...), r.proc)
+			r.mu.Unlock()
+			for _, p := range procs {
+				if p != nil {
+					p.Stop()
+					if t.Failed() {
+						t.Logf("--- output of %s ---\n%s", p.Name, tail(p.Output(), 4000))
+					}
+				}
+			}
+		}
+	})
+	for _, r := range f.replicas {
+		f.start(r)
+	}
+	// What the others serve: every replica the same versions and all
+	// three replicas.
+	var want string
+	testutil.Eventually(t, 20*time.Second, "the replicas agree", func() error {
+		want = ""
+		for _, r := range f.replicas {
+			st, err := r.status()
+			if err != nil {
+				return err
+			}
+			v := st.XDS.Versions["ClusterLoadAssignment"]
+			if len(st.Replicas) != 3 || v == "" || want != "" && v != want {
+				return fmt.Errorf("%s serves %q with %d replicas (others %q)", r.id, v, len(st.Replicas), want)
+			}
+			want = v
+		}
+		return nil
+	})
+
+	victim := f.replicas[1]
+	conn, err := grpc.NewClient(victim.extproc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	health := healthpb.NewHealthClient(conn)
+	grpcReady := func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		r, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: picker.HealthExtProc})
+		return err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING
+	}
+	httpReady := func() bool {
+		resp, err := http.Get("http://" + victim.admin + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}
+	const restarts = 10
+	samples, readySamples := 0, 0
+	var readyAfter []time.Duration
+	for i := range restarts {
+		victim.process().Kill()
+		started := time.Now()
+		p := f.launch(victim)
+		// Read until the replica has been ready for 100 ms.
+		var firstReady time.Time
+		for firstReady.IsZero() || time.Since(firstReady) < 100*time.Millisecond {
+			if p.Exited() {
+				t.Fatalf("restart %d: %s exited:\n%s", i, victim.id, tail(p.Output(), 4000))
+			}
+			if time.Since(started) > 20*time.Second {
+				t.Fatalf("restart %d: %s not ready within 20 s", i, victim.id)
+			}
+			h, g := httpReady(), grpcReady()
+			st, err := victim.status()
+			samples++
+			if !h && !g || err != nil {
+				continue
+			}
+			readySamples++
+			if firstReady.IsZero() {
+				firstReady = time.Now()
+				readyAfter = append(readyAfter, firstReady.Sub(started))
+			}
+			if v := st.XDS.Versions["ClusterLoadAssignment"]; v != want || len(st.Replicas) != 3 {
+				t.Fatalf("restart %d, +%v: ready (/readyz %v, gRPC %v) while serving ClusterLoadAssignment %q with %d replicas; the others serve %q with 3",
+					i, time.Since(started).Round(time.Millisecond), h, g, v, len(st.Replicas), want)
+			}
+			if !st.Ready {
+				t.Errorf("restart %d: /readyz %v, gRPC %v, but /api/status says not ready: %s", i, h, g, st.NotReady)
+			}
+		}
+	}
+	t.Logf("%d restarts: %d reads, %d of them ready, all in step with the others; ready %v after each start", restarts, samples, readySamples, readyAfter)
 }

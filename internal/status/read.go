@@ -48,6 +48,9 @@ type Sources struct {
 
 	// Draining reports that shutdown began (readiness turns false).
 	Draining func() bool
+	// Ready reports whether the process serves what it should yet, and
+	// why not (internal/ready); nil: ready once a state is published.
+	Ready func() (bool, string)
 
 	// Usage is the tenants' usage ledger (nil: no tenants possible).
 	Usage *tenantusage.Ledger
@@ -58,6 +61,22 @@ type Sources struct {
 	// (/api/history); nil without them.
 	Decisions *decisions.Recorder
 	History   *History
+}
+
+// readiness is what /readyz answers: ready, or why not.
+func (s *Sources) readiness() (bool, string) {
+	if st, _ := s.View.Current(); st.Version == 0 {
+		return false, "no configuration published yet"
+	}
+	if s.Draining != nil && s.Draining() {
+		return false, "draining before shutdown"
+	}
+	if s.Ready != nil {
+		if ok, why := s.Ready(); !ok {
+			return false, why
+		}
+	}
+	return true, ""
 }
 
 // Read returns the Report at now. It leaves out the picker's per-model
@@ -72,6 +91,8 @@ func (s *Sources) Read(now time.Time) *Report { return build(s.gather(now, false
 type inputs struct {
 	now                            time.Time
 	version, replicaID, pickerAddr string
+	ready                          bool
+	notReady                       string
 	state                          *registry.State
 	configErr                      error
 	registry                       registry.Status
@@ -117,6 +138,7 @@ func (s *Sources) gather(now time.Time, observe bool) *inputs {
 		xds:       s.XDS.Stats(),
 		nodes:     s.XDS.Nodes(),
 	}
+	in.ready, in.notReady = s.readiness()
 	for _, k := range s.Picker.EndpointHealth().UnhealthyEndpoints() {
 		in.unhealthy[k] = true
 	}
@@ -169,6 +191,8 @@ func build(in *inputs) *Report {
 		Time:            in.now.UTC(),
 		Version:         in.version,
 		RegistryVersion: st.Version,
+		Ready:           in.ready,
+		NotReady:        in.notReady,
 		Picker: Picker{Requests: ps.Requests, Picked: ps.Picked, Rewritten: ps.Rewritten,
 			FallbackServed: ps.FallbackServed, ResponseBodies: ps.ResponseBodies, PeerPicks: ps.PeerPicks, Rejected: ps.Rejected},
 		ReplicaID: in.replicaID,

@@ -84,7 +84,7 @@ func sample() *inputs {
 		NTPOT:    picker.Histogram{Bounds: []float64{0.01, 0.02}, Cumulative: []uint64{25, 40}, Count: 40, SumSeconds: 0.5},
 	}
 	return &inputs{
-		now: t0, version: "v1.2.3", replicaID: "sy-1", pickerAddr: "10.0.1.1:9002",
+		now: t0, version: "v1.2.3", replicaID: "sy-1", pickerAddr: "10.0.1.1:9002", ready: true,
 		state:     st,
 		configErr: errors.New(`source "file": switchyard.hcl:4:10: error: Unknown pool`),
 		registry: registry.Status{
