@@ -272,7 +272,10 @@ model "m-a" {
 // cluster checks). Whenever either says ready, the replica must already
 // serve the ClusterLoadAssignment versions the other two serve and list
 // all three replicas. (It once was ready at once on its persisted state,
-// which had no replicas: a picker cluster of itself alone.)
+// which had no replicas: a picker cluster of itself alone.) After each
+// restart the pick sharing rejoins both ways within a second, and at the
+// end every replica names the others by their -replica-id in its status
+// and its metrics, although the configuration lists addresses.
 func TestE2EReplicaRestartReadyOnlyInStep(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts three switchyards and simulators")
@@ -362,7 +365,7 @@ model "m-a" {
 	}
 	const restarts = 10
 	samples, readySamples := 0, 0
-	var readyAfter []time.Duration
+	var readyAfter, rejoined []time.Duration
 	for i := range restarts {
 		victim.process().Kill()
 		started := time.Now()
@@ -395,6 +398,74 @@ model "m-a" {
 				t.Errorf("restart %d: /readyz %v, gRPC %v, but /api/status says not ready: %s", i, h, g, st.NotReady)
 			}
 		}
+		// The pick sharing rejoins: both ways, with every other replica.
+		testutil.Eventually(t, 10*time.Second, "the restarted replica shares picks again", func() error {
+			return sharingEverywhere(f.replicas)
+		})
+		rejoined = append(rejoined, time.Since(started))
 	}
-	t.Logf("%d restarts: %d reads, %d of them ready, all in step with the others; ready %v after each start", restarts, samples, readySamples, readyAfter)
+	t.Logf("%d restarts: %d reads, %d of them ready, all in step with the others; ready %v after each start; "+
+		"picks shared both ways with every replica %v after each start", restarts, samples, readySamples, readyAfter, rejoined)
+	slices.Sort(rejoined)
+	if median := rejoined[len(rejoined)/2]; median > time.Second {
+		t.Errorf("pick sharing rejoined a median %v after the restart, want within a second", median)
+	}
+
+	// One name per replica everywhere: each row of every replica's status
+	// and every peer label of its metrics is a -replica-id, never a static
+	// peer's address.
+	for _, r := range f.replicas {
+		st, err := r.status()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, rep := range st.Replicas {
+			if want := f.byAddr(rep.Address).id; rep.ID != want || !rep.Self && rep.From != want {
+				t.Errorf("%s lists %s as %q (from %q), want %q", r.id, rep.Address, rep.ID, rep.From, want)
+			}
+		}
+		m, err := httpGetString("http://" + r.admin + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, other := range f.replicas {
+			if other == r {
+				continue
+			}
+			for _, series := range []string{"switchyard_replica_sharing", "switchyard_replica_lag_seconds", "switchyard_replica_events_dropped_total"} {
+				if !strings.Contains(m, series+`{peer="`+other.id+`"}`) {
+					t.Errorf("%s /metrics has no %s for %s", r.id, series, other.id)
+				}
+			}
+			if strings.Contains(m, `peer="`+other.extproc+`"`) {
+				t.Errorf("%s /metrics labels %s by its address %s", r.id, other.id, other.extproc)
+			}
+		}
+	}
+}
+
+// sharingEverywhere reports nil once every replica streams its picks to
+// every other and receives theirs.
+func sharingEverywhere(rs []*replicaProc) error {
+	for _, r := range rs {
+		st, err := r.status()
+		if err != nil {
+			return err
+		}
+		for _, rep := range st.Replicas {
+			if !rep.Self && (!rep.Sharing || rep.From == "") {
+				return fmt.Errorf("%s: replica %s sharing %v, from %q", r.id, rep.Address, rep.Sharing, rep.From)
+			}
+		}
+	}
+	return nil
+}
+
+func (f *replicaFleet) byAddr(extproc string) *replicaProc {
+	for _, r := range f.replicas {
+		if r.extproc == extproc {
+			return r
+		}
+	}
+	return &replicaProc{}
 }
