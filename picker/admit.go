@@ -32,7 +32,7 @@ func admissionConfig(a *registry.Admission) admission.Config {
 	}
 	return admission.Config{
 		Disabled: a.Disabled, MaxQueued: a.MaxQueued, MaxQueuedBytes: a.MaxQueuedBytes, BandMaxQueued: a.BandMaxQueued,
-		TTL: a.TTL, NoEndpointWait: a.NoEndpointWait, Fairness: admission.Fairness(a.Fairness), ShedSheddable: a.ShedSheddable,
+		TTL: a.TTL, NoEndpointWait: a.NoEndpointWait, Fairness: admission.Fairness(a.Fairness), QueueSheddable: a.QueueSheddable,
 	}
 }
 
@@ -132,9 +132,13 @@ const (
 // admit decides whether a request for pool pv may go now. A request waits
 // while the pool is saturated, or while others wait (first come, first
 // served), or, when the pool has no ready endpoint at all, for the
-// queue's shorter no-endpoint wait. Without a queue (admission off, or no
-// dispatcher) the pre-admission rule holds: sheddable requests get 429
-// when the pool is saturated, the rest are forwarded.
+// queue's shorter no-endpoint wait. A sheddable request (priority < 0)
+// that would wait for capacity gets 429 instead, as the protocol says,
+// unless the pool queues sheddable requests (QueueSheddable): others
+// waiting means the pool has no room for it, and it would go last.
+// Without a queue (admission off, or no dispatcher) the pre-admission
+// rule holds: sheddable requests get 429 when the pool is saturated, the
+// rest are forwarded.
 func (st *stream) admit(pv *poolView, req *sched.Request, cands []*sched.Endpoint, noEndpoint bool) admitDecision {
 	if st.admitted {
 		return admitGo
@@ -153,14 +157,13 @@ func (st *stream) admit(pv *poolView, req *sched.Request, cands []*sched.Endpoin
 	if noEndpoint {
 		return admitWait
 	}
-	saturated := s.capacity(pv.name) == admission.Full
-	if saturated && req.Priority < 0 && pv.admission.ShedSheddable {
+	if s.capacity(pv.name) != admission.Full && q.Len() == 0 {
+		return admitGo
+	}
+	if req.Priority < 0 && !pv.admission.QueueSheddable {
 		return admitShed
 	}
-	if saturated || q.Len() > 0 {
-		return admitWait
-	}
-	return admitGo
+	return admitWait
 }
 
 // priority is the request's band: the pool's priority header clamped to

@@ -14,6 +14,7 @@ import (
 
 	"github.com/switchyard/switchyard/picker/admission"
 	"github.com/switchyard/switchyard/picker/decisions"
+	"github.com/switchyard/switchyard/picker/openai"
 	"github.com/switchyard/switchyard/picker/sched"
 	"github.com/switchyard/switchyard/picker/tracing"
 )
@@ -117,6 +118,22 @@ func (st *stream) notePick(pv *poolView, target string, req *sched.Request, sc *
 		if picked != "" {
 			r.Picked, r.Fallbacks = picked, fallbacks
 		}
+	}
+}
+
+// noteUnknownModel notes a request for a model nobody declared, answered
+// 404 before any pool is chosen: its span names the client's model (its
+// record takes it from st.clientModel), and its tenant usage is filed
+// under the name's label.
+func (st *stream) noteUnknownModel(snap *snapshot) {
+	if st.ten != nil {
+		st.ten.label = st.ten.labelFor(snap, st.clientModel)
+	}
+	o := &st.obs
+	if o.span != nil && !o.parsed {
+		o.parsed = true
+		o.span.Parsed(string(st.path), st.header("x-request-id"), st.clientModel, st.clientModel, "", st.tenant,
+			openai.EstimateTokens(st.body), len(st.body))
 	}
 }
 

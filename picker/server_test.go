@@ -545,9 +545,7 @@ func TestLeastInFlightAndFallbackOrder(t *testing.T) {
 }
 
 func TestSheddableGets429WhenSaturated(t *testing.T) {
-	st := testState()
-	st.Pools["alpha"].Admission = &registry.Admission{ShedSheddable: true}
-	h := newHarness(t, st, Options{MaxInFlightPerEndpoint: 1})
+	h := newHarness(t, testState(), Options{MaxInFlightPerEndpoint: 1})
 	if h.srv.Saturated(time.Now())["alpha"] {
 		t.Fatal("idle pool reported saturated")
 	}

@@ -467,10 +467,11 @@ func (st *stream) pick() (code int, msg string, body []byte, dest []byte) {
 			if r.Model == "" {
 				r.Model = string(tok[1 : len(tok)-1])
 			}
+			st.clientModel, target = r.Model, r.Model
 			if snap.unknownPool == nil {
+				st.noteUnknownModel(snap)
 				return 404, fmt.Sprintf("model %q does not exist", r.Model), nil, nil
 			}
-			st.clientModel, target = r.Model, r.Model
 			pv = snap.unknownPool
 		} else {
 			st.clientModel = mv.model.Name

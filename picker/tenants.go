@@ -96,21 +96,19 @@ func containsStr(xs []string, s string) bool {
 // tenantAdmit is the tenant's part of the decision, once the model is
 // known: the model must be one the tenant may use (403, or 404 when the
 // configuration hides forbidden models), and the request must fit its
-// budgets (429), which reserve the request and its estimated tokens
-// (prompt, plus max_tokens when given). A streaming chat or completion
-// that did not ask for usage is made to (body is rewritten), so that its
-// tokens can be counted. A request picked again (after waiting in an
-// admission queue) gets its body rewritten again but is reserved once.
+// budgets (429), which reserve the request and its estimated tokens:
+// prompt, plus the output cap the engine applies (max_tokens and the
+// like, times n; see openai.Generation.OutputCap), or, for a generation
+// that sets none, the tenant's assumed_max_tokens. A streaming chat or
+// completion that did not ask for usage is made to (body is rewritten),
+// so that its tokens can be counted. The body is read as the engine
+// reads it ("stream": "true" streams, "max_tokens": "5" caps). A request
+// picked again (after waiting in an admission queue) gets its body
+// rewritten again but is reserved once.
 func (st *stream) tenantAdmit(snap *snapshot, body *[]byte) (int, string) {
 	tr := st.ten
 	model := st.clientModel
-	switch _, declared := snap.models[model]; {
-	case model == "":
-	case declared || tr.t.Lists(model):
-		tr.label = model
-	default:
-		tr.label = "other"
-	}
+	tr.label = tr.labelFor(snap, model)
 	if model != "" && !tr.t.Allows(model) {
 		if tr.tab.Hide {
 			return 404, fmt.Sprintf("model %q does not exist", model)
@@ -129,8 +127,15 @@ func (st *stream) tenantAdmit(snap *snapshot, body *[]byte) (int, string) {
 	if tr.admitted {
 		return 0, ""
 	}
+	path := string(st.path)
+	out, capped := gen.OutputCap(path)
+	if !capped && openai.Generates(path) {
+		if out = tr.t.Limits.AssumedMaxTokens; out <= 0 {
+			out = registry.DefaultAssumedMaxTokens
+		}
+	}
 	now := time.Now()
-	res, denied := tr.t.Admit(now, tr.estimate+gen.MaxTokens)
+	res, denied := tr.t.Admit(now, tr.estimate+out)
 	if denied != nil {
 		tr.retryAfter = denied.RetryAfter
 		return 429, fmt.Sprintf("tenant %q is over its %s limit (%d; this replica's share %d, used %d, this request %d); retry in %s",
@@ -138,6 +143,18 @@ func (st *stream) tenantAdmit(snap *snapshot, body *[]byte) (int, string) {
 	}
 	tr.admitted, tr.res = true, res
 	return 0, ""
+}
+
+// labelFor is the name usage of a request for model is recorded under
+// (see tenantReq.label).
+func (tr *tenantReq) labelFor(snap *snapshot, model string) string {
+	switch _, declared := snap.models[model]; {
+	case model == "":
+		return ""
+	case declared || tr.t.Lists(model):
+		return model
+	}
+	return "other"
 }
 
 // usagePath reports whether path is an endpoint whose streams take

@@ -122,9 +122,10 @@ type Admission struct {
 	NoEndpointWait time.Duration
 	// Fairness shares a band between flows: "tokens" or "round-robin".
 	Fairness string
-	// ShedSheddable answers sheddable requests (priority < 0) 429 at once
-	// when the pool is saturated instead of queueing them.
-	ShedSheddable bool
+	// QueueSheddable queues sheddable requests (priority < 0) in the
+	// lowest band when the pool is saturated. By default they get 429 at
+	// once, as the Endpoint Picker Protocol says.
+	QueueSheddable bool
 	// FlowHeader names a trusted request header whose value is the
 	// request's flow (tenant) for fairness; "" puts all in one flow.
 	FlowHeader string

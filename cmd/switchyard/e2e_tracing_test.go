@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -179,4 +181,115 @@ model "m-a" { pool = "llama" }
 			t.Errorf("record %+v", r)
 		}
 	}
+}
+
+// jsonLines parses every line of out as a JSON object and fails the test
+// at the first that is not one.
+func jsonLines(t *testing.T, out string) []map[string]any {
+	t.Helper()
+	var lines []map[string]any
+	for _, l := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("with -log-format json, switchyard wrote a line that is not JSON: %q\n--- output ---\n%s", l, tail(out, 4000))
+		}
+		lines = append(lines, m)
+	}
+	return lines
+}
+
+// With -log-format json, every line switchyard writes is JSON, also what
+// libraries report on their own: with the trace collector down, the
+// OpenTelemetry SDK fails an export every ~6 s (its 5 s timeout, then
+// the next batch), and those failures come out as JSON lines of the
+// "opentelemetry" component, at most one per kind per processLogEvery;
+// the lines held back are counted on the next one, or at exit.
+func TestE2EJSONLogsWithCollectorDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Envoy, switchyard and a simulator")
+	}
+	closed := testutil.FreeAddr(t) // nothing listens there
+	sim := startSim(t, simOptions{})
+	f := newFleet(t, fmt.Sprintf(`
+pool "llama" {
+  endpoints = [%q]
+}
+model "m-a" { pool = "llama" }
+`, sim.Addr), fleetOptions{switchyardArgs: []string{"-log-format", "json", "-tracing-endpoint", closed, "-tracing-no-envoy", "-drain-delay", "0s"}})
+	f.mu.Lock()
+	sy := f.sy
+	f.mu.Unlock()
+	start := time.Now()
+
+	otelLines := func(lines []map[string]any) []map[string]any {
+		var out []map[string]any
+		for _, l := range lines {
+			if l["component"] == "opentelemetry" {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	// Requests make spans, which the SDK fails to export.
+	var last time.Time
+	load := func() {
+		if time.Since(last) < 200*time.Millisecond {
+			return
+		}
+		last = time.Now()
+		resp, err := f.send(infReq{model: "m-a", prompt: "spans for a collector that is down", maxTokens: 2})
+		checkOK(t, resp, err, "m-a")
+	}
+	testutil.Eventually(t, 60*time.Second, "the first export failure logged", func() error {
+		load()
+		if n := len(otelLines(jsonLines(t, sy.Output()))); n == 0 {
+			return errors.New("no opentelemetry line yet")
+		}
+		return nil
+	})
+	first := time.Now()
+	// Load for 15 s more: two or three more failures, each held back
+	// (they are of one kind).
+	pace := time.NewTicker(200 * time.Millisecond)
+	for range pace.C {
+		if time.Since(first) > 15*time.Second {
+			break
+		}
+		load()
+	}
+	pace.Stop()
+	if got := otelLines(jsonLines(t, sy.Output())); len(got) != 1 {
+		t.Errorf("%d opentelemetry lines within %v of the first, want 1 (one per %v):\n%v", len(got), time.Since(first).Round(time.Second), processLogEvery, got)
+	}
+
+	// At exit, what was held back is logged with its count.
+	if err := sy.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sy.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("switchyard did not exit after SIGTERM")
+	}
+	elapsed := time.Since(start)
+	got := otelLines(jsonLines(t, sy.Output()))
+	allowed := 1 + int(elapsed/processLogEvery) + 1 // the first, one per window since, the exit's
+	failures := 0
+	for _, l := range got {
+		if l["msg"] != "OpenTelemetry error" || !strings.HasPrefix(fmt.Sprint(l["err"]), "traces export: ") {
+			t.Errorf("opentelemetry line %v, want an export failure", l)
+		}
+		if n, ok := l["suppressed"].(float64); ok {
+			failures += int(n)
+		} else {
+			failures++
+		}
+	}
+	if len(got) > allowed {
+		t.Errorf("%d opentelemetry lines in %v, want at most %d: %v", len(got), elapsed.Round(time.Second), allowed, got)
+	}
+	if failures < 2 {
+		t.Errorf("the lines stand for %d export failures, want 2 or more: nothing was held back, the limit went untested: %v", failures, got)
+	}
+	t.Logf("%d export failures in %v, logged as %d lines", failures, elapsed.Round(time.Second), len(got))
 }

@@ -119,6 +119,9 @@ Flags:
 		fmt.Fprintf(stderr, "serve: %v\n", err)
 		return 2
 	}
+	if stderr == os.Stderr {
+		defer routeProcessLogs(logger)()
+	}
 	if _, err := advertiseAddr(f.extprocAddr, f.extprocAdvertise); err != nil {
 		fmt.Fprintf(stderr, "serve: %v\n", err)
 		return 2

@@ -91,6 +91,18 @@ func TestDecisionsAPI(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(body, `"model":"x"`) || strings.Contains(body, `"model":"m"`) || !strings.Contains(body, `"recorded":2`) {
 		t.Errorf("filtered: %d %s", code, body)
 	}
+	// stats.kept is the records held (2), not the ring's size (1000).
+	var doc struct {
+		Stats struct {
+			Kept, Size int
+		} `json:"stats"`
+	}
+	if err := json.Unmarshal([]byte(body), &doc); err != nil || doc.Stats.Kept != 2 || doc.Stats.Size != decisions.DefaultSize {
+		t.Errorf("stats kept %d size %d (%v), want 2 of %d: %s", doc.Stats.Kept, doc.Stats.Size, err, decisions.DefaultSize, body)
+	}
+	if _, body := get(t, mux, "/api/status"); !strings.Contains(body, `"kept": 2,`) {
+		t.Errorf("/api/status decision_records: %s", body)
+	}
 	if code, body := get(t, mux, "/api/decisions?status=abc"); code != http.StatusBadRequest || !strings.Contains(body, "status") {
 		t.Errorf("bad filter: %d %s", code, body)
 	}

@@ -97,8 +97,7 @@ func (s *Sources) serveDecisions(w http.ResponseWriter, r *http.Request) {
 		Stats   Decisions           `json:"stats"`
 		Records []*decisions.Record `json:"records"`
 	}{Records: s.Decisions.Query(f)}
-	st := s.Decisions.Stats()
-	out.Stats = Decisions{Sample: st.Sample, Kept: st.Size, Recorded: st.Recorded, FileDropped: st.FileDropped}
+	out.Stats = *decisionsOf(s.Decisions.Stats())
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(&out)
 }

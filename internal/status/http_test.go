@@ -1,7 +1,9 @@
 package status
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard/switchyard/internal/testutil"
 	"github.com/switchyard/switchyard/picker"
+	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/registry"
 	"github.com/switchyard/switchyard/store/storetest"
 	"github.com/switchyard/switchyard/xds"
@@ -179,5 +183,84 @@ func TestReadLeavesOutObservations(t *testing.T) {
 	full := build(src.gather(time.Now(), true))
 	if full.Decision == nil || full.Pools[0].Prefix == nil {
 		t.Errorf("the collector's read lacks observations")
+	}
+}
+
+// With the picker scraping for real: an endpoint refusing every
+// connection alone in its pool stays routed (no endpoint of its pool
+// answers) and /api/status says why; one failing beside an endpoint that
+// answers is withheld, and says only why it is unhealthy.
+func TestStatusSaysWhyAFailingEndpointIsRouted(t *testing.T) {
+	t.Parallel()
+	answering := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = io.WriteString(w, "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n"+
+			"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"+
+			"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.1\n")
+	}))
+	defer answering.Close()
+	// Nothing listens on these: every connection is refused.
+	solo, beside := testutil.FreeAddr(t), testutil.FreeAddr(t)
+
+	st := registry.Empty()
+	st.Version = 1
+	st.Pools["solo"] = &registry.Pool{Name: "solo", Engine: registry.EngineVLLM, FailureMode: registry.FailClosed,
+		Endpoints: []registry.Endpoint{{Address: solo}}}
+	st.Pools["pair"] = &registry.Pool{Name: "pair", Engine: registry.EngineVLLM, FailureMode: registry.FailClosed,
+		Endpoints: []registry.Endpoint{{Address: strings.TrimPrefix(answering.URL, "http://")}, {Address: beside}}}
+	pub := registry.NewPublisher(st)
+	p := picker.New(pub, picker.Options{Metrics: metrics.Options{Interval: 20 * time.Millisecond, MaxBackoff: 40 * time.Millisecond}}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	src := &Sources{Version: "v0.0.1", View: pub, Registry: registry.NewManager(pub), Picker: p, XDS: xds.NewServer(pub, xds.Options{}, nil)}
+	mux := http.NewServeMux()
+	src.Register(mux)
+
+	type endpoint struct {
+		Address         string `json:"address"`
+		Healthy         bool   `json:"healthy"`
+		UnhealthyReason string `json:"unhealthy_reason"`
+		RoutedReason    string `json:"routed_reason"`
+	}
+	var eps map[string]endpoint
+	testutil.Eventually(t, 10*time.Second, "both refusing endpoints reported unhealthy, the one beside an answering endpoint withheld", func() error {
+		_, body := get(t, mux, "/api/status")
+		var doc struct {
+			Pools []struct {
+				Endpoints []endpoint `json:"endpoints"`
+			} `json:"pools"`
+		}
+		if err := json.Unmarshal([]byte(body), &doc); err != nil {
+			return err
+		}
+		eps = map[string]endpoint{}
+		for _, p := range doc.Pools {
+			for _, e := range p.Endpoints {
+				eps[e.Address] = e
+			}
+		}
+		if eps[solo].Healthy || eps[beside].Healthy || eps[beside].RoutedReason != "" {
+			return fmt.Errorf("%+v", eps)
+		}
+		return nil
+	})
+	if e := eps[solo]; !strings.Contains(e.UnhealthyReason, "none succeeded yet") || !strings.Contains(e.UnhealthyReason, "connection refused") ||
+		!strings.HasPrefix(e.RoutedReason, "still routed: no other endpoint of its pool answers") {
+		t.Errorf("alone in its pool: %+v, want its scrapes' error and why it is still routed", e)
+	}
+	if e := eps[beside]; !strings.Contains(e.UnhealthyReason, "connection refused") {
+		t.Errorf("beside an answering endpoint: %+v, want its scrapes' error", e)
+	}
+	if e := eps[strings.TrimPrefix(answering.URL, "http://")]; !e.Healthy || e.UnhealthyReason != "" || e.RoutedReason != "" {
+		t.Errorf("answering endpoint: %+v", e)
+	}
+	// The picker itself agrees: it withholds the one beside, not the one alone.
+	if got := p.EndpointHealth().UnhealthyEndpoints(); len(got) != 1 || got[0].Address != beside {
+		t.Errorf("picker withholds %v, want only %s", got, beside)
 	}
 }

@@ -227,7 +227,7 @@ func build(in *inputs) *Report {
 		r.EndpointLatency = in.endpointLatency
 	}
 	if d := in.decisions; d != nil {
-		r.Decisions = &Decisions{Sample: d.Sample, Kept: d.Size, Recorded: d.Recorded, FileDropped: d.FileDropped}
+		r.Decisions = decisionsOf(*d)
 	}
 	for _, c := range in.consul {
 		r.Consul = append(r.Consul, ConsulSelector{Selector: c.Selector, Up: c.Up, Instances: c.Instances, LastSuccess: c.LastSuccess})
@@ -255,14 +255,17 @@ func build(in *inputs) *Report {
 
 // pools lists the state's pools with the picker's endpoints of each. An
 // endpoint is healthy unless the picker withholds it (its scrapes fail
-// while others of its pool answer) or its own latest scrapes fail.
+// while others of its pool answer) or its own latest scrapes fail; one
+// whose scrapes fail but that is not withheld (no endpoint of its pool
+// answers, or none has yet) is still routed to, and says so.
 func pools(in *inputs) []Pool {
 	st := in.state
 	byPool := map[string][]Endpoint{}
 	for _, e := range in.picker.Endpoints {
+		withheld := in.unhealthy[metrics.Key{Pool: e.Pool, Address: e.Address}]
 		es := Endpoint{Address: e.Address, Draining: e.Draining,
 			InFlightRequests: e.InFlightRequests, InFlightTokens: e.InFlightTokens, Picked: e.Picked, Served: e.Served,
-			Healthy: !in.unhealthy[metrics.Key{Pool: e.Pool, Address: e.Address}]}
+			Healthy: !withheld}
 		switch {
 		case len(e.Models) > 0:
 			es.Models, es.ModelsFrom = e.Models, "config"
@@ -275,10 +278,15 @@ func pools(in *inputs) []Pool {
 			es.BlockSize, es.NumBlocks = v.BlockSize, v.NumBlocks
 			es.MaxLoras, es.RunningAdapters, es.WaitingAdapters = v.MaxLoras, v.RunningAdapters, v.WaitingAdapters
 			es.ScrapedAt = m.LastSuccess
-			es.Healthy = es.Healthy && !m.Failing
+		}
+		if m := e.Metrics; m != nil && m.Failing {
+			es.Healthy = false
 		}
 		if !es.Healthy {
 			es.UnhealthyReason = unhealthyReason(e.Metrics, in.now)
+			if !withheld {
+				es.RoutedReason = stillRouted
+			}
 		}
 		if m := e.TTFT; m.Compared > 0 || e.PrefillRequests > 0 {
 			ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
@@ -328,6 +336,11 @@ func pools(in *inputs) []Pool {
 		out = append(out, pool)
 	}
 	return out
+}
+
+// decisionsOf describes the decision records from the recorder's stats.
+func decisionsOf(d decisions.Stats) *Decisions {
+	return &Decisions{Sample: d.Sample, Kept: d.Kept, Size: d.Size, Recorded: d.Recorded, FileDropped: d.FileDropped}
 }
 
 // admissionOf summarises a pool's admission queue for the status page.
@@ -439,6 +452,11 @@ func peerName(rows []Replica, address, from string) string {
 	}
 	return address
 }
+
+// stillRouted is the RoutedReason of an endpoint whose scrapes fail but
+// that is not withheld: the rule of picker.EndpointHealth, which xDS and
+// the picker's health filter follow.
+const stillRouted = "still routed: no other endpoint of its pool answers its metrics scrapes, and a pool is never emptied for failing scrapes alone (a broken metrics path must not take it down)"
 
 // unhealthyReason says why an endpoint is unhealthy, from its latest
 // scrape (m may be nil: never scraped).

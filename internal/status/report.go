@@ -73,10 +73,12 @@ type Report struct {
 // Decisions describes the picker's decision records (/api/decisions).
 type Decisions struct {
 	// Sample is the share of requests recorded; Kept how many records the
-	// ring holds; Recorded counts records since start, FileDropped those
-	// the JSON-lines file missed.
+	// ring holds, Size how many it can hold (-decisions-buffer); Recorded
+	// counts records since start, FileDropped those the JSON-lines file
+	// missed.
 	Sample      float64 `json:"sample"`
 	Kept        int     `json:"kept"`
+	Size        int     `json:"size"`
 	Recorded    uint64  `json:"recorded"`
 	FileDropped uint64  `json:"file_dropped"`
 }
@@ -168,9 +170,12 @@ type Endpoint struct {
 	Served           int64 `json:"served"`
 	// Healthy is false while the endpoint's metrics scrapes fail (it is
 	// then withheld from Envoy if its pool has healthy endpoints), and
-	// UnhealthyReason then says why.
+	// UnhealthyReason then says why. RoutedReason, set when such an
+	// endpoint is not withheld, says why Envoy and the picker still
+	// route to it.
 	Healthy         bool   `json:"healthy"`
 	UnhealthyReason string `json:"unhealthy_reason,omitempty"`
+	RoutedReason    string `json:"routed_reason,omitempty"`
 	// Scraped load; absent until the first successful scrape.
 	Waiting      *int     `json:"waiting,omitempty"`
 	Running      *int     `json:"running,omitempty"`

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,6 +42,8 @@ func sample() *inputs {
 			{Address: "10.0.0.4:8000", Draining: true}, {Address: "10.0.0.5:8000"},
 		}}
 	st.Pools["empty"] = &registry.Pool{Name: "empty", Engine: registry.EngineSGLang, FailureMode: registry.FailOpen}
+	st.Pools["solo"] = &registry.Pool{Name: "solo", Engine: registry.EngineVLLM, FailureMode: registry.FailClosed,
+		Endpoints: []registry.Endpoint{{Address: "10.0.2.1:8000"}}}
 	st.Models["m"] = &registry.Model{Name: "m", Pool: "llama"}
 	st.Models["chat"] = &registry.Model{Name: "chat", Pool: "llama", Priority: -1,
 		Targets: []registry.Target{{Name: "m", Weight: 9}, {Name: "m-v2", Weight: 1}}}
@@ -72,6 +75,12 @@ func sample() *inputs {
 				Metrics: scraped("10.0.0.4:8000", metrics.Values{Waiting: 5, Running: 4, KVUsage: 0.9}, false, nil)},
 			// Not scraped yet: healthy, no load.
 			{Pool: "llama", Address: "10.0.0.5:8000"},
+			// Alone in its pool and refusing every connection: never
+			// scraped, failing, not withheld (no endpoint of its pool
+			// answers), so still routed to.
+			{Pool: "solo", Address: "10.0.2.1:8000", Metrics: &metrics.Snapshot{Key: metrics.Key{Pool: "solo", Address: "10.0.2.1:8000"},
+				ScrapedAt: t0.Add(-time.Second), ConsecutiveFailures: 4, Failing: true,
+				Err: errors.New(`Get "http://10.0.2.1:8000/metrics": dial tcp 10.0.2.1:8000: connect: connection refused`)}},
 			// A pool the state no longer has (the picker applies it next).
 			{Pool: "gone", Address: "10.0.9.9:8000"},
 		},
@@ -91,8 +100,10 @@ func sample() *inputs {
 			Guards:           []registry.GuardStatus{{Pool: "llama", Held: []string{"10.0.0.3:8000"}, Since: t0.Add(-time.Minute), Until: t0.Add(time.Minute)}},
 			GuardActivations: map[string]uint64{"llama": 2},
 		},
-		picker:    ps,
-		unhealthy: map[metrics.Key]bool{{Pool: "llama", Address: "10.0.0.3:8000"}: true},
+		picker: ps,
+		// The picker withholds 10.0.0.2 (failing while 10.0.0.1 answers)
+		// and 10.0.0.3; not 10.0.2.1, alone in its pool.
+		unhealthy: map[metrics.Key]bool{{Pool: "llama", Address: "10.0.0.2:8000"}: true, {Pool: "llama", Address: "10.0.0.3:8000"}: true},
 		saturated: map[string]bool{"llama": true},
 		queues: []admission.Stats{{Pool: "llama", Config: admission.Config{}.WithDefaults(),
 			Enqueued: 30, Dispatched: 25, Cancelled: 1, Rejected: map[string]uint64{admission.ReasonTTL: 2, admission.ReasonOverflow: 1},
@@ -111,7 +122,7 @@ func sample() *inputs {
 				{Name: "gone", PrefixEntries: 1}},
 		},
 		endpointLatency: []picker.EndpointLatency{{Pool: "llama", Address: "10.0.0.1:8000", Latency: lat}},
-		decisions:       &decisions.Stats{Recorded: 120, FileDropped: 3, Size: 1000, Sample: 0.5},
+		decisions:       &decisions.Stats{Recorded: 120, FileDropped: 3, Kept: 120, Size: 1000, Sample: 0.5},
 		xds: xds.Stats{Version: "c1-e2-l3-r4", Versions: map[string]string{"Cluster": "c1", "ClusterLoadAssignment": "e2", "Listener": "l3", "RouteConfiguration": "r4"},
 			RegistryVersion: 7, Snapshots: 4, Failures: 1, LastError: "", ACKs: 8, NACKs: 1, Warnings: []string{"a warning"}},
 		nodes: []xds.NodeStatus{{ID: "envoy-1", Cluster: "edge", Streams: 1, FirstSeen: t0.Add(-time.Hour), LastSeen: t0,
@@ -181,9 +192,49 @@ func TestBuildEndpointHealthAndLoad(t *testing.T) {
 			t.Errorf("%s: models %v from %q, want %v from %q", tc.desc, e.Models, e.ModelsFrom, tc.models, tc.from)
 		}
 	}
+	for _, addr := range []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000", "10.0.0.5:8000"} {
+		if e := endpoint(t, r, "llama", addr); e.RoutedReason != "" {
+			t.Errorf("%s: routed reason %q, want none (healthy, or withheld)", addr, e.RoutedReason)
+		}
+	}
 	if e := endpoint(t, r, "llama", "10.0.0.1:8000"); *e.Waiting != 1 || *e.Running != 2 || *e.KVCacheUsage != 0.5 ||
 		e.BlockSize != 16 || e.NumBlocks != 1000 || e.MaxLoras != 2 || !slices.Equal(e.RunningAdapters, []string{"sql-lora"}) {
 		t.Errorf("scraped values of 10.0.0.1:8000: %+v", e)
+	}
+}
+
+// An endpoint that refuses every connection, alone in its pool, is not
+// withheld (a pool whose scrapes all fail keeps its endpoints): it shows
+// as unhealthy, with its scrapes' error, and says why it is still routed
+// to, not as ready with no reason.
+func TestBuildEndpointFailingButRouted(t *testing.T) {
+	t.Parallel()
+	r := build(sample())
+	e := endpoint(t, r, "solo", "10.0.2.1:8000")
+	if e.Healthy || e.Ready() {
+		t.Errorf("healthy %v ready %v, want neither: its scrapes fail", e.Healthy, e.Ready())
+	}
+	if want := "metrics scrapes failing (4 in a row, none succeeded yet): " + `Get "http://10.0.2.1:8000/metrics": dial tcp 10.0.2.1:8000: connect: connection refused`; e.UnhealthyReason != want {
+		t.Errorf("unhealthy reason %q, want %q", e.UnhealthyReason, want)
+	}
+	if !strings.HasPrefix(e.RoutedReason, "still routed: no other endpoint of its pool answers its metrics scrapes") {
+		t.Errorf("routed reason %q", e.RoutedReason)
+	}
+	if e.Waiting != nil || !e.ScrapedAt.IsZero() {
+		t.Errorf("never scraped, but shows load: waiting %v scraped at %v", e.Waiting, e.ScrapedAt)
+	}
+	// Once another endpoint of its pool answers, the picker withholds it:
+	// unhealthy, no longer routed to.
+	in := sample()
+	in.unhealthy[metrics.Key{Pool: "solo", Address: "10.0.2.1:8000"}] = true
+	if e := endpoint(t, build(in), "solo", "10.0.2.1:8000"); e.Healthy || e.RoutedReason != "" || e.UnhealthyReason == "" {
+		t.Errorf("withheld: healthy %v, unhealthy reason %q, routed reason %q", e.Healthy, e.UnhealthyReason, e.RoutedReason)
+	}
+	// Failed scrapes below the failure threshold are not failing yet.
+	in = sample()
+	in.picker.Endpoints[5].Metrics.Failing = false
+	if e := endpoint(t, build(in), "solo", "10.0.2.1:8000"); !e.Healthy || e.RoutedReason != "" {
+		t.Errorf("below the threshold: healthy %v, routed reason %q", e.Healthy, e.RoutedReason)
 	}
 }
 
@@ -214,8 +265,8 @@ func TestBuildPoolsFollowTheState(t *testing.T) {
 	for _, p := range r.Pools {
 		names = append(names, p.Name)
 	}
-	if !slices.Equal(names, []string{"empty", "llama"}) {
-		t.Fatalf("pools %v, want the state's [empty llama] (not the picker's stale \"gone\")", names)
+	if !slices.Equal(names, []string{"empty", "llama", "solo"}) {
+		t.Fatalf("pools %v, want the state's [empty llama solo] (not the picker's stale \"gone\")", names)
 	}
 	empty, llama := r.Pools[0], r.Pools[1]
 	if empty.Endpoints == nil || len(empty.Endpoints) != 0 || empty.Saturated || empty.Guard != nil || empty.Prefix != nil {

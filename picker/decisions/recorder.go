@@ -101,13 +101,16 @@ type Stats struct {
 	// Recorded counts records added since start; FileDropped those that
 	// skipped the file because its writer fell behind.
 	Recorded, FileDropped uint64
-	Size                  int
-	Sample                float64
+	// Kept is how many records the ring holds (the latest Kept of
+	// Recorded), Size how many it can hold.
+	Kept, Size int
+	Sample     float64
 }
 
 // Stats returns the recorder's counters.
 func (r *Recorder) Stats() Stats {
-	s := Stats{Recorded: r.seq.Load(), FileDropped: r.dropped.Load(), Size: len(r.slots), Sample: r.opts.Sample}
+	seq := r.seq.Load()
+	s := Stats{Recorded: seq, FileDropped: r.dropped.Load(), Kept: int(min(seq, uint64(len(r.slots)))), Size: len(r.slots), Sample: r.opts.Sample}
 	if r.opts.Disabled {
 		s.Sample = 0
 	}

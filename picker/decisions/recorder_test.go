@@ -57,8 +57,26 @@ func TestRingAndFilters(t *testing.T) {
 			t.Errorf("%s: got %q, want %q", c.desc, got, c.want)
 		}
 	}
-	if s := r.Stats(); s.Recorded != 5 || s.Size != 4 {
+	if s := r.Stats(); s.Recorded != 5 || s.Kept != 4 || s.Size != 4 {
 		t.Errorf("stats %+v", s)
+	}
+}
+
+// Kept counts the records the ring holds: what was added until the ring
+// is full, then its size.
+func TestStatsKept(t *testing.T) {
+	r := New(Options{Size: 4})
+	for i, want := range []int{0, 1, 2, 3, 4, 4, 4} {
+		if i > 0 {
+			r.Add(&Record{Model: "m"})
+		}
+		s := r.Stats()
+		if s.Kept != want || s.Size != 4 || s.Recorded != uint64(i) {
+			t.Errorf("after %d records: kept %d of size %d, recorded %d; want kept %d", i, s.Kept, s.Size, s.Recorded, want)
+		}
+		if n := len(r.Query(Filter{Limit: 100})); n != s.Kept {
+			t.Errorf("after %d records: %d records answer a query, Stats says %d kept", i, n, s.Kept)
+		}
 	}
 }
 

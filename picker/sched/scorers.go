@@ -76,6 +76,24 @@ func waitingIfSent(e *Endpoint, s *metrics.Snapshot, now time.Time) (n float64, 
 	return float64(max(held+1-b, 0)), true
 }
 
+// staleWaitingIfSent is waitingIfSent for an endpoint whose metrics are
+// stale: what the picker itself sent and saw finish since the last good
+// scrape (its values and mark are kept while scrapes fail), against the
+// batch learned before. known is false when no batch was learned: then
+// nothing says how much the server takes.
+func staleWaitingIfSent(e *Endpoint) (n float64, known bool) {
+	b := e.Load.batch.Load()
+	if b <= 0 {
+		return 0, false
+	}
+	inFlight := e.Load.InFlightRequests.Load()
+	held := inFlight
+	if s, m := e.Snapshot(), e.Load.mark.Load(); s != nil && m != nil && m.at.Equal(s.LastSuccess) {
+		held = max(int64(s.Running+s.Waiting)+inFlight-m.inFlight, inFlight)
+	}
+	return float64(max(held+1-b, 0)), true
+}
+
 // lowerIsBetter turns the loads in scores (NaN = unknown) into
 // 1 - (v-lo)/max(hi-lo, span); unknown entries get the mean of the known
 // scores, or 1 when none is known.

@@ -166,7 +166,7 @@ var (
 		durationAttr("ttl", func(a *registry.Admission, ms int) { a.TTL = time.Duration(ms) * time.Millisecond }),
 		durationAttr("no_endpoint_wait", func(a *registry.Admission, ms int) { a.NoEndpointWait = time.Duration(ms) * time.Millisecond }),
 		strAttr("fairness", func(a *registry.Admission, v string) { a.Fairness = v }),
-		boolAttr("shed_sheddable", func(a *registry.Admission, v bool) { a.ShedSheddable = v }),
+		boolAttr("shed_sheddable", func(a *registry.Admission, v bool) { a.QueueSheddable = !v }),
 		strAttr("flow_header", func(a *registry.Admission, v string) { a.FlowHeader = strings.ToLower(v) }, headerName),
 		strAttr("priority_header", func(a *registry.Admission, v string) { a.PriorityHeader = strings.ToLower(v) }, headerName),
 		intAttr("priority_min", func(a *registry.Admission, v int) { a.PriorityMin = v }),

@@ -170,7 +170,9 @@
 //	    no_endpoint_wait = "5s"   # longest wait while no endpoint is
 //	                              # ready, then 503; at most 5m
 //	    fairness         = "tokens" # tokens | round-robin
-//	    shed_sheddable   = false  # true: priority < 0 gets 429 at once
+//	    shed_sheddable   = true   # default true: priority < 0 gets 429 at
+//	                              # once when the pool is saturated (the
+//	                              # protocol); false: it waits, lowest band
 //	    flow_header      = "x-tenant"   # header naming the flow (lower-cased)
 //	    priority_header  = "x-priority" # header overriding the priority,
 //	    priority_min     = 0      # clamped to [priority_min, priority_max];
@@ -237,6 +239,9 @@
 //	    tokens_per_day      = 5000000  # responses' usage reports them
 //	    count_cached        = true     # default true: cached prompt tokens
 //	                                   # count toward the token limits
+//	    assumed_max_tokens  = 1024     # default 1024 (0 or absent): output
+//	                                   # reserved at admission for a request
+//	                                   # that sets no max_tokens
 //	  }
 //	}
 //

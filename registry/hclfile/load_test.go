@@ -447,7 +447,7 @@ pool "tuned" {
     ttl              = "10s"
     no_endpoint_wait = "2s"
     fairness         = "round-robin"
-    shed_sheddable   = true
+    shed_sheddable   = false
     flow_header      = "X-Tenant"
     priority_header  = "X-Priority"
     priority_min     = -1
@@ -464,7 +464,7 @@ pool "defaults" {}
 		t.Fatalf("diagnostics = %s", FormatDiagnostics(diags))
 	}
 	want := registry.Admission{MaxQueued: 200, MaxQueuedBytes: 1 << 20, BandMaxQueued: 50, TTL: 10 * time.Second,
-		NoEndpointWait: 2 * time.Second, Fairness: "round-robin", ShedSheddable: true, FlowHeader: "x-tenant",
+		NoEndpointWait: 2 * time.Second, Fairness: "round-robin", QueueSheddable: true, FlowHeader: "x-tenant",
 		PriorityHeader: "x-priority", PriorityMin: -1, PriorityMax: 2}
 	if got := cfg.State.Pools["tuned"].Admission; got == nil || *got != want {
 		t.Errorf("tuned admission = %+v, want %+v", got, want)
