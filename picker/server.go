@@ -29,6 +29,7 @@ import (
 
 	"github.com/switchyard/switchyard/internal/contract"
 	"github.com/switchyard/switchyard/picker/decisions"
+	"github.com/switchyard/switchyard/picker/kvevents"
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/picker/sched"
@@ -69,6 +70,9 @@ type Options struct {
 	// Metrics tunes the scraper (interval default, timeouts, failure
 	// threshold); OnTransition and Logger are set by the picker.
 	Metrics metrics.Options
+	// Health is the rule deciding which endpoints with failing scrapes
+	// Envoy stops routing to (EndpointHealth); zero fields are defaults.
+	Health HealthPolicy
 	// RequestBodyMode and ResponseBodyMode are assumed when Envoy does not
 	// send protocol_config (default FULL_DUPLEX_STREAMED).
 	RequestBodyMode  extprocfilterv3.ProcessingMode_BodySendMode
@@ -81,6 +85,9 @@ type Options struct {
 	// none).
 	Tracer    *tracing.Tracer
 	Decisions *decisions.Recorder
+	// KVEvents tunes the subscribers to the KV-cache events of servers
+	// whose pool (or endpoint) declares them (see KVEvents).
+	KVEvents kvevents.Options
 }
 
 func (o Options) withDefaults() Options {
@@ -150,6 +157,9 @@ type Server struct {
 	// Metrics scraping: the manager exists while Run runs.
 	mgr *metrics.Manager
 	eh  *EndpointHealth
+	// kv follows the servers' KV-cache events while Run runs (nil
+	// otherwise).
+	kv atomic.Pointer[kvevents.Manager]
 }
 
 // counters are process-wide request outcomes.
@@ -181,7 +191,7 @@ func New(view registry.View, opts Options, logger *slog.Logger) *Server {
 		log:     logger,
 		debug:   logger.Enabled(context.Background(), slog.LevelDebug),
 		health:  health.NewServer(),
-		eh:      newEndpointHealth(),
+		eh:      newEndpointHealth(opts.Health),
 		started: time.Now(),
 		tenants: tenant.NewSet(),
 	}
@@ -231,7 +241,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if !s.opts.DisableMetrics {
 		mo := s.opts.Metrics
 		mo.Logger = s.log.With("component", "metrics")
-		mo.OnTransition = func(tr metrics.Transition) { s.eh.set(tr.Key, !tr.Healthy) }
+		mo.OnTransition = s.eh.observe
 		mo.OnScrape = func(snap *metrics.Snapshot) {
 			if l := s.loads.get(snap.Pool, snap.Address); l != nil {
 				l.MarkScrape(snap)
@@ -243,6 +253,12 @@ func (s *Server) Run(ctx context.Context) error {
 			s.mgr = nil
 		}()
 	}
+	kv := kvevents.NewManager(ctx, s.kvOptions(), kvevents.TokenizerOptions{})
+	s.kv.Store(kv)
+	defer func() {
+		kv.Stop()
+		s.kv.Store(nil)
+	}()
 	s.runCtx = ctx
 	// The queues' dispatchers end with ctx, rejecting what still waits.
 	defer s.queues.Wait()
@@ -286,6 +302,9 @@ func (s *Server) apply(st *registry.State) {
 			}
 			return nil
 		}
+	}
+	if kv := s.kv.Load(); kv != nil {
+		kv.Sync(kvevents.TargetsFromState(st))
 	}
 	snap := buildSnapshot(st, &s.loads, d)
 	old := s.snap.Load()

@@ -56,6 +56,9 @@ type poolRecord struct {
 	Scheduling  *schedulingRecord `json:"scheduling,omitempty"`
 	DeclRange   string            `json:"decl_range,omitempty"`
 	Consul      *consulRecord     `json:"consul,omitempty"`
+	// Disaggregation and endpoint roles are kept so that a warm start
+	// never sends a client's request to a prefill-only server.
+	Disaggregation *disaggregationRecord `json:"disaggregation,omitempty"`
 }
 
 type consulRecord struct {
@@ -71,6 +74,7 @@ type endpointRecord struct {
 	Models      []string `json:"models,omitempty"`
 	MetricsPath string   `json:"metrics_path,omitempty"`
 	Draining    bool     `json:"draining,omitempty"`
+	Role        string   `json:"role,omitempty"`
 }
 
 type schedulingRecord struct {
@@ -90,6 +94,32 @@ type modelRecord struct {
 	Priority  int            `json:"priority,omitempty"`
 	Targets   []targetRecord `json:"targets,omitempty"`
 	DeclRange string         `json:"decl_range,omitempty"`
+	// Disaggregation is the model's own policy, if any.
+	Disaggregation *disaggregationRecord `json:"disaggregation,omitempty"`
+}
+
+type disaggregationRecord struct {
+	Disabled              bool   `json:"disabled,omitempty"`
+	UncachedTokens        int    `json:"uncached_tokens,omitempty"`
+	MinPromptTokens       int    `json:"min_prompt_tokens,omitempty"`
+	PrefillQueueThreshold int    `json:"prefill_queue_threshold,omitempty"`
+	DeclRange             string `json:"decl_range,omitempty"`
+}
+
+func fromDisaggregation(d *registry.Disaggregation) *disaggregationRecord {
+	if d == nil {
+		return nil
+	}
+	return &disaggregationRecord{Disabled: d.Disabled, UncachedTokens: d.UncachedTokens, MinPromptTokens: d.MinPromptTokens,
+		PrefillQueueThreshold: d.PrefillQueueThreshold, DeclRange: d.DeclRange}
+}
+
+func (r *disaggregationRecord) toDisaggregation() *registry.Disaggregation {
+	if r == nil {
+		return nil
+	}
+	return &registry.Disaggregation{Disabled: r.Disabled, UncachedTokens: r.UncachedTokens, MinPromptTokens: r.MinPromptTokens,
+		PrefillQueueThreshold: r.PrefillQueueThreshold, DeclRange: r.DeclRange}
 }
 
 type targetRecord struct {
@@ -127,8 +157,10 @@ func fromState(s *registry.State) stateRecord {
 				Models:      slices.Clone(ep.Models),
 				MetricsPath: ep.MetricsPath,
 				Draining:    ep.Draining,
+				Role:        string(ep.Role),
 			})
 		}
+		pr.Disaggregation = fromDisaggregation(p.Disaggregation)
 		if sc := p.Scheduling; sc != nil {
 			pr.Scheduling = &schedulingRecord{
 				Profile:          sc.Profile,
@@ -149,6 +181,7 @@ func fromState(s *registry.State) stateRecord {
 	for _, name := range s.ModelNames() {
 		m := s.Models[name]
 		mr := modelRecord{Name: name, Pool: m.Pool, Priority: m.Priority, DeclRange: m.DeclRange}
+		mr.Disaggregation = fromDisaggregation(m.Disaggregation)
 		for _, t := range m.Targets {
 			mr.Targets = append(mr.Targets, targetRecord{Name: t.Name, Weight: t.Weight})
 		}
@@ -187,8 +220,10 @@ func (r *stateRecord) toState() *registry.State {
 				Models:      er.Models,
 				MetricsPath: er.MetricsPath,
 				Draining:    er.Draining,
+				Role:        registry.Role(er.Role),
 			})
 		}
+		p.Disaggregation = pr.Disaggregation.toDisaggregation()
 		if sc := pr.Scheduling; sc != nil {
 			p.Scheduling = &registry.Scheduling{
 				Profile:          sc.Profile,
@@ -207,7 +242,7 @@ func (r *stateRecord) toState() *registry.State {
 		s.Pools[pr.Name] = p
 	}
 	for _, mr := range r.Models {
-		m := &registry.Model{Name: mr.Name, Pool: mr.Pool, Priority: mr.Priority, DeclRange: mr.DeclRange}
+		m := &registry.Model{Name: mr.Name, Pool: mr.Pool, Priority: mr.Priority, DeclRange: mr.DeclRange, Disaggregation: mr.Disaggregation.toDisaggregation()}
 		for _, t := range mr.Targets {
 			m.Targets = append(m.Targets, registry.Target{Name: t.Name, Weight: t.Weight})
 		}

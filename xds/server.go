@@ -43,20 +43,26 @@ type Options struct {
 // Server translates registry states into snapshots and serves them over
 // ADS. Create it with NewServer, Register it on a gRPC server, and Run it.
 type Server struct {
-	view     registry.View
-	opts     Options
-	log      *slog.Logger
-	cache    cachev3.SnapshotCache
-	xds      serverv3.Server
-	ctx      context.Context
-	cancel   context.CancelFunc
-	tracker  *tracker
-	mu       sync.Mutex
-	stats    Stats
-	last     translator.Resources
-	nodeKey  string
-	health   *health.Server
-	draining bool
+	view  registry.View
+	opts  Options
+	log   *slog.Logger
+	cache cachev3.SnapshotCache
+	// eds serves endpoints to state-of-the-world streams (only what
+	// changed); the snapshot cache serves everything else, and endpoints
+	// to incremental streams.
+	eds     *sotwEndpoints
+	xds     serverv3.Server
+	ctx     context.Context
+	cancel  context.CancelFunc
+	tracker *tracker
+	mu      sync.Mutex
+	stats   Stats
+	last    translator.Resources
+	// lastVersions are the versions of last.
+	lastVersions versions
+	nodeKey      string
+	health       *health.Server
+	draining     bool
 	// held keeps the health service NOT_SERVING (HoldServing).
 	held bool
 }
@@ -112,9 +118,20 @@ func NewServer(view registry.View, opts Options, logger *slog.Logger) *Server {
 	}
 	s.updateHealth(false)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.tracker = newTracker(logger)
+	s.tracker = newTracker(logger, s.heldVersion)
 	s.cache = cachev3.NewSnapshotCache(true, constantHash(s.nodeKey), cacheLogger{logger})
-	s.xds = serverv3.NewServer(s.ctx, s.cache, s.tracker.callbacks())
+	s.eds = newSotwEndpoints()
+	mux := &cachev3.MuxCache{
+		Classify: func(r *cachev3.Request) string {
+			if r.GetTypeUrl() == resource.EndpointType {
+				return "eds"
+			}
+			return "snapshot"
+		},
+		ClassifyDelta: func(*cachev3.DeltaRequest) string { return "snapshot" },
+		Caches:        map[string]cachev3.Cache{"snapshot": s.cache, "eds": s.eds},
+	}
+	s.xds = serverv3.NewServer(s.ctx, mux, s.tracker.callbacks())
 	return s
 }
 
@@ -265,14 +282,19 @@ func (s *Server) trySync(ctx context.Context, state *registry.State) error {
 	if unchanged {
 		return nil
 	}
-	versions, err := resourceVersions(res)
+	vs, err := resourceVersions(res)
 	if err != nil {
 		return fmt.Errorf("version resources: %w", err)
 	}
+	versions := vs.types
 	version := summaryVersion(versions)
-	snap := &cachev3.Snapshot{}
+	// The per-resource versions incremental xDS compares are set here,
+	// so the cache neither encodes every resource again to hash it nor
+	// uses versions without the folding resourceVersions does.
+	snap := &cachev3.Snapshot{VersionMap: make(map[string]map[string]string, len(vs.resources))}
 	for typ, items := range res {
 		snap.Resources[cachev3.GetResponseType(typ)] = cachev3.NewResources(versions[typ], items)
+		snap.VersionMap[typ] = vs.resources[typ]
 	}
 	if err := snap.Consistent(); err != nil {
 		return fmt.Errorf("snapshot %s inconsistent: %w", version, err)
@@ -280,21 +302,58 @@ func (s *Server) trySync(ctx context.Context, state *registry.State) error {
 	if err := s.cache.SetSnapshot(ctx, s.nodeKey, snap); err != nil {
 		return fmt.Errorf("set snapshot %s: %w", version, err)
 	}
+	// After the snapshot: on each stream, a new or changed cluster is
+	// queued before the endpoints it needs.
+	if err := s.eds.set(versions[resource.EndpointType], res[resource.EndpointType], vs.resources[resource.EndpointType]); err != nil {
+		return fmt.Errorf("set endpoints %s: %w", version, err)
+	}
 	short := make(map[string]string, len(versions))
 	for typ, v := range versions {
 		short[shortType(typ)] = v
 	}
 	s.mu.Lock()
 	s.last = res
+	s.lastVersions = vs
 	s.stats.Version, s.stats.Versions = version, short
 	s.stats.ServedRegistryVersion = state.Version
 	s.stats.Snapshots++
 	s.mu.Unlock()
 	s.refreshHealth()
+	s.tracker.recheck()
 	s.log.Info("xDS snapshot set", "version", version, "registry_version", state.Version,
 		"listeners", len(res[resource.ListenerType]), "clusters", len(res[resource.ClusterType]),
 		"endpoints", countEndpoints(cfg))
 	return nil
+}
+
+// heldVersion returns the served version of typeURL when held, an
+// incremental-xDS Envoy's initial_resource_versions, is what is served:
+// every resource it names (and, for the wildcard types, every served one)
+// at its served version, and every name it subscribes to among them.
+func (s *Server) heldVersion(typeURL string, held map[string]string, names []string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	served := s.lastVersions.resources[typeURL]
+	if served == nil {
+		return ""
+	}
+	for name, v := range held {
+		if served[name] != v {
+			return ""
+		}
+	}
+	switch typeURL {
+	case resource.ClusterType, resource.ListenerType:
+		if len(held) != len(served) {
+			return ""
+		}
+	}
+	for _, n := range names {
+		if _, ok := held[n]; !ok {
+			return ""
+		}
+	}
+	return s.lastVersions.types[typeURL]
 }
 
 func countEndpoints(cfg *ir.Config) int {

@@ -43,6 +43,7 @@ type server struct {
 	defaultMax   int
 	eosMean      int
 	faults       faults
+	pd           pdConfig
 	readyAt      time.Time
 	quit         chan struct{} // closed when shutdown starts
 	exit         func(code int)
@@ -65,6 +66,11 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/unload_lora_adapter", s.handleUnloadLoRA)
 	mux.HandleFunc("GET /health", s.handleHealth)
 	mux.HandleFunc("GET /metrics", s.handleMetrics)
+	if s.pd.enabled {
+		mux.HandleFunc("POST "+kvPullPath, s.handlePull)
+	}
+	mux.HandleFunc("POST /tokenize", s.handleTokenize)
+	mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("x-served-by", s.servedBy)
 		// Echo the picker's destination list, so tests can check that
@@ -85,6 +91,38 @@ func (s *server) routes() http.Handler {
 		}
 		mux.ServeHTTP(w, r)
 	})
+}
+
+// handleTokenize is vLLM's POST /tokenize: the token ids a completion
+// prompt or a chat conversation becomes, exactly as generate computes
+// them.
+func (s *server) handleTokenize(w http.ResponseWriter, r *http.Request) {
+	var req genRequest
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	modelName := req.Model
+	if modelName == "" {
+		modelName = s.served[0]
+	}
+	if _, ok := s.resolveModel(modelName); !ok {
+		writeErrorParam(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", modelName), "model")
+		return
+	}
+	toks, err := s.promptTokens(&req, req.Messages != nil)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if toks == nil {
+		toks = []uint32{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"count": len(toks), "max_model_len": s.eng.Config().MaxModelLen, "tokens": toks, "token_strs": nil})
+}
+
+// handleResetPrefixCache is vLLM's dev-mode POST /reset_prefix_cache.
+func (s *server) handleResetPrefixCache(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]bool{"success": s.eng.ResetPrefixCache()})
 }
 
 func (s *server) handleHealth(w http.ResponseWriter, _ *http.Request) {
@@ -213,6 +251,7 @@ type genRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
+	KVTransferParams *kvParams `json:"kv_transfer_params"`
 }
 
 type chatMessage struct {
@@ -280,20 +319,10 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, http.StatusBadRequest, "vllm-sim supports only n=1")
 		return
 	}
-	var text string
-	var toks []uint32
-	var err error
-	if chat {
-		text, err = renderMessages(req.Messages)
-	} else {
-		text, toks, err = parsePrompt(req.Prompt)
-	}
+	toks, err := s.promptTokens(&req, chat)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
-	}
-	if toks == nil {
-		toks = sim.Tokenize(text)
 	}
 	maxTokens := s.defaultMax
 	if req.MaxTokens != nil {
@@ -314,7 +343,30 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	if s.eosMean > 0 && !req.IgnoreEOS {
 		stopAfter = max(naturalLength(toks, s.eosMean), req.MinTokens)
 	}
-	h, err := s.eng.Submit(r.Context(), sim.Request{Prompt: toks, MaxTokens: maxTokens, StopAfter: stopAfter, LoRA: adapter})
+	rs := response{id: s.newID(chat), model: modelName, created: time.Now().Unix(), chat: chat}
+	simReq := sim.Request{Prompt: toks, MaxTokens: maxTokens, StopAfter: stopAfter, LoRA: adapter, RemoteCached: -1}
+	if kv := req.KVTransferParams; s.pd.enabled && kv != nil {
+		switch {
+		case kv.DoRemoteDecode:
+			simReq.HoldKV = rs.id
+		case kv.DoRemotePrefill:
+			n, err := s.pd.pullRemote(r.Context(), kv)
+			if err != nil && !s.pd.recompute {
+				s.log.Warn("remote KV load failed; failing the request (kv_load_failure_policy fail)", "err", err)
+				writeKVLoadError(w, req.Stream)
+				return
+			}
+			if err != nil {
+				s.log.Warn("remote KV load failed; recomputing the prompt (kv_load_failure_policy recompute)", "err", err)
+				break
+			}
+			simReq.RemoteTokens = min(n, len(toks))
+			if kv.RemotePrefillCachedTokens != nil {
+				simReq.RemoteCached = *kv.RemotePrefillCachedTokens
+			}
+		}
+	}
+	h, err := s.eng.Submit(r.Context(), simReq)
 	if errors.Is(err, sim.ErrInvalidRequest) {
 		msg := strings.TrimPrefix(err.Error(), sim.ErrInvalidRequest.Error()+": ")
 		param := ""
@@ -329,7 +381,6 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	defer h.Cancel() // no-op once finished; frees the request if the client left
 
-	rs := response{id: s.newID(chat), model: modelName, created: time.Now().Unix(), chat: chat}
 	if req.Stream {
 		includeUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 		s.stream(w, r, h, rs, includeUsage)
@@ -341,13 +392,37 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		case ev := <-h.Events:
 			out.WriteString(ev.Text)
 			if ev.Done {
-				writeJSON(w, http.StatusOK, rs.full(out.String(), ev))
+				body := rs.full(out.String(), ev)
+				if simReq.HoldKV != "" {
+					body["kv_transfer_params"] = s.pd.prefillParams(rs.id, ev)
+				}
+				writeJSON(w, http.StatusOK, body)
 				return
 			}
 		case <-r.Context().Done():
 			return
 		}
 	}
+}
+
+// promptTokens is the token ids of a request's prompt: the rendered
+// conversation's, or the completion prompt's.
+func (s *server) promptTokens(req *genRequest, chat bool) ([]uint32, error) {
+	var text string
+	var toks []uint32
+	var err error
+	if chat {
+		text, err = renderMessages(req.Messages)
+	} else {
+		text, toks, err = parsePrompt(req.Prompt)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if toks == nil {
+		toks = sim.Tokenize(text)
+	}
+	return toks, nil
 }
 
 func (s *server) stream(w http.ResponseWriter, r *http.Request, h *sim.Handle, rs response, includeUsage bool) {

@@ -10,6 +10,7 @@ import (
 	"github.com/switchyard/switchyard/picker"
 	"github.com/switchyard/switchyard/picker/admission"
 	"github.com/switchyard/switchyard/picker/decisions"
+	"github.com/switchyard/switchyard/picker/kvevents"
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/registry"
@@ -109,6 +110,8 @@ type inputs struct {
 	nodes                          []xds.NodeStatus
 	mesh                           peers.Stats
 	consul                         []consul.SelectorStatus
+	kvEvents                       map[metrics.Key]kvevents.Status
+	kvTokenize                     map[string]kvevents.TokenizerStats
 	tls                            *mtls.Stats // nil without TLS
 	allowedSANs                    []string
 	store                          *storeInputs // nil without a store
@@ -141,6 +144,15 @@ func (s *Sources) gather(now time.Time, observe bool) *inputs {
 	in.ready, in.notReady = s.readiness()
 	for _, k := range s.Picker.EndpointHealth().UnhealthyEndpoints() {
 		in.unhealthy[k] = true
+	}
+	if kv := s.Picker.KVEvents(); kv != nil {
+		in.kvEvents, in.kvTokenize = map[metrics.Key]kvevents.Status{}, map[string]kvevents.TokenizerStats{}
+		for _, ks := range kv.Status() {
+			in.kvEvents[metrics.Key{Pool: ks.Pool, Address: ks.Address}] = ks
+			if tok := kv.Tokenizer(ks.Pool); tok != nil {
+				in.kvTokenize[ks.Pool] = tok.Stats()
+			}
+		}
 	}
 	if observe {
 		obs := s.Picker.Observe(now)
@@ -288,6 +300,9 @@ func pools(in *inputs) []Pool {
 				es.RoutedReason = stillRouted
 			}
 		}
+		if ks, ok := in.kvEvents[metrics.Key{Pool: e.Pool, Address: e.Address}]; ok {
+			es.KVEvents = kvEventsOf(ks)
+		}
 		if m := e.TTFT; m.Compared > 0 || e.PrefillRequests > 0 {
 			ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
 			es.TTFT = &TTFT{BaseMS: ms(m.Base), PrefillPer1kMS: ms(m.PerToken), Observations: m.Observed,
@@ -326,7 +341,11 @@ func pools(in *inputs) []Pool {
 		for i := range eps {
 			eps[i].Held = held[eps[i].Address]
 		}
-		pool := Pool{Name: name, Engine: string(p.Engine), FailureMode: string(p.FailureMode),
+		var tok *KVTokenize
+		if ts, ok := in.kvTokenize[name]; ok {
+			tok = &KVTokenize{Hits: ts.Hits, Calls: ts.Calls, Failures: ts.Failures, CallSeconds: ts.CallSeconds, CachedTokens: ts.CachedTokens}
+		}
+		pool := Pool{Name: name, Engine: string(p.Engine), FailureMode: string(p.FailureMode), KVTokenize: tok,
 			Saturated: in.saturated[name], Guard: guards[name], Endpoints: eps,
 			GuardActivations: in.registry.GuardActivations[name], Prefix: prefix[name],
 			Queue: queues[name], SaturatedShare: share[name]}
@@ -341,6 +360,19 @@ func pools(in *inputs) []Pool {
 // decisionsOf describes the decision records from the recorder's stats.
 func decisionsOf(d decisions.Stats) *Decisions {
 	return &Decisions{Sample: d.Sample, Kept: d.Kept, Size: d.Size, Recorded: d.Recorded, FileDropped: d.FileDropped}
+}
+
+// kvEventsOf describes an endpoint's KV-events stream.
+func kvEventsOf(ks kvevents.Status) *KVEvents {
+	out := &KVEvents{State: ks.State.String(), Exact: ks.State == kvevents.Synced, Connected: ks.Connected, LastSeq: ks.LastSeq,
+		Blocks: ks.Server.Blocks, Media: ks.Server.Media, Batches: ks.Server.Batches, Gaps: ks.Gaps, Replayed: ks.Replayed,
+		Lost: ks.Lost, Restarts: ks.Restarts, DecodeErrors: ks.DecodeErrors, Orphans: ks.Server.Orphans, LastError: ks.LastError,
+		PredictionsAgreed: ks.Server.Agreed, PredictionsOver: ks.Server.Over, PredictionsUnder: ks.Server.Under}
+	if !ks.LastMessage.IsZero() {
+		t := ks.LastMessage.UTC()
+		out.LastMessage = &t
+	}
+	return out
 }
 
 // admissionOf summarises a pool's admission queue for the status page.

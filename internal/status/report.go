@@ -112,6 +112,9 @@ type Pool struct {
 	// SaturatedShare is the share of ready endpoints over a threshold;
 	// set only when the Report was read with the picker's observations.
 	SaturatedShare *float64 `json:"-"`
+	// KVTokenize is the pool's tokenization for the exact prefix index
+	// (nil when none of its servers publishes KV events).
+	KVTokenize *KVTokenize `json:"kv_tokenize,omitempty"`
 }
 
 // Admission is one pool's admission queue: its bounds, what waits now
@@ -195,6 +198,9 @@ type Endpoint struct {
 	// TTFT is the learned time-to-first-token model, for pools on the
 	// predicted-ttft profile once a pick has been accounted there.
 	TTFT *TTFT `json:"ttft,omitempty"`
+	// KVEvents is the endpoint's KV-cache event stream, when its pool
+	// declares one.
+	KVEvents *KVEvents `json:"kv_events,omitempty"`
 
 	// ScrapedAt is when the latest successful scrape finished (zero if
 	// none yet).
@@ -218,6 +224,47 @@ type TTFT struct {
 	Compared          int64   `json:"compared"`
 	MeanErrorMS       float64 `json:"mean_error_ms"`
 	MeanAbsoluteError float64 `json:"mean_absolute_error_ms"`
+}
+
+// KVEvents is an endpoint's KV-cache event stream: whether its view is
+// exact (the picker routes by the server's own cache; otherwise the
+// estimating prefix index stands in) and what the stream did.
+type KVEvents struct {
+	// State: "connecting", "synced" (exact), "partial" (the view began
+	// after the server had cached blocks, or lost events beyond replay)
+	// or "disconnected".
+	State     string `json:"state"`
+	Exact     bool   `json:"exact"`
+	Connected bool   `json:"connected"`
+	LastSeq   int64  `json:"last_seq"`
+	// Blocks in the server's GPU cache; Media counts other media.
+	Blocks int            `json:"blocks"`
+	Media  map[string]int `json:"media,omitempty"`
+	// Counters since start.
+	Batches      int64 `json:"batches"`
+	Gaps         int64 `json:"gaps"`
+	Replayed     int64 `json:"replayed"`
+	Lost         int64 `json:"lost"`
+	Restarts     int64 `json:"restarts"`
+	DecodeErrors int64 `json:"decode_errors"`
+	Orphans      int64 `json:"orphans"`
+	// Predictions checked against the cached tokens the server reported:
+	// equal, over, under.
+	PredictionsAgreed int64      `json:"predictions_agreed"`
+	PredictionsOver   int64      `json:"predictions_over"`
+	PredictionsUnder  int64      `json:"predictions_under"`
+	LastMessage       *time.Time `json:"last_message,omitempty"`
+	LastError         string     `json:"last_error,omitempty"`
+}
+
+// KVTokenize is a pool's request tokenization for the exact prefix index
+// (the servers' /tokenize, cached).
+type KVTokenize struct {
+	Hits         int64   `json:"cache_hits"`
+	Calls        int64   `json:"calls"`
+	Failures     int64   `json:"failures"`
+	CallSeconds  float64 `json:"call_seconds"`
+	CachedTokens int     `json:"cached_tokens"`
 }
 
 // Model is one model name a request may use.

@@ -17,6 +17,7 @@ import (
 	"github.com/switchyard/switchyard/picker"
 	"github.com/switchyard/switchyard/picker/admission"
 	"github.com/switchyard/switchyard/picker/decisions"
+	"github.com/switchyard/switchyard/picker/kvevents"
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/picker/sched"
@@ -141,6 +142,12 @@ func sample() *inputs {
 		tls: &mtls.Stats{Origin: "files", Subject: "CN=switchyard", NotAfter: t0.Add(24 * time.Hour), Reloads: 1,
 			Rejected: map[mtls.RejectKey]uint64{{Server: "xds", Reason: mtls.ReasonExpired}: 2, {Server: "extproc", Reason: mtls.ReasonNotTLS}: 1}},
 		allowedSANs: []string{"envoy.internal"},
+		kvEvents: map[metrics.Key]kvevents.Status{
+			{Pool: "llama", Address: "10.0.0.1:8000"}: {State: kvevents.Synced, Connected: true, LastSeq: 41, Gaps: 2, Replayed: 3, Restarts: 1,
+				Server: kvevents.ServerStats{Blocks: 120, Batches: 42, Media: map[string]int{"CPU": 7}, Agreed: 95, Over: 3, Under: 2}, LastMessage: t0.Add(-time.Second)},
+			{Pool: "llama", Address: "10.0.0.2:8000"}: {State: kvevents.Partial, Connected: true, LastSeq: 9, Lost: 1, LastError: "batches 3-5 are no longer in the engine's replay buffer"},
+		},
+		kvTokenize: map[string]kvevents.TokenizerStats{"llama": {Hits: 30, Calls: 12, Failures: 2, CallSeconds: 0.06, CachedTokens: 5000}},
 		store: &storeInputs{path: "/var/lib/switchyard/switchyard.db", lastErr: errors.New("disk full"),
 			restored: picker.WarmStats{PrefixEndpoints: 2, PrefixBlocks: 30, Sessions: 4, Failing: 1}, saves: 12, lastSave: t0.Add(-time.Second)},
 	}

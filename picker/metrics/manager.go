@@ -11,6 +11,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -153,6 +154,13 @@ type Options struct {
 	// not block.
 	OnScrape func(*Snapshot)
 	Logger   *slog.Logger
+	// MaxParallelParses bounds the pages parsed at once (0: GOMAXPROCS-1,
+	// at least 1: one processor is always left to the rest).
+	// Parsing is CPU-bound: more at once gains nothing, and a thousand
+	// runnable scrape goroutines would queue everything else in the
+	// process (xDS pushes, configuration reloads, pick requests) behind
+	// them. Waiting parses are blocked, not runnable.
+	MaxParallelParses int
 }
 
 func (o *Options) setDefaults() {
@@ -180,6 +188,9 @@ func (o *Options) setDefaults() {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.MaxParallelParses <= 0 {
+		o.MaxParallelParses = max(1, runtime.GOMAXPROCS(0)-1)
+	}
 }
 
 // NewHTTPClient returns the keep-alive client a Manager uses by default:
@@ -204,8 +215,10 @@ func NewHTTPClient() *http.Client {
 type Manager struct {
 	opts       Options
 	ownsClient bool
-	ctx        context.Context
-	cancel     context.CancelFunc
+	// parsing holds one token per page being parsed.
+	parsing chan struct{}
+	ctx     context.Context
+	cancel  context.CancelFunc
 
 	mu      sync.Mutex // serialises Sync and Stop
 	stopped bool
@@ -218,7 +231,7 @@ type Manager struct {
 // ends or Stop is called.
 func NewManager(ctx context.Context, opts Options) *Manager {
 	opts.setDefaults()
-	m := &Manager{opts: opts}
+	m := &Manager{opts: opts, parsing: make(chan struct{}, opts.MaxParallelParses)}
 	if m.opts.Client == nil {
 		m.opts.Client = NewHTTPClient()
 		m.ownsClient = true
@@ -527,7 +540,15 @@ func (w *worker) scrape() (Values, error) {
 	if n > limit {
 		return Values{}, fmt.Errorf("scrape %s: body exceeds %d bytes", w.url, limit)
 	}
+	// The page is read: waiting for a parse slot is not the server's
+	// slowness, so it is bounded by the worker's life, not the timeout.
+	select {
+	case w.m.parsing <- struct{}{}:
+	case <-w.ctx.Done():
+		return Values{}, w.ctx.Err()
+	}
 	v, err := w.parser.Parse(w.body.Bytes())
+	<-w.m.parsing
 	if err != nil {
 		return Values{}, fmt.Errorf("scrape %s: %w", w.url, err)
 	}

@@ -218,6 +218,10 @@ type Request struct {
 	// BlockTokens is the KV block size (tokens) Hashes were cut with;
 	// 0 means prefix.DefaultBlockTokens.
 	BlockTokens int
+	// Cache, when set, is the request's exact view of the candidates' KV
+	// caches (see CacheView); the prefix and TTFT scorers consult it first
+	// and the estimating index (Hashes) for candidates it does not know.
+	Cache CacheView
 	// Session is the session-affinity key (the session header's value);
 	// empty means none.
 	Session string
@@ -232,6 +236,20 @@ type Request struct {
 	Record bool
 
 	scratch *Scratch
+}
+
+// CacheView is a request's exact view of what the candidates hold in
+// their KV caches, prepared for it before scheduling from the servers'
+// own KV-cache events (picker/kvevents.Query implements it).
+type CacheView interface {
+	// CachedTokens sets tokens[i] to how many of the request's prompt
+	// tokens addrs[i] holds in its KV cache (what the server will report
+	// as cached), and exact[i] to whether that is known from the server's
+	// events; where it is not, the caller estimates. tokens and exact are
+	// at least as long as addrs.
+	CachedTokens(addrs []string, tokens []int, exact []bool)
+	// Tokens is the prompt's length in the engine's tokens.
+	Tokens() int
 }
 
 // Filter narrows the candidate set. It must return a prefix-reusing subslice
@@ -306,7 +324,11 @@ type Scratch struct {
 	matched   []int
 	names     []string
 	matchedOK bool
-	per       [][]float64
+	// From Request.Cache, by the candidate order in names: exact cached
+	// tokens, and whether each is exact.
+	cached []int
+	exact  []bool
+	per    [][]float64
 	// The TTFT scorer's predictions, by the candidate order in names.
 	preds   []Prediction
 	predsOK bool
@@ -324,6 +346,21 @@ func (sc *Scratch) PrefixMatch(addr string) (int, bool) {
 	for i, n := range sc.names {
 		if n == addr {
 			return sc.matched[i], true
+		}
+	}
+	return 0, false
+}
+
+// CachedTokens returns how many prompt tokens the last Rank's request
+// view (Request.Cache) says endpoint addr holds; ok is false when that is
+// not known exactly (no view, addr not exact there, or not a candidate).
+func (sc *Scratch) CachedTokens(addr string) (tokens int, ok bool) {
+	if !sc.matchedOK {
+		return 0, false
+	}
+	for i, n := range sc.names {
+		if n == addr && i < len(sc.exact) && sc.exact[i] {
+			return sc.cached[i], true
 		}
 	}
 	return 0, false

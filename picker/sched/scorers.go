@@ -298,11 +298,14 @@ type prefixScorer struct {
 // matchPrefixes records, for each of eps in order, how many of the
 // request's leading blocks idx believes it holds (all 0 without an index or
 // hashes), in the request's scratch (a throwaway one when it has none), so
-// PrefixMatch can report them; it returns the counts.
+// PrefixMatch can report them; it returns the counts. Where the request's
+// exact view (Request.Cache) knows a candidate, the count is its cached
+// tokens in blocks of BlockTokens, and cachedTokens reports them.
 func (req *Request) matchPrefixes(idx *prefix.Index, eps []*Endpoint) []int {
 	sc := req.scratch
 	if sc == nil {
 		sc = new(Scratch)
+		req.scratch = sc // outside Rank (tests, Predict): the request's own
 	}
 	sc.names = sc.names[:0]
 	for _, e := range eps {
@@ -317,8 +320,42 @@ func (req *Request) matchPrefixes(idx *prefix.Index, eps []*Endpoint) []int {
 	} else {
 		clear(m)
 	}
+	sc.cached, sc.exact = sc.cached[:0], sc.exact[:0]
+	if req.Cache != nil {
+		if cap(sc.cached) < len(eps) {
+			sc.cached, sc.exact = make([]int, len(eps)), make([]bool, len(eps))
+		}
+		sc.cached, sc.exact = sc.cached[:len(eps)], sc.exact[:len(eps)]
+		req.Cache.CachedTokens(sc.names, sc.cached, sc.exact)
+		bt := req.BlockTokens
+		if bt <= 0 {
+			bt = prefix.DefaultBlockTokens
+		}
+		for i, ok := range sc.exact {
+			if ok {
+				m[i] = sc.cached[i] / bt
+			}
+		}
+	}
 	sc.matchedOK = true
 	return m
+}
+
+// cachedTokens is what the last matchPrefixes believes candidate i holds
+// of the prompt, in tokens, and how much of the prompt that is (0..1):
+// exact where Request.Cache knows it, else the estimate (m[i] blocks).
+func (req *Request) cachedTokens(i int, m []int) (tokens int64, share float64) {
+	if sc := req.scratch; sc != nil && i < len(sc.exact) && sc.exact[i] {
+		return int64(sc.cached[i]), float64(sc.cached[i]) / float64(max(req.Cache.Tokens(), 1))
+	}
+	bt := int64(req.BlockTokens)
+	if bt <= 0 {
+		bt = prefix.DefaultBlockTokens
+	}
+	if len(req.Hashes) > 0 {
+		share = float64(m[i]) / float64(len(req.Hashes))
+	}
+	return int64(m[i]) * bt, share
 }
 
 // Name implements Scorer.
@@ -326,21 +363,22 @@ func (*prefixScorer) Name() string { return "prefix" }
 
 // Score implements Scorer.
 func (p *prefixScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
-	if p.Index == nil || len(req.Hashes) == 0 {
+	if (p.Index == nil || len(req.Hashes) == 0) && req.Cache == nil {
 		return // all zero: no preference
 	}
 	m := req.matchPrefixes(p.Index, eps)
 	any := false
-	for _, n := range m {
-		any = any || n > 0
+	for i := range m {
+		_, share := req.cachedTokens(i, m)
+		any = any || share > 0
 	}
 	if !any {
 		return
 	}
 	p.Guard.factors(req.Now, eps, scores)
-	n := float64(len(req.Hashes))
 	for i := range eps {
-		scores[i] *= float64(m[i]) / n
+		_, share := req.cachedTokens(i, m)
+		scores[i] *= share
 	}
 }
 

@@ -41,6 +41,13 @@
 //	                   optional, but when set it must equal the pool's
 //	                   engine or the instance is left out with a warning
 //	meta.metrics_path  optional; overrides the pool's metrics path
+//	meta.role          optional: prefill, decode or both (the default); used
+//	                   only by pools with a disaggregation block. An unknown
+//	                   value leaves the instance out with a warning
+//	meta.kv_events_port, meta.kv_events_replay_port, meta.kv_events_topic
+//	                   optional; the instance publishes KV-cache events
+//	                   (vLLM --kv-events-config), overriding the pool's
+//	                   kv_events block
 //	check    an HTTP check on /health with a short interval (1s); a
 //	         critical check takes the instance out (no
 //	         deregister_critical_service_after for agent definition files:

@@ -60,9 +60,12 @@ type loraInfo struct {
 
 // counters holds the engine's cumulative metrics; guarded by Engine.mu.
 type counters struct {
-	preemptions      uint64
-	prefixQueries    uint64
-	prefixHits       uint64
+	preemptions   uint64
+	prefixQueries uint64
+	prefixHits    uint64
+	// Tokens asked of and found by the KV connector (remote prefills).
+	externalQueries  uint64
+	externalHits     uint64
 	promptTokens     uint64
 	generationTokens uint64
 	steps            uint64
@@ -125,6 +128,7 @@ func (e *Engine) touchLoRAInfo(now time.Time) {
 func (e *Engine) WriteMetrics(w io.Writer) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.expireHeld(e.clock.Now())
 	bw := bufio.NewWriter(w)
 	mw := &metricWriter{w: bw, labels: `model_name="` + escapeLabel(e.cfg.Model) + `",engine="0"`}
 	st := &e.stats
@@ -138,6 +142,10 @@ func (e *Engine) WriteMetrics(w io.Writer) error {
 	}
 	mw.counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", st.prefixQueries)
 	mw.counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", st.prefixHits)
+	if e.cfg.KVConnector {
+		mw.counter("vllm:external_prefix_cache_queries", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.", st.externalQueries)
+		mw.counter("vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.", st.externalHits)
+	}
 	mw.counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", st.preemptions)
 	mw.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", st.promptTokens)
 	mw.counter("vllm:generation_tokens", "Number of generation tokens processed.", st.generationTokens)
