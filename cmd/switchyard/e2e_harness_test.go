@@ -300,6 +300,8 @@ func (f *fleet) stopEnvoy() {
 // status mirrors the parts of /api/status the tests read.
 type status struct {
 	RegistryVersion uint64 `json:"registry_version"`
+	Ready           bool   `json:"ready"`
+	NotReady        string `json:"not_ready"`
 	ConfigError     string `json:"config_error"`
 	Pools           []struct {
 		Name        string `json:"name"`
@@ -338,6 +340,9 @@ type status struct {
 		Self        bool     `json:"self"`
 		Envoys      []string `json:"envoys"`
 		EnvoysKnown bool     `json:"envoys_known"`
+		Sharing     bool     `json:"sharing"`
+		From        string   `json:"from"`
+		LagMS       float64  `json:"lag_ms"`
 	} `json:"replicas"`
 	Envoys []struct {
 		ID      string            `json:"id"`

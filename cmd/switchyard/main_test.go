@@ -203,9 +203,13 @@ func TestServe(t *testing.T) {
 		}
 	}
 	waitStatus("version 1 published", published(1, "127.0.0.1:8001"))
-	if code, body := getText(t, "http://"+admin+"/readyz"); code != http.StatusOK {
-		t.Errorf("/readyz with version 1 in force: %d %q", code, body)
-	}
+	// Ready once its snapshot is served (internal/ready looks every 50 ms).
+	testutil.Eventually(t, 10*time.Second, "/readyz with version 1 in force", func() error {
+		if code, body := getText(t, "http://"+admin+"/readyz"); code != http.StatusOK {
+			return fmt.Errorf("%d %q", code, body)
+		}
+		return nil
+	})
 
 	// A bad edit is reported with its position; version 1 stays in force.
 	testutil.WriteFile(t, v1, "bad.hcl", "model \"x\" {\n  pool = \"nope\"\n}\n")

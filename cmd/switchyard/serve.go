@@ -24,6 +24,7 @@ import (
 	"github.com/switchyard/switchyard/internal/mtls"
 	"github.com/switchyard/switchyard/internal/pd"
 	"github.com/switchyard/switchyard/internal/persist"
+	"github.com/switchyard/switchyard/internal/ready"
 	adminstatus "github.com/switchyard/switchyard/internal/status"
 	tenantusage "github.com/switchyard/switchyard/internal/usage"
 	"github.com/switchyard/switchyard/picker"
@@ -193,6 +194,9 @@ type app struct {
 	// charts.
 	obs     *observability
 	history *adminstatus.History
+	// ready decides when this process reports itself ready (/readyz,
+	// the picker's and ADS's gRPC health).
+	ready *ready.Gate
 }
 
 // newApp builds every component. With -store, the state persisted by the
@@ -216,9 +220,10 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	}
 	a.obs = obs
 	var (
-		initial *registry.State
-		snap    *store.Snapshot
-		mgrOpts = []registry.ManagerOption{registry.WithLogger(logger)}
+		initial  *registry.State
+		snap     *store.Snapshot
+		restored uint64 // the persisted state's version (0: none)
+		mgrOpts  = []registry.ManagerOption{registry.WithLogger(logger)}
 	)
 	if f.storePath != "" {
 		st, loaded, err := persist.Open(f.storePath, logger)
@@ -234,6 +239,7 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 			// the configuration just loaded, never serve without them.
 			initial = initial.WithConfigOnly(cfg.State)
 		}
+		restored = snap.StateVersion
 		mgrOpts = append(mgrOpts, registry.WithInitialVersion(snap.StateVersion))
 	} else {
 		logger.Info("persistence disabled (no -store): a restart starts cold")
@@ -281,6 +287,7 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 		Translation: ir.Options{PickerAddr: advertise, PickerTLS: a.pickerTLS(), PickerMaxStreams: uint32(min(f.pickerMaxStreams, 1<<32-1)),
 			Tracing: obs.envoy},
 	}, logger)
+	a.setupReadiness(restored, logger)
 	// On shutdown, the picker's and ADS's gRPC health and /readyz report
 	// not ready (the Consul registration ends too: registerReplica).
 	a.drain = drain.New(drain.Options{Delay: f.drainDelay, Timeout: f.drainTimeout, Logger: logger}, a.picker.ActiveStreams)
@@ -365,6 +372,7 @@ func (a *app) components() []component {
 	a.xds.Register(ads)
 	comps := []component{
 		{"registry", a.manager.Run},
+		{"ready", a.ready.Run},
 		{"sighup", a.reloadOnSIGHUP},
 		{"picker", a.picker.Run},
 		{"xds", a.xds.Run},

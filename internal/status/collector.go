@@ -264,12 +264,14 @@ func collect(r *Report, now time.Time, ch chan<- prometheus.Metric) {
 
 	gauge(mReplicas, float64(max(len(r.Replicas), 1)))
 	counter(mPeerPicks, float64(pk.PeerPicks))
+	// Every peer label is the replica's one name (Report.Replicas' ID).
 	for _, p := range r.Peers {
-		gauge(mPeerSharing, boolf(p.Connected), p.Address)
-		counter(mPeerDropped, float64(p.Dropped), p.Address)
+		name := peerName(r.Replicas, p.Address, p.ID)
+		gauge(mPeerSharing, boolf(p.Connected), name)
+		counter(mPeerDropped, float64(p.Dropped), name)
 	}
 	for _, in := range r.Inbound {
-		gauge(mPeerLag, in.Lag.Seconds(), in.From)
+		gauge(mPeerLag, in.Lag.Seconds(), peerName(r.Replicas, in.Address, in.From))
 	}
 
 	counter(mXDSSnapshots, float64(r.XDS.Snapshots))

@@ -49,6 +49,9 @@ type Sources struct {
 
 	// Draining reports that shutdown began (readiness turns false).
 	Draining func() bool
+	// Ready reports whether the process serves what it should yet, and
+	// why not (internal/ready); nil: ready once a state is published.
+	Ready func() (bool, string)
 
 	// Usage is the tenants' usage ledger (nil: no tenants possible).
 	Usage *tenantusage.Ledger
@@ -59,6 +62,22 @@ type Sources struct {
 	// (/api/history); nil without them.
 	Decisions *decisions.Recorder
 	History   *History
+}
+
+// readiness is what /readyz answers: ready, or why not.
+func (s *Sources) readiness() (bool, string) {
+	if st, _ := s.View.Current(); st.Version == 0 {
+		return false, "no configuration published yet"
+	}
+	if s.Draining != nil && s.Draining() {
+		return false, "draining before shutdown"
+	}
+	if s.Ready != nil {
+		if ok, why := s.Ready(); !ok {
+			return false, why
+		}
+	}
+	return true, ""
 }
 
 // Read returns the Report at now. It leaves out the picker's per-model
@@ -73,6 +92,8 @@ func (s *Sources) Read(now time.Time) *Report { return build(s.gather(now, false
 type inputs struct {
 	now                            time.Time
 	version, replicaID, pickerAddr string
+	ready                          bool
+	notReady                       string
 	state                          *registry.State
 	configErr                      error
 	registry                       registry.Status
@@ -120,6 +141,7 @@ func (s *Sources) gather(now time.Time, observe bool) *inputs {
 		xds:       s.XDS.Stats(),
 		nodes:     s.XDS.Nodes(),
 	}
+	in.ready, in.notReady = s.readiness()
 	for _, k := range s.Picker.EndpointHealth().UnhealthyEndpoints() {
 		in.unhealthy[k] = true
 	}
@@ -181,10 +203,12 @@ func build(in *inputs) *Report {
 		Time:            in.now.UTC(),
 		Version:         in.version,
 		RegistryVersion: st.Version,
+		Ready:           in.ready,
+		NotReady:        in.notReady,
 		Picker: Picker{Requests: ps.Requests, Picked: ps.Picked, Rewritten: ps.Rewritten,
 			FallbackServed: ps.FallbackServed, ResponseBodies: ps.ResponseBodies, PeerPicks: ps.PeerPicks, Rejected: ps.Rejected},
 		ReplicaID: in.replicaID,
-		Replicas:  replicas(st.Replicas, in.pickerAddr, in.mesh, in.nodes, in.peers),
+		Replicas:  replicas(st.Replicas, in.replicaID, in.pickerAddr, in.mesh, in.nodes, in.peers),
 		Envoys:    []Envoy{},
 		Peers:     in.mesh.Peers,
 		Inbound:   in.mesh.Inbound,
@@ -389,14 +413,21 @@ func admissionOf(q *admission.Stats) *Admission {
 }
 
 // replicas joins the configuration's replicas with the mesh's streams
-// (outbound ones by address, inbound ones by the replica ID they
-// announced) and with the Envoys whose ADS stream each holds (this
-// replica's own nodes; the others' as Peers last read them).
-func replicas(rs []registry.Replica, self string, mesh peers.Stats, nodes []xds.NodeStatus, seen map[string]PeerView) []Replica {
+// (by picker address; an inbound stream from a replica that does not send
+// its address, by the replica ID it announced) and with the Envoys whose
+// ADS stream each holds (this replica's own nodes; the others' as Peers
+// last read them). A replica is named by the ID it gives itself
+// (-replica-id): this one's own, another's as its streams announced it;
+// until it has been heard from, by the configuration's ID (a static
+// peer's is its address).
+func replicas(rs []registry.Replica, selfID, self string, mesh peers.Stats, nodes []xds.NodeStatus, seen map[string]PeerView) []Replica {
 	out := make([]Replica, 0, len(rs))
 	for _, r := range rs {
 		rep := Replica{ID: r.ID, Address: r.Address, Admin: r.Admin, XDS: r.XDS, Source: r.Source, Self: r.Address == self,
 			Envoys: []string{}}
+		if rep.Self && selfID != "" {
+			rep.ID = selfID
+		}
 		switch v, ok := seen[r.Address]; {
 		case rep.Self:
 			for _, n := range nodes {
@@ -410,19 +441,50 @@ func replicas(rs []registry.Replica, self string, mesh peers.Stats, nodes []xds.
 		case ok:
 			rep.EnvoysError = v.Err
 		}
+		learned := ""
 		for _, p := range mesh.Peers {
 			if p.Address == r.Address {
 				rep.Sharing, rep.Sent, rep.Dropped = p.Connected, p.Sent, p.Dropped
+				learned = p.ID
 			}
 		}
 		for _, in := range mesh.Inbound {
-			if in.From == r.ID {
+			if inboundFrom(in, r) {
 				rep.From, rep.LagMS = in.From, float64(in.Lag)/float64(time.Millisecond)
+				if learned == "" {
+					learned = in.From
+				}
 			}
+		}
+		if learned != "" && !rep.Self {
+			rep.ID = learned
 		}
 		out = append(out, rep)
 	}
 	return out
+}
+
+// inboundFrom reports whether in is the stream from replica r.
+func inboundFrom(in peers.InboundStats, r registry.Replica) bool {
+	if in.Address != "" {
+		return in.Address == r.Address
+	}
+	return in.From == r.ID
+}
+
+// peerName is the metric label of a mesh stream: the ID of the replica
+// row it joins (address, or announced ID for an inbound stream without
+// one), else what the stream itself says.
+func peerName(rows []Replica, address, from string) string {
+	for _, r := range rows {
+		if address != "" && r.Address == address || address == "" && from != "" && r.From == from {
+			return r.ID
+		}
+	}
+	if from != "" {
+		return from
+	}
+	return address
 }
 
 // stillRouted is the RoutedReason of an endpoint whose scrapes fail but

@@ -29,6 +29,9 @@ type Report struct {
 	Version string    `json:"version"`
 	// RegistryVersion is the version of the registry state in force.
 	RegistryVersion uint64 `json:"registry_version"`
+	// Ready is what /readyz answers; NotReady says why not.
+	Ready    bool   `json:"ready"`
+	NotReady string `json:"not_ready,omitempty"`
 	// ConfigError is the latest refresh error of any source, or of the
 	// merge (the last good configuration stays in force); "" when none.
 	ConfigError string  `json:"config_error,omitempty"`

@@ -94,7 +94,7 @@ func sample() *inputs {
 		NTPOT:    picker.Histogram{Bounds: []float64{0.01, 0.02}, Cumulative: []uint64{25, 40}, Count: 40, SumSeconds: 0.5},
 	}
 	return &inputs{
-		now: t0, version: "v1.2.3", replicaID: "sy-1", pickerAddr: "10.0.1.1:9002",
+		now: t0, version: "v1.2.3", replicaID: "sy-1", pickerAddr: "10.0.1.1:9002", ready: true,
 		state:     st,
 		configErr: errors.New(`source "file": switchyard.hcl:4:10: error: Unknown pool`),
 		registry: registry.Status{
@@ -129,8 +129,11 @@ func sample() *inputs {
 		nodes: []xds.NodeStatus{{ID: "envoy-1", Cluster: "edge", Streams: 1, FirstSeen: t0.Add(-time.Hour), LastSeen: t0,
 			Acked: map[string]string{"Cluster": "c1"}, ACKs: 8, NACKs: 1, LastNACK: "bad cluster"}},
 		mesh: peers.Stats{
-			Peers:   []peers.PeerStats{{Address: "10.0.1.2:9002", Connected: true, Sent: 40, Dropped: 1}, {Address: "10.0.1.3:9002", Sent: 3}},
-			Inbound: []peers.InboundStats{{From: "sy-2", Received: 20, Lag: 1500 * time.Microsecond}, {From: "sy-3", Lag: 2 * time.Millisecond}},
+			// 10.0.1.3 is a static peer that calls itself sy-3; sy-2 is
+			// an older replica that sends no address; sy-9 is in no list.
+			Peers: []peers.PeerStats{{Address: "10.0.1.2:9002", Connected: true, Sent: 40, Dropped: 1}, {Address: "10.0.1.3:9002", ID: "sy-3", Sent: 3}},
+			Inbound: []peers.InboundStats{{From: "sy-2", Received: 20, Lag: 1500 * time.Microsecond},
+				{From: "sy-3", Address: "10.0.1.3:9002", Lag: 2 * time.Millisecond}, {From: "sy-9", Address: "10.0.1.9:9002", Lag: 3 * time.Millisecond}},
 		},
 		consul: []consul.SelectorStatus{
 			{Selector: registry.ConsulSelector{Service: "vllm", Tag: "llama", PassingOnly: true}, Up: true, Instances: 2, LastSuccess: t0.Add(-time.Second)},
@@ -297,10 +300,10 @@ func TestBuildPoolsFollowTheState(t *testing.T) {
 	}
 }
 
-// TestBuildReplicas joins the configuration's replicas with the mesh: by
-// address for this replica's outbound streams, by announced ID for the
-// inbound ones; a static peer's ID is its address, so its inbound stream
-// matches nothing (the metrics still export its lag, under its ID).
+// TestBuildReplicas joins the configuration's replicas with the mesh by
+// picker address (by announced ID for an inbound stream that carries no
+// address), and names each replica as it names itself: a static peer
+// configured by address shows the ID its streams announced, with its lag.
 func TestBuildReplicas(t *testing.T) {
 	t.Parallel()
 	in := sample()
@@ -314,14 +317,21 @@ func TestBuildReplicas(t *testing.T) {
 			Envoys: []string{"envoy-1"}, EnvoysKnown: true},
 		{ID: "sy-2", Address: "10.0.1.2:9002", Source: "consul", Sharing: true, Sent: 40, Dropped: 1, From: "sy-2", LagMS: 1.5,
 			Envoys: []string{"envoy-2", "envoy-3"}, EnvoysKnown: true},
-		{ID: "10.0.1.3:9002", Address: "10.0.1.3:9002", Source: "file", Sent: 3, Envoys: []string{},
+		{ID: "sy-3", Address: "10.0.1.3:9002", Source: "file", Sent: 3, From: "sy-3", LagMS: 2, Envoys: []string{},
 			EnvoysError: "read replica status: connection refused"},
 	}
 	if !reflect.DeepEqual(r.Replicas, want) {
 		t.Errorf("replicas\n%+v\nwant\n%+v", r.Replicas, want)
 	}
-	if len(r.Inbound) != 2 || len(r.Peers) != 2 {
-		t.Errorf("mesh streams: %d inbound, %d peers, want the mesh's 2 and 2", len(r.Inbound), len(r.Peers))
+	if len(r.Inbound) != 3 || len(r.Peers) != 2 {
+		t.Errorf("mesh streams: %d inbound, %d peers, want the mesh's 3 and 2", len(r.Inbound), len(r.Peers))
+	}
+	// This replica is named by its own ID even where the configuration
+	// has its address.
+	in = sample()
+	in.state.Replicas[0] = registry.Replica{ID: "10.0.1.1:9002", Address: "10.0.1.1:9002", Source: "file"}
+	if got := build(in).Replicas[0]; !got.Self || got.ID != "sy-1" {
+		t.Errorf("self listed as %+v, want ID sy-1", got)
 	}
 
 	in = sample()
