@@ -183,7 +183,7 @@ func (ps *pdStage) picked(r *request, o *pickOutcome) {
 	}
 	sc := ps.scratch.Get().(*pdScratch)
 	defer ps.scratch.Put(sc)
-	dec := pdpick.Candidate{Address: primary.Address, Role: primary.Role, Ready: true, CachedTokens: ps.decodeCached(o, primary.Address, bt)}
+	dec := pdpick.Candidate{Address: primary.Address, Role: primary.Role, Ready: true, CachedTokens: ps.decodeCached(o, primary.Address, bt, prompt)}
 	n := len(ps.prefill)
 	sc.cands = slices.Grow(sc.cands[:0], n)[:n]
 	sc.matched = slices.Grow(sc.matched[:0], n)[:n]
@@ -196,7 +196,7 @@ func (ps *pdStage) picked(r *request, o *pickOutcome) {
 		q, f := e.QueueIfSent(req.Now)
 		c := &sc.cands[i]
 		*c = pdpick.Candidate{Address: e.Address, Role: e.Role, Ready: !e.Draining && f != sched.Stale && !prefillFailed(e),
-			CachedTokens: sc.matched[i] * bt, Waiting: int(q), PendingPrefillTokens: int(e.Load.PrefillTokens.Load())}
+			CachedTokens: cachedOf(sc.matched[i], len(req.Hashes), bt, prompt), Waiting: int(q), PendingPrefillTokens: int(e.Load.PrefillTokens.Load())}
 		if f == sched.Fresh {
 			if s := e.Snapshot(); s != nil {
 				c.KVUsage = s.KVUsage
@@ -237,19 +237,34 @@ func prefillFailed(e *sched.Endpoint) bool {
 // decodeCached is how many of the prompt's tokens the decode server (the
 // primary) holds: the exact view's or the prefix scorer's figure from the
 // ranking (the profile has recorded the pick since), else the index's.
-func (ps *pdStage) decodeCached(o *pickOutcome, addr string, bt int) int {
+func (ps *pdStage) decodeCached(o *pickOutcome, addr string, bt, prompt int) int {
 	if n, ok := o.sc.CachedTokens(addr); ok {
 		return n
 	}
+	hashed := len(o.req.Hashes)
 	if m, ok := o.sc.PrefixMatch(addr); ok {
-		return m * bt
+		return cachedOf(m, hashed, bt, prompt)
 	}
-	if len(o.req.Hashes) == 0 {
+	if hashed == 0 {
 		return 0
 	}
 	var m [1]int
 	ps.index.MatchInto(o.req.Hashes, []string{addr}, m[:])
-	return m[0] * bt
+	return cachedOf(m[0], hashed, bt, prompt)
+}
+
+// cachedOf is the prompt tokens a server holds whose index entry matches
+// the first matched of the prompt's hashed blocks (bt tokens each). A
+// prompt is hashed up to maxHashBlocks (4,096 tokens at 16-token blocks):
+// a server holding all of them is taken to hold the whole prompt, which
+// the index cannot tell but is the likely case (it served this prompt
+// before); counting the unhashed tail as uncached would split every long
+// prompt, however cached.
+func cachedOf(matched, hashed, bt, prompt int) int {
+	if hashed >= maxHashBlocks && matched == hashed {
+		return max(prompt, matched*bt)
+	}
+	return matched * bt
 }
 
 // startPrefill counts a split request's prefill on its server pe: a

@@ -351,3 +351,21 @@ func TestPDFailedPrefillServerSkipped(t *testing.T) {
 		t.Errorf("with both prefill servers failed: prefill %q, metadata %v", d.prefill, d.meta)
 	}
 }
+
+// A prompt longer than the hashed span (4,096 tokens) that its decode
+// server holds in full goes whole: the unhashed tail is taken as cached.
+func TestPDLongCachedPromptWhole(t *testing.T) {
+	h := newHarness(t, pdTestState(), Options{})
+	body := pdBody("big-m", 8000, false, "long")
+	s, d := pdSend(t, h, body)
+	s.cancel()
+	if d.meta["decision"] != "split" {
+		t.Fatalf("first: %v, want split", d.meta)
+	}
+	h.waitInFlight(0)
+	s, d = pdSend(t, h, body)
+	defer s.cancel()
+	if d.meta["decision"] != "below-threshold" || d.meta["uncached_tokens"] != "0" {
+		t.Errorf("again: %v, want whole with nothing uncached", d.meta)
+	}
+}
