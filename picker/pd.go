@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -87,9 +88,12 @@ func (pp *pdPool) policyFor(model string) *pdpick.Policy {
 type pdStage struct {
 	cfg *pdPool
 	// prefill lists the pool's endpoints whose role prefills, names
-	// their addresses.
+	// their addresses (raw: as header values, shared read-only), sigs
+	// their latest signatures (a signature is the same for a second).
 	prefill []*sched.Endpoint
 	names   []string
+	raw     [][]byte
+	sigs    []atomic.Pointer[pdSig]
 	index   *prefix.Index
 	// learnDecode: the profile does not record picks in the prefix index,
 	// so the stage records the decode server's.
@@ -126,10 +130,44 @@ func pdStageFor(s *Server, _ *snapshot, pv *poolView) any {
 		if e.Role.Prefills() {
 			ps.prefill = append(ps.prefill, e)
 			ps.names = append(ps.names, e.Address)
+			ps.raw = append(ps.raw, []byte(e.Address))
 		}
 	}
+	ps.sigs = make([]atomic.Pointer[pdSig], len(ps.prefill))
 	ps.scratch.New = func() any { return new(pdScratch) }
 	return ps
+}
+
+// pdSig is a prefill server's signature made in one second (Unix time).
+type pdSig struct {
+	unix int64
+	sig  []byte
+}
+
+// sign returns prefill server i's signature, made at most once a second
+// (a signature names its second, so one made this second is the same).
+func (ps *pdStage) sign(i int) []byte {
+	now := time.Now().Unix()
+	if c := ps.sigs[i].Load(); c != nil && c.unix == now {
+		return c.sig
+	}
+	c := &pdSig{unix: now, sig: []byte(ps.signer.Sign(ps.names[i]))}
+	ps.sigs[i].Store(c)
+	return c.sig
+}
+
+// pdAnswer is what a decision adds to the answer to Envoy, in one
+// allocation: the prefill headers and the switchyard.pd metadata.
+type pdAnswer struct {
+	set                 [2]corev3.HeaderValueOption
+	vals                [2]corev3.HeaderValue
+	ns                  structpb.Value
+	nsKind              structpb.Value_StructValue
+	md                  structpb.Struct
+	decision, prefill   structpb.Value
+	decisionK, prefillK structpb.Value_StringValue
+	uncached            structpb.Value
+	uncachedK           structpb.Value_NumberValue
 }
 
 // pdState is a request's P/D decision.
@@ -142,6 +180,8 @@ type pdState struct {
 	split    bool
 	prefill  string
 	uncached int
+	// idx is the prefill server's index in the stage's list.
+	idx int
 	// work is the prefill's accounting on its server until the sidecar
 	// answers (nil: none).
 	work *prefillWork
@@ -209,7 +249,7 @@ func (ps *pdStage) picked(r *request, o *pickOutcome) {
 	if d.Split {
 		i := slices.Index(ps.names, d.Prefill)
 		pe := ps.prefill[i]
-		st.split, st.prefill = true, pe.Address
+		st.split, st.prefill, st.idx = true, pe.Address, i
 		ps.startPrefill(st, pe, req, max(0, prompt-sc.cands[i].CachedTokens), o.streamed)
 		if len(req.Hashes) > 0 {
 			sched.LearnPrefix(ps.index, pe, req.Hashes)
@@ -298,23 +338,32 @@ func (ps *pdStage) answer(r *request, d *decisionBlock) {
 	if st.reason == "" {
 		return
 	}
-	fields := map[string]*structpb.Value{
-		"decision":        structpb.NewStringValue(string(st.reason)),
-		"uncached_tokens": structpb.NewNumberValue(float64(st.uncached)),
+	a := new(pdAnswer)
+	a.decisionK.StringValue, a.decision.Kind = string(st.reason), &a.decisionK
+	a.uncachedK.NumberValue, a.uncached.Kind = float64(st.uncached), &a.uncachedK
+	a.md.Fields = make(map[string]*structpb.Value, 3)
+	a.md.Fields["decision"], a.md.Fields["uncached_tokens"] = &a.decision, &a.uncached
+	a.nsKind.StructValue, a.ns.Kind = &a.md, &a.nsKind
+	d.md.Fields[contract.PDNamespace] = &a.ns
+	if !st.split {
+		return
 	}
-	if st.split {
-		fields["prefill"] = structpb.NewStringValue(st.prefill)
-		// Set below: removing them as well would leave Envoy's order of
-		// operations to decide.
-		d.hm.RemoveHeaders = slices.DeleteFunc(d.hm.RemoveHeaders, func(k string) bool {
-			return k == pdwire.PrefillerHeader || k == pdwire.SignatureHeader
-		})
-		d.hm.SetHeaders = append(d.hm.SetHeaders, setHeader(pdwire.PrefillerHeader, st.prefill))
-		if ps.signer != nil {
-			d.hm.SetHeaders = append(d.hm.SetHeaders, setHeader(pdwire.SignatureHeader, ps.signer.Sign(st.prefill)))
-		}
+	a.prefillK.StringValue, a.prefill.Kind = st.prefill, &a.prefillK
+	a.md.Fields["prefill"] = &a.prefill
+	// Set below: removing them as well would leave Envoy's order of
+	// operations to decide.
+	d.hm.RemoveHeaders = slices.DeleteFunc(d.hm.RemoveHeaders, func(k string) bool {
+		return k == pdwire.PrefillerHeader || k == pdwire.SignatureHeader
+	})
+	set := func(i int, k string, v []byte) {
+		a.vals[i] = corev3.HeaderValue{Key: k, RawValue: v}
+		a.set[i] = corev3.HeaderValueOption{Header: &a.vals[i], AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}
+		d.hm.SetHeaders = append(d.hm.SetHeaders, &a.set[i])
 	}
-	d.md.Fields[contract.PDNamespace] = structpb.NewStructValue(&structpb.Struct{Fields: fields})
+	set(0, pdwire.PrefillerHeader, ps.raw[st.idx])
+	if ps.signer != nil {
+		set(1, pdwire.SignatureHeader, ps.sign(st.idx))
+	}
 }
 
 // responseHeaders ends the prefill's accounting: the sidecar answers once
@@ -329,7 +378,16 @@ func (ps *pdStage) responseHeaders(r *request, h *extprocv3.HttpHeaders, _ *extp
 	st.work.finish()
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		if hv.GetKey() == pdwire.ResultHeader {
-			st.result = headerValue(hv)
+			switch v := headerBytes(hv); string(v) { // the constants, not a copy
+			case pdwire.ResultSplit:
+				st.result = pdwire.ResultSplit
+			case pdwire.ResultFallback:
+				st.result = pdwire.ResultFallback
+			case pdwire.ResultLocal:
+				st.result = pdwire.ResultLocal
+			default:
+				st.result = string(v)
+			}
 			break
 		}
 	}
