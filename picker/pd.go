@@ -235,7 +235,7 @@ func (ps *pdStage) picked(r *request, o *pickOutcome) {
 	for i, e := range ps.prefill {
 		q, f := e.QueueIfSent(req.Now)
 		c := &sc.cands[i]
-		*c = pdpick.Candidate{Address: e.Address, Role: e.Role, Ready: !e.Draining && f != sched.Stale && !prefillFailed(e),
+		*c = pdpick.Candidate{Address: e.Address, Role: e.Role, Ready: !e.Draining && f != sched.Stale && !prefillFailed(e, req.Now),
 			CachedTokens: cachedOf(sc.matched[i], len(req.Hashes), bt, prompt), Waiting: int(q), PendingPrefillTokens: int(e.Load.PrefillTokens.Load())}
 		if f == sched.Fresh {
 			if s := e.Snapshot(); s != nil {
@@ -264,15 +264,22 @@ func (ps *pdStage) picked(r *request, o *pickOutcome) {
 // failed and no scrape of e has succeeded since: a server that died or
 // restarted is not chosen again in the scrapes it takes to go stale (at
 // 50 ms scrapes, some 250 ms: under load, hundreds of requests that
-// would each try it first).
-func prefillFailed(e *sched.Endpoint) bool {
+// would each try it first). A server that is not scraped is left out for
+// prefillRetry after the failure.
+func prefillFailed(e *sched.Endpoint, now time.Time) bool {
 	at := e.Load.PrefillFailed.Load()
 	if at == 0 {
 		return false
 	}
-	s := e.Snapshot()
-	return s == nil || s.LastSuccess.UnixNano() <= at
+	if s := e.Snapshot(); s != nil {
+		return s.LastSuccess.UnixNano() <= at
+	}
+	return now.UnixNano()-at < int64(prefillRetry)
 }
+
+// prefillRetry is how long a prefill server that is not scraped is left
+// out after a failed prefill.
+const prefillRetry = time.Second
 
 // decodeCached is how many of the prompt's tokens the decode server (the
 // primary) holds: the exact view's or the prefix scorer's figure from the
