@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -12,10 +13,12 @@ import (
 	"github.com/switchyard/switchyard/internal/contract"
 	pdwire "github.com/switchyard/switchyard/internal/pd"
 	"github.com/switchyard/switchyard/internal/testutil"
+	"github.com/switchyard/switchyard/internal/testutil/otlptest"
 	"github.com/switchyard/switchyard/picker/admission"
 	"github.com/switchyard/switchyard/picker/decisions"
 	"github.com/switchyard/switchyard/picker/openai"
 	pdpick "github.com/switchyard/switchyard/picker/pd"
+	"github.com/switchyard/switchyard/picker/tracing"
 	"github.com/switchyard/switchyard/registry"
 )
 
@@ -296,8 +299,14 @@ func TestPDSigned(t *testing.T) {
 // The decision record and the trace carry the decision and what the
 // sidecar reported.
 func TestPDDecisionRecord(t *testing.T) {
+	col := otlptest.Start(t)
+	tr, err := tracing.New(tracing.Config{Endpoint: col.Addr, SampleRatio: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Shutdown(context.Background())
 	rec := decisions.New(decisions.Options{})
-	h := newHarness(t, pdTestState(), Options{Decisions: rec})
+	h := newHarness(t, pdTestState(), Options{Decisions: rec, Tracer: tr})
 	s, d := pdSend(t, h, pdBody("big-m", 2000, true, "f"))
 	s.send(respHeaders(false, ":status", "200", "content-type", "text/event-stream", pdwire.ResultHeader, "fallback"))
 	s.recv()
@@ -308,6 +317,24 @@ func TestPDDecisionRecord(t *testing.T) {
 	want := decisions.PD{Decision: "split", Prefill: d.prefill, Result: "fallback"}
 	if r.PD == nil || r.PD.Decision != want.Decision || r.PD.Prefill != want.Prefill || r.PD.Result != want.Result || r.PD.UncachedTokens < 1900 {
 		t.Errorf("record's P/D %+v, want %+v with the uncached tokens", r.PD, want)
+	}
+	if err := tr.ForceFlush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var sp otlptest.Span
+	testutil.Eventually(t, 10*time.Second, "the span", func() error {
+		spans := col.Spans()
+		if len(spans) == 0 {
+			return fmt.Errorf("no span")
+		}
+		sp = spans[0]
+		return nil
+	})
+	for k, v := range map[string]string{"switchyard.pd.decision": "split", "switchyard.pd.prefill": d.prefill, "switchyard.pd.result": "fallback",
+		"switchyard.pd.uncached_tokens": fmt.Sprint(r.PD.UncachedTokens)} {
+		if got := sp.Attr(k); got != v {
+			t.Errorf("span attribute %s = %q, want %q", k, got, v)
+		}
 	}
 }
 
