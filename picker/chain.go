@@ -11,8 +11,8 @@ import (
 
 // The chain: the optional stages of a request's path (tracing, decision
 // records, tenants, replica sharing, prefill/decode disaggregation, TTFT
-// accounting, the pool's upstream key) and the hook points where the request's driver (request.go) calls
-// them. A stage is a small type that implements only the hook interfaces
+// accounting, the pool's upstream key) and the hook points where the
+// request's driver (request.go) calls them. A stage is a small type that implements only the hook interfaces
 // it needs; its per-request state is a field of request (one allocation
 // per request whatever the chain). Stages are called in chain order at
 // each hook point. A stage that is not configured is not in the chain.
