@@ -166,12 +166,22 @@ func (f freshSource) Load() *metrics.Snapshot { return f.s }
 //	go test -run '^$' -bench BenchmarkScheduleDecision -benchmem ./picker/
 func BenchmarkScheduleDecision(b *testing.B) {
 	for _, profile := range []string{sched.ProfileWeighted, sched.ProfilePredictedTTFT} {
-		b.Run(profile, func(b *testing.B) { benchDecision(b, profile) })
+		b.Run(profile, func(b *testing.B) { benchDecision(b, profile, 100) })
 	}
 }
 
-func benchDecision(b *testing.B, profile string) {
-	st := benchState(100)
+// BenchmarkScheduleDecision1000 is BenchmarkScheduleDecision on one pool
+// of 1,000 endpoints (issue 25: p99 under 200 µs). Run:
+//
+//	go test -run '^$' -bench ScheduleDecision1000 -benchmem ./picker/
+func BenchmarkScheduleDecision1000(b *testing.B) {
+	for _, profile := range []string{sched.ProfileWeighted, sched.ProfilePredictedTTFT} {
+		b.Run(profile, func(b *testing.B) { benchDecision(b, profile, 1000) })
+	}
+}
+
+func benchDecision(b *testing.B, profile string, endpoints int) {
+	st := benchState(endpoints)
 	st.Pools["big"].Scheduling = &registry.Scheduling{Profile: profile}
 	srv := New(registry.NewPublisher(st), Options{DisableMetrics: true}, nil)
 	far := time.Now().Add(time.Hour)
@@ -188,7 +198,7 @@ func benchDecision(b *testing.B, profile string) {
 	// part of every decision.
 	ctx, cancel := context.WithCancel(context.Background())
 	srv.runCtx = ctx
-	srv.syncQueues(benchState(100), snap, nil)
+	srv.syncQueues(benchState(endpoints), snap, nil)
 	b.Cleanup(func() { cancel(); srv.queues.Wait() })
 	bodies := benchBodies()
 	decide := func(body []byte) {
