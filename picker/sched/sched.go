@@ -71,6 +71,16 @@ type scrapeMark struct {
 	inFlight int64
 }
 
+// Demand reports what the picker sent the endpoint: every pick so far and
+// the requests in flight (its own, and other replicas' when they share
+// picks). It makes Load a metrics.Demand: the scraper reads an endpoint
+// that gets traffic at its interval, an idle one rarely.
+func (l *Load) Demand() (sent, inFlight int64) {
+	return l.Picked.Load(), l.InFlightRequests.Load()
+}
+
+var _ metrics.Demand = (*Load)(nil)
+
 // MarkScrape records, for the successful scrape s about to be published,
 // the requests in flight now, so that what was sent and what finished
 // since the scrape can be told apart from what the scrape counted. It
