@@ -16,8 +16,10 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -62,6 +64,10 @@ type options struct {
 	hangRate            float64
 	crashAfter          int
 	logLevel            string
+	metricsDelay        time.Duration
+	fleet               int
+	fleetAddrs          string
+	fleetStats          string
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -96,6 +102,10 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.crashAfter, "crash-after", 0, "if > 0, the process exits (code 3) when inference request N+1 arrives")
 	fs.StringVar(&o.apiKey, "api-key", "", "if set, /v1 requests need Authorization: Bearer KEY (vLLM's --api-key; else 401)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.DurationVar(&o.metricsDelay, "metrics-delay", 0, "wait this long before answering each /metrics (a stand-in for the CPU real vLLM spends on its page)")
+	fs.IntVar(&o.fleet, "fleet", 0, "if > 0, serve this many simulated servers from this process, on -port and the ports after it (or random ports with -port 0), each with its own engine")
+	fs.StringVar(&o.fleetAddrs, "fleet-addrs-file", "", "with -fleet: write the servers' addresses to this file, one a line, once all listen")
+	fs.StringVar(&o.fleetStats, "fleet-stats-addr", "", "with -fleet: serve GET /fleet (JSON: each server's address and the /metrics requests it answered) on this address")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -127,6 +137,12 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("-default-max-tokens must be >= 1, got %d", o.defaultMaxTokens)
 	case o.eosMean < 0:
 		return nil, fmt.Errorf("-eos-mean-tokens must be >= 0, got %d", o.eosMean)
+	case o.fleet < 0:
+		return nil, fmt.Errorf("-fleet must be >= 0, got %d", o.fleet)
+	case o.fleet == 0 && (o.fleetAddrs != "" || o.fleetStats != ""):
+		return nil, errors.New("-fleet-addrs-file and -fleet-stats-addr need -fleet")
+	case o.metricsDelay < 0:
+		return nil, fmt.Errorf("-metrics-delay must be >= 0, got %v", o.metricsDelay)
 	}
 	return o, nil
 }
@@ -184,47 +200,97 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	eng, err := sim.New(o.cfg, sim.RealClock{})
-	if err != nil {
-		return fmt.Errorf("engine: %w", err)
-	}
-
-	ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.port)))
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
-	s := &server{
-		eng:         eng,
-		log:         log,
-		servedBy:    ln.Addr().String(),
-		apiKey:      o.apiKey,
-		served:      o.served,
-		loraEnabled: o.enableLoRA,
-		defaultMax:  o.defaultMaxTokens,
-		eosMean:     o.eosMean,
-		faults: faults{errorRate: o.errorRate, errorCodes: codes, hangAfter: o.hangAfter,
-			hangRate: o.hangRate, crashAfter: o.crashAfter},
-		readyAt: time.Now().Add(o.startupDelay),
-		quit:    make(chan struct{}),
-		exit:    os.Exit,
-		rng:     rand.New(rand.NewPCG(o.seed, o.seed^0x9e3779b97f4a7c15)),
-		loras:   loras,
+	n := max(o.fleet, 1)
+	var servers []*server
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	for i := range n {
+		eng, err := sim.New(o.cfg, sim.RealClock{})
+		if err != nil {
+			return fmt.Errorf("engine: %w", err)
+		}
+		port := o.port
+		if port != 0 {
+			port += i
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(port)))
+		if err != nil {
+			return fmt.Errorf("listen: %w", err)
+		}
+		lns = append(lns, ln)
+		seed := o.seed + uint64(i)
+		servers = append(servers, &server{
+			eng:          eng,
+			log:          log,
+			servedBy:     ln.Addr().String(),
+			apiKey:       o.apiKey,
+			served:       o.served,
+			loraEnabled:  o.enableLoRA,
+			defaultMax:   o.defaultMaxTokens,
+			eosMean:      o.eosMean,
+			metricsDelay: o.metricsDelay,
+			faults: faults{errorRate: o.errorRate, errorCodes: codes, hangAfter: o.hangAfter,
+				hangRate: o.hangRate, crashAfter: o.crashAfter},
+			readyAt: time.Now().Add(o.startupDelay),
+			quit:    make(chan struct{}),
+			exit:    os.Exit,
+			rng:     rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+			loras:   slices.Clone(loras),
+		})
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	engCtx, stopEngine := context.WithCancel(context.Background())
-	engDone := make(chan struct{})
-	go func() { eng.Run(engCtx); close(engDone) }()
-	defer func() { stopEngine(); <-engDone }()
+	var engines sync.WaitGroup
+	for _, s := range servers {
+		engines.Add(1)
+		go func() { defer engines.Done(); s.eng.Run(engCtx) }()
+	}
+	defer func() { stopEngine(); engines.Wait() }()
 
-	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	cfg := eng.Config()
-	log.Info("vllm-sim listening", "addr", s.servedBy, "models", o.served, "loras", len(loras),
-		"max_num_seqs", cfg.MaxNumSeqs, "num_gpu_blocks", cfg.NumGPUBlocks, "prefix_caching", cfg.EnablePrefixCaching,
-		"time_scale", cfg.TimeScale)
+	errc := make(chan error, len(servers)+1)
+	var srvs []*http.Server
+	for i, s := range servers {
+		srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+		srvs = append(srvs, srv)
+		go func() { errc <- srv.Serve(lns[i]) }()
+	}
+	if o.fleetStats != "" {
+		ln, err := net.Listen("tcp", o.fleetStats)
+		if err != nil {
+			return fmt.Errorf("-fleet-stats-addr: %w", err)
+		}
+		srv := &http.Server{Handler: fleetStats(servers), ReadHeaderTimeout: 10 * time.Second}
+		srvs = append(srvs, srv)
+		go func() { errc <- srv.Serve(ln) }()
+	}
+	if o.fleetAddrs != "" {
+		var b strings.Builder
+		for _, s := range servers {
+			b.WriteString(s.servedBy + "\n")
+		}
+		tmp := o.fleetAddrs + ".tmp"
+		if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
+			return fmt.Errorf("-fleet-addrs-file: %w", err)
+		}
+		if err := os.Rename(tmp, o.fleetAddrs); err != nil {
+			return fmt.Errorf("-fleet-addrs-file: %w", err)
+		}
+	}
+	cfg := servers[0].eng.Config()
+	if o.fleet > 0 {
+		log.Info("vllm-sim fleet listening", "servers", len(servers), "first", servers[0].servedBy, "last", servers[len(servers)-1].servedBy,
+			"models", o.served, "max_num_seqs", cfg.MaxNumSeqs, "num_gpu_blocks", cfg.NumGPUBlocks, "time_scale", cfg.TimeScale)
+	} else {
+		log.Info("vllm-sim listening", "addr", servers[0].servedBy, "models", o.served, "loras", len(loras),
+			"max_num_seqs", cfg.MaxNumSeqs, "num_gpu_blocks", cfg.NumGPUBlocks, "prefix_caching", cfg.EnablePrefixCaching,
+			"time_scale", cfg.TimeScale)
+	}
 
 	select {
 	case err := <-errc:
@@ -232,12 +298,40 @@ func run(args []string) error {
 	case <-ctx.Done():
 	}
 	log.Info("shutting down")
-	close(s.quit) // hanging requests drop their connections
+	for _, s := range servers {
+		close(s.quit) // hanging requests drop their connections
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		_ = srv.Close()
+	var errs []error
+	for _, srv := range srvs {
+		if err := srv.Shutdown(sctx); err != nil {
+			_ = srv.Close()
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+// fleetStats serves GET /fleet: every server's address and how many
+// /metrics requests it answered, for measuring a router from outside.
+func fleetStats(servers []*server) http.Handler {
+	type entry struct {
+		Address string `json:"address"`
+		Scrapes int64  `json:"metrics_requests"`
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/fleet" {
+			http.NotFound(w, r)
+			return
+		}
+		out := make([]entry, len(servers))
+		for i, s := range servers {
+			out[i] = entry{Address: s.servedBy, Scrapes: s.scrapes.Load()}
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
 }

@@ -210,7 +210,7 @@ func TestTargetsFromState(t *testing.T) {
 	t.Parallel()
 	s := registry.Empty()
 	s.Pools["b"] = &registry.Pool{Name: "b", Engine: registry.EngineSGLang, MetricsPath: "/metrics",
-		Scheduling: &registry.Scheduling{ScrapeIntervalMS: 200, Metrics: map[string]string{LogicalWaiting: "q"}},
+		Scheduling: &registry.Scheduling{ScrapeIntervalMS: 200, IdleScrapeIntervalMS: 3000, Metrics: map[string]string{LogicalWaiting: "q"}},
 		Endpoints: []registry.Endpoint{
 			{Address: "10.0.0.1:30000"},
 			{Address: "10.0.0.2:30000", MetricsPath: "/m2"},
@@ -220,8 +220,8 @@ func TestTargetsFromState(t *testing.T) {
 	got := TargetsFromState(s)
 	want := []Target{
 		{Pool: "a", Address: "10.0.1.1:8000", Engine: registry.EngineVLLM},
-		{Pool: "b", Address: "10.0.0.1:30000", MetricsPath: "/metrics", Engine: registry.EngineSGLang, Interval: 200 * time.Millisecond, Overrides: map[string]string{LogicalWaiting: "q"}},
-		{Pool: "b", Address: "10.0.0.2:30000", MetricsPath: "/m2", Engine: registry.EngineSGLang, Interval: 200 * time.Millisecond, Overrides: map[string]string{LogicalWaiting: "q"}},
+		{Pool: "b", Address: "10.0.0.1:30000", MetricsPath: "/metrics", Engine: registry.EngineSGLang, Interval: 200 * time.Millisecond, IdleInterval: 3 * time.Second, Overrides: map[string]string{LogicalWaiting: "q"}},
+		{Pool: "b", Address: "10.0.0.2:30000", MetricsPath: "/m2", Engine: registry.EngineSGLang, Interval: 200 * time.Millisecond, IdleInterval: 3 * time.Second, Overrides: map[string]string{LogicalWaiting: "q"}},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got  %+v\nwant %+v", got, want)

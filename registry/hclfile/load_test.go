@@ -166,6 +166,7 @@ func TestLoadErrors(t *testing.T) {
 		{"durations.hcl", []string{
 			`3:23: Invalid duration: scrape_interval "fast" is not a duration`,
 			`9:23: Invalid duration: scrape_interval "100us" must be at least 1ms`,
+			`15:28: Invalid duration: idle_scrape_interval "rarely" is not a duration`,
 		}},
 		{"unknown.hcl", []string{
 			`2:3: Unsupported argument: An argument named "endpoint" is not expected here. Did you mean "endpoints"?`,
@@ -505,5 +506,18 @@ replicas {
 	}
 	if want := []string{"10.0.0.5:9002", "10.0.0.6:9002", "[2001:db8::1]:9002"}; !slices.Equal(got, want) {
 		t.Fatalf("replicas %v, want %v", got, want)
+	}
+}
+
+// idle_scrape_interval reads like scrape_interval.
+func TestIdleScrapeInterval(t *testing.T) {
+	t.Parallel()
+	cfg, diags := Parse([]Input{{Name: "a.hcl", Src: []byte("pool \"p\" {\n  scheduling {\n    scrape_interval = \"100ms\"\n    idle_scrape_interval = \"5s\"\n  }\n}\n")}}, sched.Rules)
+	if diags.HasErrors() {
+		t.Fatal(FormatDiagnostics(diags))
+	}
+	sc := cfg.State.Pools["p"].Scheduling
+	if sc == nil || sc.ScrapeIntervalMS != 100 || sc.IdleScrapeIntervalMS != 5000 {
+		t.Fatalf("scheduling %+v", sc)
 	}
 }

@@ -148,6 +148,7 @@ type seq struct {
 	lastToken       time.Time
 	aborted         atomic.Bool
 	finished        bool
+	preempted       int // times preempted
 	out             chan Event
 }
 
@@ -172,6 +173,12 @@ type Engine struct {
 	nextID  uint64
 	lastEnd time.Time // scheduled end of the previous step while busy
 	stats   counters
+	// version counts changes of state; page is the metrics page rendered
+	// at pageVersion (an idle engine's page is rendered once).
+	version     uint64
+	page        []byte
+	pageVersion uint64
+	created     time.Time
 }
 
 // New returns an engine with cfg (zero fields defaulted) on clock.
@@ -212,11 +219,13 @@ func New(cfg Config, clock Clock) (*Engine, error) {
 		clock = RealClock{}
 	}
 	return &Engine{
-		cfg:   cfg,
-		clock: clock,
-		wake:  make(chan struct{}, 1),
-		kv:    newKVCache(cfg.NumGPUBlocks, cfg.BlockSize, cfg.EnablePrefixCaching),
-		stats: newCounters(cfg.MaxModelLen),
+		cfg:     cfg,
+		clock:   clock,
+		wake:    make(chan struct{}, 1),
+		kv:      newKVCache(cfg.NumGPUBlocks, cfg.BlockSize, cfg.EnablePrefixCaching),
+		stats:   newCounters(cfg.MaxModelLen),
+		version: 1,
+		created: clock.Now(),
 	}, nil
 }
 
@@ -270,6 +279,7 @@ func (e *Engine) Submit(ctx context.Context, r Request) (*Handle, error) {
 		out:       make(chan Event, r.MaxTokens),
 	}
 	e.mu.Lock()
+	e.version++
 	e.nextID++
 	s.id = e.nextID
 	s.queued = e.clock.Now()
@@ -308,6 +318,7 @@ func (e *Engine) Step(ctx context.Context) bool {
 	if !e.lastEnd.IsZero() && start.Sub(e.lastEnd) < maxCatchUp {
 		start = e.lastEnd
 	}
+	e.version++ // scheduling admits, preempts and drops aborted requests
 	plan := e.schedule(start)
 	if len(plan) == 0 {
 		e.lastEnd = time.Time{}
@@ -442,6 +453,7 @@ func (e *Engine) preempt(s *seq) {
 	s.numComputed = 0
 	e.waiting = append([]*seq{s}, e.waiting...)
 	e.stats.preemptions++
+	s.preempted++
 }
 
 // dropAborted removes cancelled requests; it reports whether there were any.
@@ -484,6 +496,14 @@ func (e *Engine) finish(s *seq, now time.Time, reason string) {
 		e.stats.prefillTime.observe(max(0, s.firstToken.Sub(s.scheduled).Seconds()))
 		e.stats.inferenceTime.observe(max(0, now.Sub(s.scheduled).Seconds()))
 		e.stats.prefillComputed.observe(float64(s.numPrompt - s.cachedTokens))
+		e.stats.reqMaxGen.observe(float64(s.maxTokens))
+		e.stats.paramsN.observe(1)
+		e.stats.paramsMaxTokens.observe(float64(s.maxTokens))
+		e.stats.decodeTime.observe(max(0, now.Sub(s.firstToken).Seconds()))
+		if s.generated > 1 {
+			e.stats.tpot.observe(max(0, now.Sub(s.firstToken).Seconds()) / float64(s.generated-1))
+		}
+		e.stats.numPreempt.observe(float64(s.preempted))
 	}
 }
 
@@ -491,8 +511,11 @@ func (e *Engine) finish(s *seq, now time.Time, reason string) {
 // request whose tokens are all computed produces its next token. Called with
 // e.mu held.
 func (e *Engine) commit(plan []work, now time.Time) {
+	e.version++
 	anyDone := false
+	stepTokens := 0
 	for _, w := range plan {
+		stepTokens += w.numNew
 		s := w.s
 		if s.aborted.Load() || s.finished {
 			continue
@@ -546,6 +569,7 @@ func (e *Engine) commit(plan []work, now time.Time) {
 		e.running = keep
 	}
 	e.stats.steps++
+	e.stats.iterTokens.observe(float64(stepTokens))
 	e.touchLoRAInfo(now)
 }
 

@@ -21,27 +21,34 @@ type block struct {
 // map from chained block hash to the block holding that content. A block
 // with ref 0 that is still cached can be reused by a later request with the
 // same prefix until it is evicted.
+//
+// Blocks are allocated when first used: the never-used ones (fresh) head
+// the free queue, in id order, as they would in a queue built up front,
+// so an idle engine with a large cache costs no memory (a fleet of
+// simulators in one process stays small).
 type kvCache struct {
 	blockSize     int
 	prefixCaching bool
-	blocks        []block
-	head, tail    *block // free queue
-	numFree       int
+	total         int
+	fresh         int     // blocks never used yet, ahead of the queue
+	slab          []block // where the next fresh block is allocated
+	head, tail    *block  // free queue of used blocks
+	numFree       int     // fresh plus queued
 	byHash        map[uint64]*block
 }
 
+// slabBlocks is how many blocks are allocated at a time.
+const slabBlocks = 1024
+
 func newKVCache(numBlocks, blockSize int, prefixCaching bool) *kvCache {
-	c := &kvCache{
+	return &kvCache{
 		blockSize:     blockSize,
 		prefixCaching: prefixCaching,
-		blocks:        make([]block, numBlocks),
+		total:         numBlocks,
+		fresh:         numBlocks,
+		numFree:       numBlocks,
 		byHash:        make(map[uint64]*block),
 	}
-	for i := range c.blocks {
-		c.blocks[i].id = i
-		c.pushFree(&c.blocks[i])
-	}
-	return c
 }
 
 func (c *kvCache) pushFree(b *block) {
@@ -73,6 +80,16 @@ func (c *kvCache) removeFree(b *block) {
 
 // popFree takes the least recently freed block, evicting its cached content.
 func (c *kvCache) popFree() *block {
+	if c.fresh > 0 {
+		if len(c.slab) == cap(c.slab) {
+			// A new slab; blocks of the old ones stay where they are.
+			c.slab = make([]block, 0, min(slabBlocks, c.fresh))
+		}
+		c.slab = append(c.slab, block{id: c.total - c.fresh, ref: 1})
+		c.fresh--
+		c.numFree--
+		return &c.slab[len(c.slab)-1]
+	}
 	b := c.head
 	c.removeFree(b)
 	if b.cached {
@@ -87,10 +104,10 @@ func (c *kvCache) popFree() *block {
 
 // usage is the fraction of blocks not in the free queue.
 func (c *kvCache) usage() float64 {
-	if len(c.blocks) == 0 {
+	if c.total == 0 {
 		return 0
 	}
-	return 1 - float64(c.numFree)/float64(len(c.blocks))
+	return 1 - float64(c.numFree)/float64(c.total)
 }
 
 // blocksFor is the number of blocks needed to hold n tokens.
