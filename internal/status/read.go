@@ -2,6 +2,7 @@ package status
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/switchyard/switchyard/internal/mtls"
@@ -256,6 +257,7 @@ func pools(in *inputs) []Pool {
 		if !es.Healthy {
 			es.UnhealthyReason = unhealthyReason(e.Metrics, in.now)
 		}
+		es.Scrape = scrapeOf(e.Metrics, in.now)
 		if m := e.TTFT; m.Compared > 0 || e.PrefillRequests > 0 {
 			ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
 			es.TTFT = &TTFT{BaseMS: ms(m.Base), PrefillPer1kMS: ms(m.PerToken), Observations: m.Observed,
@@ -376,6 +378,25 @@ func replicas(rs []registry.Replica, self string, mesh peers.Stats, nodes []xds.
 		out = append(out, rep)
 	}
 	return out
+}
+
+// scrapeOf describes how fresh snapshot m is at now (nil: never
+// attempted).
+func scrapeOf(m *metrics.Snapshot, now time.Time) *Scrape {
+	if m == nil {
+		return nil
+	}
+	ms := func(d time.Duration) float64 { return math.Round(float64(d)/1e4) / 100 }
+	s := &Scrape{Stale: !m.Fresh(now) || m.Failing, MaxAgeMS: ms(m.MaxAge), IntervalMS: ms(m.Interval),
+		CostMS: ms(m.Cost), PageBytes: m.PageBytes, From: m.From}
+	if age := m.Age(now); age >= 0 {
+		a := ms(age)
+		s.AgeMS = &a
+	}
+	if m.Filter != metrics.FilterUnknown {
+		s.NameFilter = m.Filter.String()
+	}
+	return s
 }
 
 // unhealthyReason says why an endpoint is unhealthy, from its latest
