@@ -27,7 +27,16 @@ type getter struct {
 	conn    net.Conn
 	closed  bool
 	scratch []byte // the request being written
+	// An answer is read into small until it outgrows it, then into held,
+	// a buffer from bufPool kept until release: a large buffer is taken
+	// only once a page is coming in, not while waiting for it.
+	small []byte
+	held  *[]byte
 }
+
+// smallBuffer is each getter's own buffer: an answer's headers and the
+// start of its body.
+const smallBuffer = 2 << 10
 
 // errTooLarge marks an answer over the body limit.
 var errTooLarge = errors.New("body too large")
@@ -101,34 +110,58 @@ func (g *getter) drop(c net.Conn) {
 }
 
 // get sends GET target (a path with its query) with the extra header
-// lines hdr (each ending in \r\n) and reads the answer into buf, whose
-// capacity it may grow up to limit body bytes plus the headers. A failure
-// on a kept-alive connection before any answer byte (the server closed it
+// lines hdr (each ending in \r\n) and reads the answer, whose body may
+// be up to limit bytes. The body is valid until release. A failure on a
+// kept-alive connection before any answer byte (the server closed it
 // while idle) is retried once on a new one.
-func (g *getter) get(target string, hdr []byte, deadline time.Time, buf []byte, limit int64) (response, []byte, error) {
+func (g *getter) get(target string, hdr []byte, deadline time.Time, limit int64) (response, error) {
 	for attempt := 0; ; attempt++ {
 		c, reused, err := g.dial(deadline)
 		if err != nil {
-			return response{}, buf, err
+			return response{}, err
 		}
-		resp, nbuf, got, err := g.exchange(c, target, hdr, deadline, buf, limit)
-		buf = nbuf
+		resp, got, err := g.exchange(c, target, hdr, deadline, limit)
 		if err == nil {
-			return resp, buf, nil
+			return resp, nil
 		}
 		g.drop(c)
 		if reused && got == 0 && attempt == 0 && !errors.Is(err, errTooLarge) && time.Now().Before(deadline) {
 			continue
 		}
-		return response{}, buf, err
+		return response{}, err
+	}
+}
+
+// grow returns a buffer of capacity at least n holding cur's bytes: the
+// held pool buffer, or a larger one that replaces it.
+func (g *getter) grow(cur []byte, n int) []byte {
+	if g.held == nil {
+		g.held = bufPool.Get().(*[]byte)
+	}
+	nb := (*g.held)[:0]
+	if cap(nb) < n {
+		nb = make([]byte, 0, max(n, 2*cap(cur)))
+	}
+	nb = append(nb, cur...)
+	*g.held = nb
+	return nb
+}
+
+// release gives the buffer of the last answer back; its body is gone.
+func (g *getter) release() {
+	if g.held != nil {
+		*g.held = (*g.held)[:0]
+		bufPool.Put(g.held)
+		g.held = nil
 	}
 }
 
 // exchange writes one request on c and reads its answer; got counts the
 // answer bytes read (0: nothing came back).
-func (g *getter) exchange(c net.Conn, target string, hdr []byte, deadline time.Time, buf []byte, limit int64) (response, []byte, int, error) {
+func (g *getter) exchange(c net.Conn, target string, hdr []byte, deadline time.Time, limit int64) (response, int, error) {
+	g.release()
 	if err := c.SetDeadline(deadline); err != nil {
-		return response{}, buf, 0, err
+		return response{}, 0, err
 	}
 	req := append(g.scratch[:0], "GET "...)
 	req = append(req, target...)
@@ -139,17 +172,20 @@ func (g *getter) exchange(c net.Conn, target string, hdr []byte, deadline time.T
 	req = append(req, "\r\n"...)
 	g.scratch = req
 	if _, err := c.Write(req); err != nil {
-		return response{}, buf, 0, err
+		return response{}, 0, err
 	}
-	r := reader{c: c, buf: buf[:0], limit: limit}
+	if g.small == nil {
+		g.small = make([]byte, 0, smallBuffer)
+	}
+	r := reader{c: c, buf: g.small[:0], limit: limit, grow: g.grow}
 	resp, keep, err := r.response()
 	if err != nil {
-		return response{}, r.buf, r.got, err
+		return response{}, r.got, err
 	}
 	if !keep {
 		g.drop(c)
 	}
-	return resp, r.buf, r.got, nil
+	return resp, r.got, nil
 }
 
 // reader reads one HTTP/1.1 answer from c into buf.
@@ -159,6 +195,9 @@ type reader struct {
 	got   int // bytes read from c
 	pos   int // parse position in buf
 	limit int64
+	// grow returns a buffer of at least the capacity asked holding the
+	// bytes given (nil: make one).
+	grow func(cur []byte, n int) []byte
 }
 
 // fill reads more bytes into r.buf, growing it as needed but never past
@@ -168,9 +207,14 @@ func (r *reader) fill(limit int) error {
 		return errTooLarge
 	}
 	if len(r.buf) == cap(r.buf) {
-		nb := make([]byte, len(r.buf), min(limit, max(2*cap(r.buf), 64<<10)))
-		copy(nb, r.buf)
-		r.buf = nb
+		n := min(limit, max(2*cap(r.buf), 64<<10))
+		if r.grow != nil {
+			r.buf = r.grow(r.buf, n)
+		} else {
+			nb := make([]byte, len(r.buf), n)
+			copy(nb, r.buf)
+			r.buf = nb
+		}
 	}
 	end := min(cap(r.buf), limit)
 	n, err := r.c.Read(r.buf[len(r.buf):end])

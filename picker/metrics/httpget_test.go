@@ -88,8 +88,7 @@ func (s *rawServer) requestLines() []string {
 
 func getOnce(t *testing.T, g *getter, limit int64) (response, error) {
 	t.Helper()
-	resp, _, err := g.get("/metrics", []byte(acceptHeader), time.Now().Add(2*time.Second), nil, limit)
-	return resp, err
+	return g.get("/metrics", []byte(acceptHeader), time.Now().Add(2*time.Second), limit)
 }
 
 func TestGetterAnswers(t *testing.T) {
@@ -200,7 +199,7 @@ func TestGetterCloseAborts(t *testing.T) {
 	g := newGetter(srv.ln.Addr().String(), time.Second)
 	done := make(chan error, 1)
 	go func() {
-		_, _, err := g.get("/metrics", nil, time.Now().Add(time.Minute), nil, 10)
+		_, err := g.get("/metrics", nil, time.Now().Add(time.Minute), 10)
 		done <- err
 	}()
 	testutil.Eventually(t, 10*time.Second, "request sent", func() error {
@@ -238,13 +237,12 @@ func TestGetterAgainstNetHTTP(t *testing.T) {
 	defer srv.Close()
 	g := newGetter(strings.TrimPrefix(srv.URL, "http://"), time.Second)
 	defer g.close()
-	var buf []byte
 	for i := range 3 {
-		resp, nb, err := g.get("/metrics", nil, time.Now().Add(5*time.Second), buf[:0], 1<<20)
-		buf = nb
+		resp, err := g.get("/metrics", nil, time.Now().Add(5*time.Second), 1<<20)
 		if err != nil || resp.status != 200 || string(resp.body) != page {
 			t.Fatalf("request %d: %d, %d bytes, %v", i, resp.status, len(resp.body), err)
 		}
+		g.release()
 	}
 	if n := conns.Load(); n != 1 {
 		t.Errorf("%d connections for 3 requests, want 1", n)

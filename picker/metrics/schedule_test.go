@@ -192,6 +192,7 @@ func TestEngineBudget(t *testing.T) {
 	defer slow.Close()
 	opts := fastOptions()
 	opts.EngineBudget = 0.1
+	opts.IdleInterval = time.Hour // the budget's floor is capped at the idle interval
 	m := NewManager(context.Background(), opts)
 	defer m.Stop()
 	addr := strings.TrimPrefix(slow.URL, "http://")
@@ -266,4 +267,30 @@ func TestOwnershipAndIngest(t *testing.T) {
 	if s := m.Get(k); s.From != "" {
 		t.Errorf("own scrape marked from %q", s.From)
 	}
+}
+
+// The budget never makes an endpoint in use wait longer than an idle one:
+// slow answers may come from a starved CPU, not the page's cost.
+func TestEngineBudgetCappedAtIdleInterval(t *testing.T) {
+	t.Parallel()
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(20 * time.Millisecond)
+		fmt.Fprint(w, vllmPage(1, 1, 0.5))
+	}))
+	defer slow.Close()
+	opts := fastOptions()
+	opts.EngineBudget = 0.01 // 2 s for a 20 ms answer
+	opts.IdleInterval = 300 * time.Millisecond
+	m := NewManager(context.Background(), opts)
+	defer m.Stop()
+	addr := strings.TrimPrefix(slow.URL, "http://")
+	if err := m.Sync([]Target{{Pool: "p", Address: addr}}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, "interval capped", func() error {
+		if s := m.Get(Key{Pool: "p", Address: addr}); s == nil || s.Cost < 20*time.Millisecond || s.Interval != 300*time.Millisecond {
+			return fmt.Errorf("snapshot %+v", s)
+		}
+		return nil
+	})
 }

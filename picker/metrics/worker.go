@@ -52,13 +52,14 @@ type worker struct {
 	earliest  time.Time // no scrape before (a kick waits for it)
 	filter    FilterState
 	modelsDue time.Time // when /v1/models is read next
+	body      *[]byte   // with Options.Client: the last answer's buffer
 }
 
 // acceptHeader asks for the text format.
 const acceptHeader = "Accept: text/plain;version=0.0.4;q=1,*/*;q=0.1\r\n"
 
-// bufPool holds page buffers: one is in use per scrape in progress, not
-// per endpoint.
+// bufPool holds page buffers: one is in use per page being read, not per
+// endpoint.
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
 
 func (m *Manager) newWorker(t Target, p *Parser, h *Handle) *worker {
@@ -247,13 +248,16 @@ func (w *worker) cost() time.Duration {
 	return slices.Min(w.costs[:n])
 }
 
-// budgetFloor is the shortest interval the engine budget allows.
+// budgetFloor is the shortest interval the engine budget allows, at most
+// the idle interval: an endpoint in use is never read less often than an
+// idle one, even when its answers are slow for other reasons than the
+// page's cost (a starved CPU on either side).
 func (w *worker) budgetFloor() time.Duration {
 	b := w.m.opts.EngineBudget
 	if b <= 0 {
 		return 0
 	}
-	return time.Duration(float64(w.cost()) * float64(w.m.scrapers.Load()) / b)
+	return min(time.Duration(float64(w.cost())*float64(w.m.scrapers.Load())/b), w.t.IdleInterval)
 }
 
 // ingest publishes a reading another replica made.
@@ -336,15 +340,14 @@ func (w *worker) publish(at time.Time, vals Values, err error, interval time.Dur
 // scrape reads and parses the page; cost is the exchange's duration and
 // size the page's.
 func (w *worker) scrape() (vals Values, cost time.Duration, size int, err error) {
-	bufp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bufp)
+	defer w.release()
 	start := time.Now()
-	status, body, err := w.fetch(w.t.MetricsPath+w.query, w.hdr, bufp)
+	status, body, err := w.fetch(w.t.MetricsPath+w.query, w.hdr)
 	cost = time.Since(start)
 	if err == nil && status >= 400 && status < 500 && status != http.StatusNotFound && w.query != "" {
 		// The server may refuse the filter's query string: try without.
 		start = time.Now()
-		status, body, err = w.fetch(w.t.MetricsPath, w.hdr, bufp)
+		status, body, err = w.fetch(w.t.MetricsPath, w.hdr)
 		cost = time.Since(start)
 		if err == nil && status == http.StatusOK {
 			w.query, w.filter = "", FilterRejected
@@ -370,14 +373,13 @@ func (w *worker) scrape() (vals Values, cost time.Duration, size int, err error)
 	return v, cost, len(body), nil
 }
 
-// fetch GETs target (path and query) with the header lines hdr into
-// *bufp (which it may grow): the status and the body.
-func (w *worker) fetch(target string, hdr []byte, bufp *[]byte) (int, []byte, error) {
+// fetch GETs target (path and query) with the header lines hdr: the
+// status and the body, valid until release.
+func (w *worker) fetch(target string, hdr []byte) (int, []byte, error) {
 	limit := w.m.opts.MaxBodyBytes
 	deadline := time.Now().Add(w.m.opts.Timeout)
 	if w.get != nil {
-		resp, buf, err := w.get.get(target, hdr, deadline, (*bufp)[:0], limit)
-		*bufp = buf[:0]
+		resp, err := w.get.get(target, hdr, deadline, limit)
 		switch {
 		case errors.Is(err, errTooLarge):
 			return 0, nil, fmt.Errorf("body exceeds %d bytes", limit)
@@ -409,9 +411,12 @@ func (w *worker) fetch(target string, hdr []byte, bufp *[]byte) (int, []byte, er
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return resp.StatusCode, nil, nil
 	}
-	b := bytes.NewBuffer((*bufp)[:0])
+	if w.body == nil {
+		w.body = bufPool.Get().(*[]byte)
+	}
+	b := bytes.NewBuffer((*w.body)[:0])
 	n, err := b.ReadFrom(io.LimitReader(resp.Body, limit+1))
-	*bufp = b.Bytes()[:0]
+	*w.body = b.Bytes()[:0]
 	if err != nil {
 		return 0, nil, fmt.Errorf("read body: %w", err)
 	}
@@ -421,6 +426,17 @@ func (w *worker) fetch(target string, hdr []byte, bufp *[]byte) (int, []byte, er
 	return resp.StatusCode, b.Bytes(), nil
 }
 
+// release gives back the buffer of the last answer fetched.
+func (w *worker) release() {
+	if w.get != nil {
+		w.get.release()
+	}
+	if w.body != nil {
+		bufPool.Put(w.body)
+		w.body = nil
+	}
+}
+
 // servedModels reads the server's OpenAI model list (GET /v1/models): the
 // ids of its "data" entries, sorted.
 func (w *worker) servedModels() ([]string, error) {
@@ -428,9 +444,8 @@ func (w *worker) servedModels() ([]string, error) {
 	if w.t.APIKey != "" {
 		hdr = append(hdr, "Authorization: Bearer "+w.t.APIKey+"\r\n"...)
 	}
-	bufp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bufp)
-	status, body, err := w.fetch("/v1/models", hdr, bufp)
+	defer w.release()
+	status, body, err := w.fetch("/v1/models", hdr)
 	if err != nil {
 		return nil, fmt.Errorf("GET /v1/models: %w", err)
 	}
