@@ -356,7 +356,11 @@ func poolPrior(preds []Prediction) (pr ttftPrior, ok bool) {
 // must be loaded (1) or wait for a slot (2) there. An endpoint that is
 // not measured yet takes pool as its prior when given (poolPrior).
 func predict(req *Request, e *Endpoint, matched int, lora loraNeed, pool *ttftPrior) Prediction {
-	s := e.fresh(req.Now)
+	return predictWith(req, e, e.fresh(req.Now), matched, lora, pool)
+}
+
+// predictWith is predict given e's fresh snapshot s (nil: none).
+func predictWith(req *Request, e *Endpoint, s *metrics.Snapshot, matched int, lora loraNeed, pool *ttftPrior) Prediction {
 	st := e.Load.ttft.fit.Load()
 	pr := prior(s)
 	known := measured(s, st)
@@ -545,9 +549,9 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		sc = new(Scratch)
 	}
 	adapter := isAdapter(req, eps)
-	need := func(e *Endpoint) loraNeed {
+	need := func(i int) loraNeed {
 		if adapter {
-			switch loraAffinity(req, e) {
+			switch loraAffinityOf(req, req.freshAt(eps, i)) {
 			case loraFreeSlot:
 				return loraLoad
 			case loraNoSlot:
@@ -562,7 +566,7 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	sc.preds = sc.preds[:len(eps)]
 	unmeasured := 0
 	for i, e := range eps {
-		sc.preds[i] = predict(req, e, m[i], need(e), nil)
+		sc.preds[i] = predictWith(req, e, req.freshAt(eps, i), m[i], need(i), nil)
 		if !sc.preds[i].measured {
 			unmeasured++
 		}
@@ -573,7 +577,7 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		if pool, ok := poolPrior(sc.preds); ok {
 			for i, e := range eps {
 				if !sc.preds[i].measured {
-					sc.preds[i] = predict(req, e, m[i], need(e), &pool)
+					sc.preds[i] = predictWith(req, e, req.freshAt(eps, i), m[i], need(i), &pool)
 				}
 			}
 		}
