@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -327,6 +328,9 @@ type Manager struct {
 	scrapers atomic.Int32
 	// owns says which endpoints this process scrapes (nil: all).
 	owns atomic.Pointer[func(Key) bool]
+	// schemas are the parsers' shared parts by engine and overrides
+	// (guarded by mu): endpoints alike share one.
+	schemas map[string]*schema
 }
 
 // NewManager returns a Manager with no targets. It stops scraping when ctx
@@ -408,7 +412,7 @@ func (m *Manager) Sync(targets []Target) error {
 			next[k] = w
 			continue
 		}
-		p, err := NewParser(t.Engine, t.Overrides)
+		p, err := m.parser(t.Engine, t.Overrides)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("endpoint %s: %w", k.name(), err))
 			if w, ok := old[k]; ok {
@@ -446,6 +450,30 @@ func (m *Manager) Sync(targets []Target) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// parser returns a Parser for engine and overrides, sharing the schema
+// of every parser alike. m.mu must be held.
+func (m *Manager) parser(engine registry.Engine, overrides map[string]string) (*Parser, error) {
+	keys := slices.Sorted(maps.Keys(overrides))
+	var b strings.Builder
+	b.WriteString(string(engine))
+	for _, k := range keys {
+		b.WriteString("\x00" + k + "=" + overrides[k])
+	}
+	key := b.String()
+	s := m.schemas[key]
+	if s == nil {
+		var err error
+		if s, err = newSchema(engine, overrides); err != nil {
+			return nil, err
+		}
+		if m.schemas == nil {
+			m.schemas = map[string]*schema{}
+		}
+		m.schemas[key] = s
+	}
+	return s.parser(), nil
 }
 
 func (m *Manager) normalize(t Target) Target {

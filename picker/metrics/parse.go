@@ -87,18 +87,9 @@ type Hist struct {
 // allocate per line; a Parser is not safe for concurrent use (it reuses
 // its buffers).
 type Parser struct {
-	d dialect
-	// names maps each sample name read to its actions; lens has bit n set
-	// when one of them is n bytes long (most lines are ruled out by it).
-	names map[string][]action
-	lens  [4]uint64
+	*schema
 	// acc holds one accumulator per slot (see action.slot).
 	acc []accum
-	// waiting, running, kvUsage, blockSize, numBlocks, lora: each
-	// alternative's slot, in the dialect's order; hists the slot of each
-	// alternative's _sum (its _count is the next slot).
-	waiting, running, kvUsage, blockSize, numBlocks, lora []int
-	hists                                                 [NumHists][]int
 	// The engine's TTFT histogram of this page (bounds in page order,
 	// summed over series); bounds is shared with the Values published
 	// while the page's bounds do not change.
@@ -111,6 +102,23 @@ type Parser struct {
 	loraLabels []byte
 	// skipped counts the page's sample lines of families not read.
 	skipped int
+}
+
+// schema is what a Parser reads of one engine's pages (with given
+// overrides): immutable, shared by the parsers of every endpoint alike.
+type schema struct {
+	d dialect
+	// names maps each sample name read to its actions; lens has bit n set
+	// when one of them is n bytes long (most lines are ruled out by it).
+	names map[string][]action
+	lens  [4]uint64
+	// slots counts the accumulators a page fills (see action.slot).
+	slots int
+	// waiting, running, kvUsage, blockSize, numBlocks, lora: each
+	// alternative's slot, in the dialect's order; hists the slot of each
+	// alternative's _sum (its _count is the next slot).
+	waiting, running, kvUsage, blockSize, numBlocks, lora []int
+	hists                                                 [NumHists][]int
 }
 
 // actKind says what a sample line contributes.
@@ -150,6 +158,19 @@ type accum struct {
 // NewParser returns a parser for engine ("" means vLLM) with per-pool
 // metric-name overrides keyed by logical name (see LogicalNames).
 func NewParser(engine registry.Engine, overrides map[string]string) (*Parser, error) {
+	s, err := newSchema(engine, overrides)
+	if err != nil {
+		return nil, err
+	}
+	return s.parser(), nil
+}
+
+// parser returns a new Parser of s's pages.
+func (s *schema) parser() *Parser {
+	return &Parser{schema: s, acc: make([]accum, s.slots)}
+}
+
+func newSchema(engine registry.Engine, overrides map[string]string) (*schema, error) {
 	d, ok := builtinDialect(engine)
 	if !ok {
 		return nil, fmt.Errorf("metrics dialect %q: %w", engine, ErrUnknownEngine)
@@ -158,13 +179,13 @@ func NewParser(engine registry.Engine, overrides map[string]string) (*Parser, er
 	if err != nil {
 		return nil, err
 	}
-	p := &Parser{d: d, names: map[string][]action{}}
+	p := &schema{d: d, names: map[string][]action{}}
 	add := func(name string, a action) int {
 		if n := len(name); n < len(p.lens)*64 {
 			p.lens[n/64] |= 1 << (n % 64)
 		}
-		a.slot = len(p.acc)
-		p.acc = append(p.acc, accum{})
+		a.slot = p.slots
+		p.slots++
 		p.names[name] = append(p.names[name], a)
 		return a.slot
 	}
@@ -209,7 +230,7 @@ func NewParser(engine registry.Engine, overrides map[string]string) (*Parser, er
 
 // SampleNames lists the sample names the parser reads, sorted: what a
 // server that honours Prometheus' name[] filter needs to send.
-func (p *Parser) SampleNames() []string {
+func (p *schema) SampleNames() []string {
 	out := make([]string, 0, len(p.names))
 	for n := range p.names {
 		out = append(out, n)
