@@ -281,7 +281,8 @@ func BenchmarkScheduleDecisionBusy(b *testing.B) {
 	for i, e := range st.Pools["big"].Endpoints {
 		pages[e.Address] = busyPage(page, i)
 	}
-	srv := New(registry.NewPublisher(st), Options{Metrics: metrics.Options{Client: &http.Client{Transport: pages}}}, nil)
+	// Every endpoint read every 50 ms, idle or not, whatever it costs.
+	srv := New(registry.NewPublisher(st), Options{Metrics: metrics.Options{Client: &http.Client{Transport: pages}, IdleInterval: -1, EngineBudget: -1}}, nil)
 	ctx, cancel := context.WithCancel(b.Context())
 	var bg sync.WaitGroup
 	defer bg.Wait()
