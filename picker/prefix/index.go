@@ -530,6 +530,7 @@ func (x *Index) Endpoints() []string {
 type matchScratch struct {
 	active []uint64 // bitset of endpoint ids still matching
 	next   []uint64
+	live   []int // the words of active that are not zero
 	hits   []idHit
 	byID   []int32 // MatchInto's per-id counts, all zero between uses
 }
@@ -557,27 +558,66 @@ func (x *Index) match(hashes []uint64, sc *matchScratch) {
 	if !x.holdersInto(hashes[0], active) {
 		return
 	}
+	// Only the words with an endpoint still matching are looked at from
+	// here on: a prefix is usually held by a few endpoints of many.
+	live := sc.live[:0]
+	for w, a := range active {
+		if a != 0 {
+			live = append(live, w)
+		}
+	}
+	defer func() { sc.live = live[:0] }()
 	for i := 1; i < len(hashes); i++ {
-		any := x.holdersInto(hashes[i], next)
-		alive := false
-		for w := range active {
+		any := x.liveHoldersInto(hashes[i], live, next)
+		kept := live[:0]
+		for _, w := range live {
 			n := next[w] & active[w]
 			// Endpoints that dropped out matched exactly i blocks.
 			for gone := active[w] &^ n; gone != 0; gone &= gone - 1 {
 				sc.hits = append(sc.hits, idHit{id: uint16(w*64 + bits.TrailingZeros64(gone)), blocks: i})
 			}
 			active[w] = n
-			alive = alive || n != 0
+			if n != 0 {
+				kept = append(kept, w)
+			}
 		}
-		if !any || !alive {
+		live = kept
+		if !any || len(live) == 0 {
 			return
 		}
 	}
-	for w := range active {
+	for _, w := range live {
 		for rest := active[w]; rest != 0; rest &= rest - 1 {
 			sc.hits = append(sc.hits, idHit{id: uint16(w*64 + bits.TrailingZeros64(rest)), blocks: len(hashes)})
 		}
 	}
+}
+
+// liveHoldersInto sets dst[w], for each word w of live, to that word of
+// h's holder bitset, and reports whether any endpoint holds h. The
+// overflow words (ids of 256 and up) are looked up only when live has
+// one.
+func (x *Index) liveHoldersInto(h uint64, live []int, dst []uint64) bool {
+	s := x.shardOf(h)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	p, ok := s.m.get(h)
+	var o []uint64
+	if len(live) > 0 && live[len(live)-1] >= holderWords {
+		o = s.over[h]
+		ok = ok || o != nil
+	}
+	for _, w := range live {
+		switch {
+		case w < holderWords && p != nil:
+			dst[w] = p[w]
+		case w >= holderWords && w-holderWords < len(o):
+			dst[w] = o[w-holderWords]
+		default:
+			dst[w] = 0
+		}
+	}
+	return ok
 }
 
 // holdersInto overwrites dst with the holder bitset of h and reports
