@@ -107,6 +107,7 @@ type result struct {
 	size              int
 	mode              string
 	cpuCores          float64 // switchyard's CPU in cores over the window
+	fleetCores        float64 // the fleet's
 	scrapesPerEpSec   float64 // mean over endpoints
 	minScrapesPerEp   float64 // the least-scraped endpoint's rate
 	cpuPerScrape      time.Duration
@@ -143,16 +144,16 @@ func run(args []string, out io.Writer) error {
 		}
 	}
 	fmt.Fprintf(out, "\nscrape_interval %v; window %v after %v warm-up; %s\n\n", o.interval, o.window, o.warmup, binaryNote(o))
-	fmt.Fprintln(out, "| fleet | mode | switchyard CPU | scrapes per endpoint per second (least) | CPU per scrape | RSS | Go heap | view age p50 / p99 / max | stale | interval | page | load avg |")
-	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(out, "| fleet | mode | switchyard CPU | scrapes per endpoint per second (least) | CPU per scrape | RSS | Go heap | view age p50 / p99 / max | stale | interval | page | fleet CPU | load avg |")
+	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range results {
 		heap := "-"
 		if r.heapMiB > 0 {
 			heap = fmt.Sprintf("%.0f MiB", r.heapMiB)
 		}
-		fmt.Fprintf(out, "| %d | %s | %.2f cores | %.2f (%.2f) | %.0f µs | %.0f MiB | %s | %s / %s / %s | %d of %d | %s | %.1f KB | %s → %s |\n",
+		fmt.Fprintf(out, "| %d | %s | %.2f cores | %.2f (%.2f) | %.0f µs | %.0f MiB | %s | %s / %s / %s | %d of %d | %s | %.1f KB | %.2f cores | %s → %s |\n",
 			r.size, r.mode, r.cpuCores, r.scrapesPerEpSec, r.minScrapesPerEp, float64(r.cpuPerScrape)/1e3, r.rssMiB, heap,
-			ms(r.ageP50), ms(r.ageP99), ms(r.ageMax), r.stale, r.endpoints, ms(r.interval), float64(r.pageBytes)/1000, r.loadBefore, r.after)
+			ms(r.ageP50), ms(r.ageP99), ms(r.ageMax), r.stale, r.endpoints, ms(r.interval), float64(r.pageBytes)/1000, r.fleetCores, r.loadBefore, r.after)
 	}
 	return nil
 }
@@ -280,6 +281,10 @@ func measure(ctx context.Context, o *options, n int, mode string) (result, error
 	if err != nil {
 		return r, err
 	}
+	fleet0, err := procCPU(fleet.pid())
+	if err != nil {
+		return r, err
+	}
 	t0 := time.Now()
 	select {
 	case <-time.After(o.window):
@@ -290,7 +295,12 @@ func measure(ctx context.Context, o *options, n int, mode string) (result, error
 	if err != nil {
 		return r, err
 	}
+	fleet1, err := procCPU(fleet.pid())
+	if err != nil {
+		return r, err
+	}
 	elapsed := time.Since(t0)
+	r.fleetCores = float64(fleet1-fleet0) / float64(elapsed)
 	counts1, err := fleetCounts(statsAddr)
 	if err != nil {
 		return r, err
