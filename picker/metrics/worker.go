@@ -47,7 +47,7 @@ type worker struct {
 	lastSent int64
 
 	// The goroutine's own state.
-	costs     [8]time.Duration // recent exchange durations, a ring
+	costs     [16]time.Duration // recent exchange durations, a ring
 	nCosts    int
 	earliest  time.Time // no scrape before (a kick waits for it)
 	filter    FilterState

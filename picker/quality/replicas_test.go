@@ -3,6 +3,7 @@ package quality
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -45,6 +46,30 @@ func TestQualityReplicasSmoke(t *testing.T) {
 // being watched cost them); with SWITCHYARD_QUALITY_METRICS_DELAY=4ms
 // their pages answer as slowly as real vLLM's, so the scrapers space
 // their reads as they would for real servers (issue 25).
+// scrapeIntervals samples the first picker's planned scrape interval of
+// every endpoint every 250 ms until stop, and returns them sorted.
+func (f *fleet) scrapeIntervals(stop <-chan struct{}) []time.Duration {
+	var out []time.Duration
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		for _, e := range f.srvs[0].Stats().Endpoints {
+			if e.Metrics != nil {
+				out = append(out, e.Metrics.Interval)
+			}
+		}
+		select {
+		case <-stop:
+			slices.Sort(out)
+			if len(out) == 0 {
+				out = []time.Duration{0}
+			}
+			return out
+		case <-t.C:
+		}
+	}
+}
+
 func TestQualityReplicas(t *testing.T) {
 	if os.Getenv("SWITCHYARD_QUALITY") == "" {
 		t.Skip("set SWITCHYARD_QUALITY=1 to run the replica comparison (minutes)")
@@ -81,8 +106,14 @@ func TestQualityReplicas(t *testing.T) {
 	measured := func(name string, f *fleet) load.StageReport {
 		a, b := stage()
 		c0 := f.simCPU()
+		stop := make(chan struct{})
+		intervals := make(chan []time.Duration, 1)
+		go func() { intervals <- f.scrapeIntervals(stop) }()
 		r := f.run("default", w, load.ArrivalPoisson, a, b, seed+2)
-		cpu = append(cpu, fmt.Sprintf("%s: simulators' CPU %.1f s", name, (f.simCPU()-c0).Seconds()))
+		close(stop)
+		iv := <-intervals
+		cpu = append(cpu, fmt.Sprintf("%s: simulators' CPU %.1f s, scrape interval p50 %v, max %v", name, (f.simCPU()-c0).Seconds(),
+			iv[len(iv)/2].Round(time.Millisecond), iv[len(iv)-1].Round(time.Millisecond)))
 		rows = append(rows, row{label + ", " + name, "default", rate, r})
 		return r
 	}
