@@ -45,10 +45,13 @@ type fleet struct {
 	url   string
 	addrs []string
 	// sims are the simulators' processes (for their CPU time).
-	sims    []*testutil.Process
-	pub     *registry.Publisher
-	srvs    []*picker.Server
-	version uint64
+	sims []*testutil.Process
+	// pickerAddrs are the replicas' addresses, listed in the state's
+	// replicas (as a replicas block would) when there are several.
+	pickerAddrs []string
+	pub         *registry.Publisher
+	srvs        []*picker.Server
+	version     uint64
 	// admission is the pool's admission block use publishes (nil: the
 	// defaults).
 	admission *registry.Admission
@@ -119,17 +122,22 @@ func startPickers(t testing.TB, addrs []string, scrape time.Duration, replicas i
 	t.Helper()
 	sort.Strings(addrs)
 	f := &fleet{t: t, addrs: addrs}
+	var lis []net.Listener
+	for range replicas {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lis = append(lis, l)
+		f.pickerAddrs = append(f.pickerAddrs, l.Addr().String())
+	}
+	pickerAddrs := f.pickerAddrs
 	f.pub = registry.NewPublisher(f.state(nil))
-	var pickerAddrs []string
 	var meshes []*peers.Mesh
 	for i := range replicas {
 		srv := picker.New(f.pub, picker.Options{Metrics: metrics.Options{Interval: scrape}}, logger)
 		f.srvs = append(f.srvs, srv)
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		pickerAddrs = append(pickerAddrs, lis.Addr().String())
+		lis := lis[i]
 		g := grpc.NewServer(srv.GRPCServerOptions()...)
 		srv.Register(g)
 		if share {
@@ -206,6 +214,13 @@ func (f *fleet) stateWith(sc *registry.Scheduling, adm *registry.Admission) *reg
 	}
 	st.Pools[poolName] = p
 	st.Models[modelName] = &registry.Model{Name: modelName, Pool: poolName}
+	if len(f.pickerAddrs) > 1 {
+		// Each replica scrapes every endpoint: they share its engine
+		// budget.
+		for i, a := range f.pickerAddrs {
+			st.Replicas = append(st.Replicas, registry.Replica{ID: fmt.Sprintf("replica-%d", i), Address: a})
+		}
+	}
 	return st
 }
 
