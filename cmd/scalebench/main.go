@@ -59,6 +59,7 @@ type options struct {
 	legacy     bool
 	heapDir    string
 	keep       bool
+	delay      time.Duration
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -76,6 +77,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.legacy, "legacy", false, "the switchyard binary predates issue 25 (no idle_scrape_interval, no -debug-addr)")
 	fs.StringVar(&o.heapDir, "heap-dir", "", "write each run's heap profile of switchyard here (go tool pprof -sample_index=inuse_space FILE)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the run directories (configuration, logs)")
+	fs.DurationVar(&o.delay, "metrics-delay", 0, "the fleet's -metrics-delay: each page answered this late, as real vLLM's (~4 ms), so the engine budget spaces scrapes as for real servers")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -143,7 +145,7 @@ func run(args []string, out io.Writer) error {
 			fmt.Fprintln(os.Stderr, r.line())
 		}
 	}
-	fmt.Fprintf(out, "\nscrape_interval %v; window %v after %v warm-up; %s\n\n", o.interval, o.window, o.warmup, binaryNote(o))
+	fmt.Fprintf(out, "\nscrape_interval %v; pages answered after %v; window %v after %v warm-up; %s\n\n", o.interval, o.delay, o.window, o.warmup, binaryNote(o))
 	fmt.Fprintln(out, "| fleet | mode | switchyard CPU | scrapes per endpoint per second (least) | CPU per scrape | RSS | Go heap | view age p50 / p99 / max | stale | interval | page | fleet CPU | load avg |")
 	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range results {
@@ -199,7 +201,7 @@ func measure(ctx context.Context, o *options, n int, mode string) (result, error
 		return r, err
 	}
 	fleet, err := start(ctx, dir, "fleet", o.sim, "-fleet", strconv.Itoa(n), "-port", "0", "-model", "llama3-8b",
-		"-log-level", "warn", "-fleet-addrs-file", addrsFile, "-fleet-stats-addr", statsAddr)
+		"-log-level", "warn", "-fleet-addrs-file", addrsFile, "-fleet-stats-addr", statsAddr, "-metrics-delay", o.delay.String())
 	if err != nil {
 		return r, err
 	}
