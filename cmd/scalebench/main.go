@@ -208,6 +208,9 @@ func measure(ctx context.Context, o *options, n int, mode string) (result, error
 	defer fleet.stop()
 	var addrs []string
 	if err := poll(ctx, 60*time.Second, "the fleet listening", func() error {
+		if err := fleet.exited(); err != nil {
+			return err
+		}
 		b, err := os.ReadFile(addrsFile)
 		if err != nil {
 			return err
@@ -250,6 +253,9 @@ func measure(ctx context.Context, o *options, n int, mode string) (result, error
 	}
 	defer sy.stop()
 	if err := poll(ctx, 120*time.Second, "every endpoint scraped", func() error {
+		if err := sy.exited(); err != nil {
+			return err
+		}
 		st, err := status(admin)
 		if err != nil {
 			return err
@@ -577,6 +583,21 @@ func start(ctx context.Context, dir, name, bin string, args ...string) (*proc, e
 }
 
 func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+// exited returns an error quoting the end of the process's log if it has
+// ended, nil while it runs.
+func (p *proc) exited() error {
+	select {
+	case <-p.done:
+	default:
+		return nil
+	}
+	b, _ := os.ReadFile(p.log)
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return fmt.Errorf("%s exited: %s", filepath.Base(p.log), b)
+}
 
 // stop ends the process: SIGTERM, then SIGKILL after 10 s.
 func (p *proc) stop() {
