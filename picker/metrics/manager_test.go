@@ -71,8 +71,10 @@ vllm:cache_config_info{block_size="16",num_gpu_blocks="1000"} 1
 `, waiting, running, kv)
 }
 
+// fastOptions scrape every 5 ms, whatever the page costs the server.
 func fastOptions() Options {
-	return Options{Interval: 5 * time.Millisecond, Timeout: 200 * time.Millisecond, FailureThreshold: 2, MaxBackoff: 20 * time.Millisecond}
+	return Options{Interval: 5 * time.Millisecond, Timeout: 200 * time.Millisecond, FailureThreshold: 2, MaxBackoff: 20 * time.Millisecond,
+		EngineBudget: -1}
 }
 
 // waitValues polls until the endpoint's latest successful values satisfy ok.
