@@ -262,6 +262,12 @@ func (s *Server) Run(ctx context.Context) error {
 				l.MarkScrape(snap)
 			}
 		}
+		mo.Demand = func(k metrics.Key) metrics.Demand {
+			if l := s.loads.get(k.Pool, k.Address); l != nil {
+				return l
+			}
+			return nil
+		}
 		s.mgr = metrics.NewManager(ctx, mo)
 		defer func() {
 			s.mgr.Stop()
@@ -306,6 +312,8 @@ func (s *Server) apply(st *registry.State) {
 	}
 	if s.mgr != nil {
 		targets := metrics.TargetsFromState(st)
+		// Every replica scrapes every endpoint: they share its budget.
+		s.mgr.SetScrapers(len(st.Replicas))
 		if err := s.mgr.Sync(targets); err != nil {
 			s.log.Warn("metrics targets", "err", err)
 		}

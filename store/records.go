@@ -82,6 +82,7 @@ type schedulingRecord struct {
 	Scorers          map[string]float64 `json:"scorers,omitempty"`
 	Picker           string             `json:"picker,omitempty"`
 	ScrapeIntervalMS int                `json:"scrape_interval_ms,omitempty"`
+	IdleScrapeMS     int                `json:"idle_scrape_interval_ms,omitempty"`
 	QueueThreshold   int                `json:"queue_threshold,omitempty"`
 	KVThreshold      float64            `json:"kv_threshold,omitempty"`
 	Metrics          map[string]string  `json:"metrics,omitempty"`
@@ -167,6 +168,7 @@ func fromState(s *registry.State) stateRecord {
 				Scorers:          maps.Clone(sc.Scorers),
 				Picker:           sc.Picker,
 				ScrapeIntervalMS: sc.ScrapeIntervalMS,
+				IdleScrapeMS:     sc.IdleScrapeIntervalMS,
 				QueueThreshold:   sc.QueueThreshold,
 				KVThreshold:      sc.KVThreshold,
 				Metrics:          maps.Clone(sc.Metrics),
@@ -226,14 +228,15 @@ func (r *stateRecord) toState() *registry.State {
 		p.Disaggregation = pr.Disaggregation.toDisaggregation()
 		if sc := pr.Scheduling; sc != nil {
 			p.Scheduling = &registry.Scheduling{
-				Profile:          sc.Profile,
-				Scorers:          sc.Scorers,
-				Picker:           sc.Picker,
-				ScrapeIntervalMS: sc.ScrapeIntervalMS,
-				QueueThreshold:   sc.QueueThreshold,
-				KVThreshold:      sc.KVThreshold,
-				Metrics:          sc.Metrics,
-				SessionHeader:    sc.SessionHeader,
+				Profile:              sc.Profile,
+				Scorers:              sc.Scorers,
+				Picker:               sc.Picker,
+				ScrapeIntervalMS:     sc.ScrapeIntervalMS,
+				IdleScrapeIntervalMS: sc.IdleScrapeMS,
+				QueueThreshold:       sc.QueueThreshold,
+				KVThreshold:          sc.KVThreshold,
+				Metrics:              sc.Metrics,
+				SessionHeader:        sc.SessionHeader,
 			}
 		}
 		if c := pr.Consul; c != nil {

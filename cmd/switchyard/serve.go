@@ -60,6 +60,7 @@ type serveFlags struct {
 	drainTimeout     time.Duration
 	storePath        string
 	adminAddr        string
+	debugAddr        string
 	logLevel         string
 	logFormat        string
 	pdSigningKeyFile string
@@ -80,6 +81,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.replicaID, "replica-id", "", "`name` of this replica among the switchyard replicas of the configuration's replicas block (its Consul service ID); default <hostname>-<picker port>")
 	fs.StringVar(&f.storePath, "store", "", "bbolt `file` that persists pool state and the picker's memory so a restart is warm (even with Consul down); empty disables persistence")
 	fs.StringVar(&f.adminAddr, "admin-addr", "127.0.0.1:9090", "`address` of the admin HTTP server (status page, /metrics, health)")
+	fs.StringVar(&f.debugAddr, "debug-addr", "", "`address` (loopback) of an HTTP server with Go's profiles at /debug/pprof/ (CPU, heap, goroutines; unauthenticated); empty: none")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.StringVar(&f.pdSigningKeyFile, "pd-signing-key-file", "", "`file` holding the key (at least 16 bytes) that signs the prefill server the picker names to a disaggregated pool's pd-sidecars (x-switchyard-prefiller-sig); give the sidecars the same file as -signing-key-file")
@@ -382,6 +384,9 @@ func (a *app) components() []component {
 		{"extproc-server", grpcComponent(a.flags.extprocAddr, extproc, time.Second)},
 		{"xds-server", grpcComponent(a.flags.xdsAddr, ads, stopGrace)},
 		{"admin-server", httpsComponent(a.flags.adminAddr, adminauth.Wrap(a.adminHandler(), a.adminAuth), a.adminTLSConfig(), a.log)},
+	}
+	if a.flags.debugAddr != "" {
+		comps = append(comps, component{"debug-server", httpsComponent(a.flags.debugAddr, debugHandler(), nil, a.log)})
 	}
 	if a.tls != nil {
 		comps = append(comps, component{"tls-reload", a.watchTLS})

@@ -2,6 +2,7 @@ package status
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/switchyard/switchyard/internal/mtls"
@@ -303,6 +304,7 @@ func pools(in *inputs) []Pool {
 		if ks, ok := in.kvEvents[metrics.Key{Pool: e.Pool, Address: e.Address}]; ok {
 			es.KVEvents = kvEventsOf(ks)
 		}
+		es.Scrape = scrapeOf(e.Metrics, in.now)
 		if m := e.TTFT; m.Compared > 0 || e.PrefillRequests > 0 {
 			ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
 			es.TTFT = &TTFT{BaseMS: ms(m.Base), PrefillPer1kMS: ms(m.PerToken), Observations: m.Observed,
@@ -491,6 +493,25 @@ func peerName(rows []Replica, address, from string) string {
 // that is not withheld: the rule of picker.EndpointHealth, which xDS and
 // the picker's health filter follow.
 const stillRouted = "still routed: no other endpoint of its pool answers its metrics scrapes, and a pool is never emptied for failing scrapes alone (a broken metrics path must not take it down)"
+
+// scrapeOf describes how fresh snapshot m is at now (nil: never
+// attempted).
+func scrapeOf(m *metrics.Snapshot, now time.Time) *Scrape {
+	if m == nil {
+		return nil
+	}
+	ms := func(d time.Duration) float64 { return math.Round(float64(d)/1e4) / 100 }
+	s := &Scrape{Stale: !m.Fresh(now) || m.Failing, MaxAgeMS: ms(m.MaxAge), IntervalMS: ms(m.Interval),
+		CostMS: ms(m.Cost), PageBytes: m.PageBytes, From: m.From}
+	if age := m.Age(now); age >= 0 {
+		a := ms(age)
+		s.AgeMS = &a
+	}
+	if m.Filter != metrics.FilterUnknown {
+		s.NameFilter = m.Filter.String()
+	}
+	return s
+}
 
 // unhealthyReason says why an endpoint is unhealthy, from its latest
 // scrape (m may be nil: never scraped).

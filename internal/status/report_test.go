@@ -56,7 +56,8 @@ func sample() *inputs {
 
 	scraped := func(addr string, v metrics.Values, failing bool, served []string) *metrics.Snapshot {
 		return &metrics.Snapshot{Key: metrics.Key{Pool: "llama", Address: addr}, Values: v,
-			ScrapedAt: t0.Add(-time.Second), LastSuccess: t0.Add(-2 * time.Second), Failing: failing, ServedModels: served}
+			ScrapedAt: t0.Add(-time.Second), LastSuccess: t0.Add(-2 * time.Second), Failing: failing, ServedModels: served,
+			Interval: time.Second, MaxAge: 3 * time.Second, Cost: 3300 * time.Microsecond, PageBytes: 48380, Filter: metrics.FilterIgnored}
 	}
 	ps := picker.Stats{
 		Version: 7, Requests: 100, Picked: 90, Rewritten: 5, FallbackServed: 2, ResponseBodies: 40, PeerPicks: 30,
@@ -80,7 +81,7 @@ func sample() *inputs {
 			// scraped, failing, not withheld (no endpoint of its pool
 			// answers), so still routed to.
 			{Pool: "solo", Address: "10.0.2.1:8000", Metrics: &metrics.Snapshot{Key: metrics.Key{Pool: "solo", Address: "10.0.2.1:8000"},
-				ScrapedAt: t0.Add(-time.Second), ConsecutiveFailures: 4, Failing: true,
+				ScrapedAt: t0.Add(-time.Second), ConsecutiveFailures: 4, Failing: true, Interval: time.Second, MaxAge: 3 * time.Second,
 				Err: errors.New(`Get "http://10.0.2.1:8000/metrics": dial tcp 10.0.2.1:8000: connect: connection refused`)}},
 			// A pool the state no longer has (the picker applies it next).
 			{Pool: "gone", Address: "10.0.9.9:8000"},
@@ -395,5 +396,42 @@ func golden(t *testing.T, path string, got []byte) {
 	}
 	if !bytes.Equal(got, want) {
 		t.Errorf("%s differs from the output; if the change is deliberate, run go test -update ./internal/status/\ngot:\n%s", path, got)
+	}
+}
+
+// The status says how old each endpoint's metrics are and whether they are
+// stale: older than their max age (scrapes late or failing), as the
+// picker then judges them.
+func TestReportShowsStaleness(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name      string
+		snap      *metrics.Snapshot
+		wantStale bool
+		wantAge   float64 // ms; -1: none
+	}{
+		{"fresh", &metrics.Snapshot{LastSuccess: now.Add(-40 * time.Millisecond), Interval: 50 * time.Millisecond, MaxAge: 250 * time.Millisecond}, false, 40},
+		{"older than its max age", &metrics.Snapshot{LastSuccess: now.Add(-4 * time.Second), Interval: time.Second, MaxAge: 3 * time.Second}, true, 4000},
+		{"failing, young values", &metrics.Snapshot{LastSuccess: now.Add(-100 * time.Millisecond), MaxAge: time.Second, Failing: true}, true, 100},
+		{"never answered", &metrics.Snapshot{ScrapedAt: now, MaxAge: time.Second, Err: errors.New("refused")}, true, -1},
+		{"read by another replica", &metrics.Snapshot{LastSuccess: now.Add(-time.Second), MaxAge: 3 * time.Second, From: "sy-2"}, false, 1000},
+	} {
+		got := scrapeOf(tc.snap, now)
+		if got.Stale != tc.wantStale {
+			t.Errorf("%s: stale %v, want %v", tc.name, got.Stale, tc.wantStale)
+		}
+		switch {
+		case tc.wantAge < 0 && got.AgeMS != nil:
+			t.Errorf("%s: age %v, want none", tc.name, *got.AgeMS)
+		case tc.wantAge >= 0 && (got.AgeMS == nil || *got.AgeMS != tc.wantAge):
+			t.Errorf("%s: age %v, want %v ms", tc.name, got.AgeMS, tc.wantAge)
+		}
+		if got.From != tc.snap.From || got.MaxAgeMS != float64(tc.snap.MaxAge.Milliseconds()) {
+			t.Errorf("%s: %+v", tc.name, got)
+		}
+	}
+	if scrapeOf(nil, now) != nil {
+		t.Error("an endpoint never scraped has no scrape section")
 	}
 }
