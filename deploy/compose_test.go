@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"encoding/json"
 	"io/fs"
 	"net/netip"
 	"os"
@@ -84,6 +85,7 @@ func TestComposeServices(t *testing.T) {
 
 	// Start order follows health: Consul, then the replicas (side by side:
 	// neither waits for the other), then Envoy.
+	gp := loadProject(t, "gpu")
 	for _, r := range replicas {
 		checkDependsHealthy(t, r, svcConsul)
 		checkDependsHealthy(t, envoy, r.Name)
@@ -92,6 +94,74 @@ func TestComposeServices(t *testing.T) {
 				t.Errorf("replica %q depends on replica %q: one replica down must not keep another from starting", r.Name, other.Name)
 			}
 		}
+		// `down` stops in reverse dependency order: the replicas must go
+		// before every model server (and the agent registering the GPU
+		// ones), or they record them as failing and restore that on the
+		// next `up` (issue 26). Not a start condition: model servers come
+		// and go on their own.
+		gr := service(t, gp, r.Name)
+		hosts := append(simServices(gp), gpuServices(gp)...)
+		hosts = append(hosts, service(t, gp, svcConsulGPU))
+		for _, h := range hosts {
+			d, ok := gr.DependsOn[h.Name]
+			switch {
+			case !ok:
+				t.Errorf("replica %q does not list %q in depends_on: `down` would stop them together", r.Name, h.Name)
+			case d.Condition != types.ServiceConditionStarted || d.Required:
+				t.Errorf("replica %q depends on %q with %+v, want condition service_started, required false", r.Name, h.Name, d)
+			}
+		}
+	}
+
+	// Consul runs offline: no update check against HashiCorp, in every
+	// agent (the image's entrypoint writes CONSUL_LOCAL_CONFIG to
+	// /consul/config/local.json).
+	for _, name := range []string{svcConsul, svcConsulGPU} {
+		c := service(t, gp, name)
+		v := c.Environment["CONSUL_LOCAL_CONFIG"]
+		var local map[string]any
+		if v == nil || json.Unmarshal([]byte(*v), &local) != nil || local["disable_update_check"] != true {
+			t.Errorf("%s: CONSUL_LOCAL_CONFIG %v does not set disable_update_check: true", name, v)
+		}
+	}
+
+	// The health checks of the images built here run their own binary
+	// (distroless: no shell, no wget).
+	for _, s := range append(replicas, simServices(p)...) {
+		if hc := s.HealthCheck.Test; len(hc) < 2 || hc[0] != "CMD" || !strings.HasPrefix(hc[1], "/usr/local/bin/") {
+			t.Errorf("%s: healthcheck %q, want [CMD /usr/local/bin/<its binary> ...]", s.Name, hc)
+		}
+	}
+}
+
+// TestComposeOneOffService: `docker compose run <service>` gives the
+// one-off container the service's static address, which fails while the
+// service runs (issue 26). The "cli" service (profile "tools") is the
+// one-off for switchyard commands: the replicas' image and configuration,
+// no static address (Docker takes one from the network's ip_range), no
+// published port, and not started by `up`.
+func TestComposeOneOffService(t *testing.T) {
+	if _, ok := loadProject(t).Services[svcCLI]; ok {
+		t.Errorf("%q is started by a plain `up`; it belongs to profile tools", svcCLI)
+	}
+	p := loadProject(t, "tools")
+	cli := service(t, p, svcCLI)
+	checkBuild(t, testutil.RepoRoot(t), cli, switchyardDockerfile)
+	n, ok := cli.Networks[stackNetwork]
+	if !ok {
+		t.Fatalf("%s does not join %s", svcCLI, stackNetwork)
+	}
+	if n != nil && n.Ipv4Address != "" {
+		t.Errorf("%s has the static address %s: two one-off runs would clash", svcCLI, n.Ipv4Address)
+	}
+	if pool := p.Networks[stackNetwork].Ipam.Config; len(pool) != 1 || pool[0].IPRange == "" {
+		t.Errorf("network %s has no ip_range for containers without a static address", stackNetwork)
+	}
+	if len(cli.Ports) != 0 || len(cli.DependsOn) != 0 {
+		t.Errorf("%s publishes %v and depends on %v; a one-off needs neither", svcCLI, cli.Ports, cli.DependsOn)
+	}
+	if src := bindSourceFor(t, cli, switchyardConfigTarget); src != bindSourceFor(t, replicaServices(t, loadProject(t))[0], switchyardConfigTarget) {
+		t.Errorf("%s mounts %s, not the replicas' configuration", svcCLI, src)
 	}
 }
 
@@ -375,8 +445,12 @@ func checkWorldReadable(t *testing.T, svc, p string) {
 // reserved NVIDIA GPUs, with the flags switchyard's routing relies on, and
 // absent unless the profile is asked for.
 func TestComposeGPUProfile(t *testing.T) {
-	if gpus := gpuServices(loadProject(t)); len(gpus) != 0 {
+	plain := loadProject(t)
+	if gpus := gpuServices(plain); len(gpus) != 0 {
 		t.Errorf("GPU services %v start without --profile gpu; they need GPUs most hosts lack", gpus)
+	}
+	if _, ok := plain.Services[svcConsulGPU]; ok {
+		t.Errorf("%s runs without --profile gpu: it would register GPU hosts that do not run", svcConsulGPU)
 	}
 	p := loadProject(t, "gpu")
 	gpus := gpuServices(p)

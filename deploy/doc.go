@@ -4,20 +4,27 @@
 // and the configuration the compose stack mounts from examples/compose/
 // (switchyard HCL, Consul service definitions, the Envoy bootstrap).
 //
-// No container engine runs in CI, so the stack is never started. Instead the
-// tests load the compose file with the compose-spec reference parser
-// (schema and cross-reference checks included), then check what a broken
-// deployment would get wrong: services, images and build files, health
-// checks and start order, restart policies, published ports, each
-// replica's command, certificate and store volume, static IPs that match
-// the Consul registrations and the replicas' advertised addresses, an
-// Envoy bootstrap that lists every replica, that every mounted file exists
-// and is accepted by the program that reads it (switchyard validate,
-// consul validate, envoy --mode validate), and that the Dockerfiles build
-// the right command as a non-root user. One test runs what the stack runs
-// on loopback: a real Consul with the simulators' definitions and both
-// replicas with their compose commands, which register, list each other
-// and admit each other's certificates.
+// Most tests need no container engine: they load the compose file with
+// the compose-spec reference parser (schema and cross-reference checks
+// included), then check what a broken deployment would get wrong:
+// services, images and build files, health checks, start and stop order,
+// restart policies, published ports, each replica's command, certificate
+// and store volume, static IPs that match the Consul registrations and the
+// replicas' advertised addresses, an Envoy bootstrap that lists every
+// replica, that every mounted file exists and is accepted by the program
+// that reads it (switchyard validate, consul validate, envoy --mode
+// validate), and that the Dockerfiles build the right command as a
+// non-root user. One test runs what the stack runs on loopback: a real
+// Consul with the simulators' definitions and both replicas with their
+// compose commands, which register, list each other and admit each
+// other's certificates.
+//
+// TestComposeStack runs the stack itself in a real engine (package
+// composetest; `make test` installs the engine, Compose v2 and stand-ins
+// for the images with deploy/engine/install.sh): moved to a free subnet
+// and loopback ports under a project name of its own, it answers through
+// Envoy and survives the faults docs/deployment.md lists, with the failed
+// requests counted.
 //
 // The package has no non-test code. It is a Go module of its own
 // (deploy/go.mod, using the repository's module through a replace), so the
@@ -26,4 +33,5 @@
 //
 //	go -C deploy test ./...
 //	go -C deploy test -run TestEnvoyBootstrap -update .   # regenerate the compose bootstrap
+//	make test-compose                                     # the stack in a real engine, verbose
 package deploy

@@ -128,6 +128,7 @@ func TestDockerfiles(t *testing.T) {
 	}{
 		{switchyardDockerfile, "switchyard", []int{9002, 18000, 9090}, true},
 		{simDockerfile, "vllm-sim", []int{8000}, false},
+		{sidecarDockerfile, "pd-sidecar", []int{8000}, false},
 	} {
 		t.Run(tc.binary, func(t *testing.T) {
 			file := filepath.Join(root, tc.file)
@@ -384,4 +385,54 @@ func declaresStringVar(t *testing.T, dir, name string) bool {
 		}
 	}
 	return false
+}
+
+// TestNoBuildOutputsInRepo: `go build ./cmd/X` at the repository root
+// leaves a binary X there. Every such name is ignored by git and left out
+// of the image build context, and no binary is committed (issue 26: a
+// 5.5 MB devcerts was, and made up most of every build context).
+func TestNoBuildOutputsInRepo(t *testing.T) {
+	root := testutil.RepoRoot(t)
+	ign := readDockerignore(t, filepath.Join(root, ".dockerignore"))
+	cmds, err := filepath.Glob(filepath.Join(root, "cmd", "*", "main.go"))
+	if err != nil || len(cmds) == 0 {
+		t.Fatalf("no commands under cmd/: %v", err)
+	}
+	testutil.SkipProcesses(t, "git")
+	git := func(args ...string) *exec.Cmd {
+		cmd := exec.Command("git", args...)
+		cmd.Dir = root
+		return cmd
+	}
+	for _, m := range cmds {
+		name := filepath.Base(filepath.Dir(m))
+		if out, _ := ign.excluded(name); !out {
+			t.Errorf(".dockerignore does not exclude /%s (go build ./cmd/%s)", name, name)
+		}
+		if out, _ := ign.excluded("cmd/" + name + "/main.go"); out {
+			t.Errorf(".dockerignore's rule for /%s also drops cmd/%s", name, name)
+		}
+		if err := git("check-ignore", "-q", "--no-index", name).Run(); err != nil {
+			t.Errorf(".gitignore does not ignore /%s (go build ./cmd/%s): %v", name, name, err)
+		}
+		if err := git("check-ignore", "-q", "--no-index", "cmd/"+name+"/main.go").Run(); err == nil {
+			t.Errorf(".gitignore's rule for /%s also ignores cmd/%s", name, name)
+		}
+	}
+	out, err := git("ls-files", "-z").Output()
+	if err != nil {
+		t.Fatalf("git ls-files: %v", err)
+	}
+	for _, f := range strings.Split(strings.TrimRight(string(out), "\x00"), "\x00") {
+		fh, err := os.Open(filepath.Join(root, f))
+		if err != nil {
+			continue // deleted in the work tree
+		}
+		head := make([]byte, 4)
+		n, _ := fh.Read(head)
+		fh.Close()
+		if n == 4 && string(head) == "\x7fELF" {
+			t.Errorf("%s is a committed binary", f)
+		}
+	}
 }

@@ -29,6 +29,11 @@ const composeFile = "docker-compose.yaml"
 const (
 	svcConsul = "consul"
 	svcEnvoy  = "envoy"
+	// svcConsulGPU is the GPU hosts' Consul client agent (profile "gpu").
+	svcConsulGPU = "consul-gpu"
+	// svcCLI is the one-off service for switchyard commands (profile
+	// "tools").
+	svcCLI = "cli"
 )
 
 // The replicas: how many the stack runs, and the names they share.
@@ -48,6 +53,7 @@ const (
 const (
 	switchyardDockerfile = "cmd/switchyard/Dockerfile"
 	simDockerfile        = "cmd/vllm-sim/Dockerfile"
+	sidecarDockerfile    = "cmd/pd-sidecar/Dockerfile"
 	gpuImage             = "vllm/vllm-openai"
 )
 

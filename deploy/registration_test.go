@@ -356,15 +356,11 @@ func getJSON(url string, v any) error {
 // ports, each -*-advertise follows its -*-addr, -config names the
 // directory compose mounts, -store a temporary file and the TLS flags
 // the replica's directory of certs (made by devcerts). It then runs the
-// service's health check (wget on /readyz, moved to the admin port) until
-// it passes.
+// service's health check (switchyard probe on /readyz, moved to the admin
+// port) until it passes.
 func startReplicaLikeCompose(t *testing.T, p *types.Project, sy types.ServiceConfig, consulAddr, certs string) liveReplica {
 	flags := serveFlags(t, sy)
 	bin := testutil.Binary(t, "switchyard")
-	wget, err := exec.LookPath("wget")
-	if err != nil {
-		t.Skip("wget not installed; cannot run the compose health check")
-	}
 
 	r := liveReplica{name: sy.Name, extproc: testutil.FreeAddr(t), xds: testutil.FreeAddr(t), admin: testutil.FreeAddr(t)}
 	tlsDir := filepath.Join(certs, path.Base(bindSourceFor(t, sy, switchyardTLSTarget)))
@@ -404,15 +400,18 @@ func startReplicaLikeCompose(t *testing.T, p *types.Project, sy types.ServiceCon
 		}
 	})
 
+	// The health check runs the image's own binary (no shell, no HTTP
+	// client in a distroless image): the same binary here, on the admin
+	// port this replica got.
 	test := sy.HealthCheck.Test
-	if len(test) < 2 || test[0] != "CMD" || test[1] != "wget" {
-		t.Fatalf("%s healthcheck %q: want [CMD wget ...]", sy.Name, test)
+	if len(test) < 3 || test[0] != "CMD" || path.Base(test[1]) != "switchyard" || test[2] != "probe" {
+		t.Fatalf("%s healthcheck %q: want [CMD /usr/local/bin/switchyard probe URL]", sy.Name, test)
 	}
 	_, adminPort := hostPort(t, "-admin-addr", flags["admin-addr"])
 	_, freePort := hostPort(t, "admin", r.admin)
 	composeURL, testURL := "127.0.0.1:"+strconv.Itoa(adminPort), "127.0.0.1:"+strconv.Itoa(freePort)
-	probe := make([]string, 0, len(test)-1)
-	for _, a := range test[1:] {
+	probe := make([]string, 0, len(test)-2)
+	for _, a := range test[2:] {
 		probe = append(probe, strings.Replace(a, composeURL, testURL, 1))
 	}
 	if !strings.Contains(strings.Join(probe, " "), testURL) {
@@ -422,7 +421,7 @@ func startReplicaLikeCompose(t *testing.T, p *types.Project, sy types.ServiceCon
 		if proc.Exited() {
 			t.Fatalf("%s exited:\n%s", sy.Name, proc.Output())
 		}
-		out, err := exec.Command(wget, probe[1:]...).CombinedOutput()
+		out, err := exec.Command(bin, probe...).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("%q: %v: %s", probe, err, out)
 		}

@@ -48,7 +48,20 @@ type Params struct {
 	// XDSSNI is the server name sent to switchyard with TLS (default
 	// "switchyard").
 	XDSSNI string
+	// ADSAPIType is the ADS protocol variant: APITypeSotW or APITypeDelta
+	// (default: the file's).
+	ADSAPIType string
 }
+
+// The ADS protocol variants (ads_config.api_type).
+const (
+	// APITypeSotW is state-of-the-world xDS: each response carries every
+	// resource of its type.
+	APITypeSotW = "GRPC"
+	// APITypeDelta is incremental xDS: responses carry only the resources
+	// that changed, and the names of those removed.
+	APITypeDelta = "DELTA_GRPC"
+)
 
 var marker = regexp.MustCompile(`^(\s*[a-z_]+:\s*)(\S+)(\s*# @([a-z_]+))\s*$`)
 
@@ -75,6 +88,12 @@ func Bootstrap(p Params) (string, error) {
 	set("admin_host", p.AdminHost)
 	set("admin_port", port(p.AdminPort))
 	set("xds_sni", p.XDSSNI)
+	switch p.ADSAPIType {
+	case "", APITypeSotW, APITypeDelta:
+		set("ads_api_type", p.ADSAPIType)
+	default:
+		return "", fmt.Errorf("envoy bootstrap: ADS API type %q is neither %s nor %s", p.ADSAPIType, APITypeSotW, APITypeDelta)
+	}
 	tmpl := bootstrapYAML
 	if p.TLSDir != "" {
 		l := TLSLayout(p.TLSDir)

@@ -159,3 +159,16 @@ func TestMTLSBootstrapValidatesInEnvoy(t *testing.T) {
 		t.Fatalf("envoy --mode validate: %v\n%s", err, b)
 	}
 }
+
+func TestBootstrapADSAPIType(t *testing.T) {
+	out, err := Bootstrap(Params{ADSAPIType: APITypeDelta})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if missing := testutil.ContainsAll(out, "api_type: DELTA_GRPC # @ads_api_type"); len(missing) > 0 {
+		t.Fatalf("rendered bootstrap lacks %q:\n%s", missing, out)
+	}
+	if _, err := Bootstrap(Params{ADSAPIType: "REST"}); err == nil {
+		t.Fatal("an unknown ADS API type was accepted")
+	}
+}

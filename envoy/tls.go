@@ -30,9 +30,13 @@ const (
 //	ca-sds.yaml    SDS resource naming ca.pem and the SANs accepted on
 //	               switchyard's certificate
 //
-// Envoy watches the directory for files moved into it: rotate by writing
-// a new file next to the old one and renaming it over (or by swapping a
-// symlinked directory, as Kubernetes and consul-template do).
+// Envoy watches the directory (watched_directory) and re-reads every file
+// whenever something is moved into it. A certificate and its key renamed
+// into place one after the other would show it a new certificate next to
+// the old key (KEY_VALUES_MISMATCH, a failed rotation). So cert.pem,
+// key.pem and ca.pem are symbolic links into a data directory that a
+// rotation replaces with one rename (WriteFileSet), the way Kubernetes
+// updates mounted secrets.
 type Layout struct {
 	Dir, Cert, Key, CA, CertSDS, CASDS string
 }
@@ -88,9 +92,9 @@ func sanType(s string) string {
 	return "DNS"
 }
 
-// Write creates the directory and writes the certificate, key, CA and both
-// SDS files into it, each by writing a temporary file and renaming it, the
-// way Envoy notices a rotation. The SDS files are written last, so an
+// Write creates the directory and writes the certificate, key and CA into
+// it as one set (WriteFileSet), then both SDS files, each by writing a
+// temporary file and renaming it. The SDS files are written last, so an
 // Envoy starting meanwhile never reads a reference to a missing file.
 func (l Layout) Write(cert, key, ca []byte, serverSANs []string) error {
 	return l.WriteTo(l.Dir, cert, key, ca, serverSANs, 0o600)
@@ -100,19 +104,20 @@ func (l Layout) Write(cert, key, ca []byte, serverSANs []string) error {
 // for a directory that Envoy will see elsewhere, such as a bind mount
 // into a container. keyMode is the private key's file mode.
 func (l Layout) WriteTo(dir string, cert, key, ca []byte, serverSANs []string, keyMode os.FileMode) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	set := []File{
+		{Name: filepath.Base(l.Key), Data: key, Mode: keyMode},
+		{Name: filepath.Base(l.Cert), Data: cert, Mode: 0o644},
+		{Name: filepath.Base(l.CA), Data: ca, Mode: 0o644},
+	}
+	if err := WriteFileSet(dir, 0o755, set); err != nil {
 		return fmt.Errorf("envoy TLS dir: %w", err)
 	}
 	certSDS, caSDS := l.SDSFiles(serverSANs)
 	for _, f := range []struct {
 		path string
 		data []byte
-		mode os.FileMode
-	}{
-		{l.Key, key, keyMode}, {l.Cert, cert, 0o644}, {l.CA, ca, 0o644},
-		{l.CertSDS, []byte(certSDS), 0o644}, {l.CASDS, []byte(caSDS), 0o644},
-	} {
-		if err := WriteAtomic(filepath.Join(dir, filepath.Base(f.path)), f.data, f.mode); err != nil {
+	}{{l.CertSDS, []byte(certSDS)}, {l.CASDS, []byte(caSDS)}} {
+		if err := WriteAtomic(filepath.Join(dir, filepath.Base(f.path)), f.data, 0o644); err != nil {
 			return err
 		}
 	}

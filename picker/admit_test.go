@@ -120,10 +120,11 @@ func admissionHeaders(r *extprocv3.ProcessingResponse) (reason, retry string) {
 }
 
 // A saturated pool holds requests instead of forwarding them, and lets
-// them go as capacity frees: the highest band first (the sheddable model
-// waits behind the normal one, though it came first).
+// them go as capacity frees: the highest band first (the sheddable model,
+// queued because the operator asked for it, waits behind the normal one,
+// though it came first).
 func TestSaturatedRequestsWaitAndGoByPriority(t *testing.T) {
-	h := newHarness(t, testState(), Options{MaxInFlightPerEndpoint: 1})
+	h := newHarness(t, admissionState(&registry.Admission{QueueSheddable: true}), Options{MaxInFlightPerEndpoint: 1})
 	busy := saturate(t, h)
 	bulk := startRequest(h, "bulk")
 	bulkCh := recvAsync(bulk)
@@ -186,23 +187,57 @@ func TestAdmissionOverflow(t *testing.T) {
 	notYet(t, "the first request", firstCh)
 }
 
-// The operator may keep today's rule: sheddable requests get 429 at once
-// when the pool is saturated.
-func TestShedSheddable(t *testing.T) {
-	h := newHarness(t, admissionState(&registry.Admission{ShedSheddable: true}), Options{MaxInFlightPerEndpoint: 1})
-	saturate(t, h)
-	r := startRequest(h, "bulk").recv()
-	body := immediateOf(t, r, 429)
-	if !strings.Contains(body, "sheddable") {
-		t.Errorf("body %s", body)
+// By default (the protocol's rule) sheddable requests get 429 at once
+// when the pool is saturated, with the admission queue on; normal
+// requests wait; and while they wait, a sheddable request that would go
+// behind them is shed too.
+func TestSheddableShedByDefault(t *testing.T) {
+	h := newHarness(t, testState(), Options{MaxInFlightPerEndpoint: 1})
+	busy := saturate(t, h)
+	shed := func(what string) {
+		t.Helper()
+		r := startRequest(h, "bulk").recv()
+		body := immediateOf(t, r, 429)
+		if !strings.Contains(body, "sheddable") {
+			t.Errorf("%s: body %s", what, body)
+		}
+		if reason, retry := admissionHeaders(r); reason != admission.ReasonShed || retry == "" {
+			t.Errorf("%s: headers: reason %q retry-after %q", what, reason, retry)
+		}
 	}
-	if reason, retry := admissionHeaders(r); reason != admission.ReasonShed || retry == "" {
-		t.Errorf("headers: reason %q retry-after %q", reason, retry)
-	}
+	shed("saturated")
 	// A normal request waits rather than being shed.
 	ch := recvAsync(startRequest(h, "llama"))
 	waiting(t, h, 1)
 	notYet(t, "llama", ch)
+	shed("behind a waiting request")
+	// Once there is room and nobody waits, a sheddable request goes.
+	busy[0].cancel()
+	picked(t, "llama", ch)
+	busy[1].cancel()
+	waiting(t, h, 0)
+	testutil.Eventually(t, 5*time.Second, "room for the sheddable request", func() error {
+		if h.srv.Saturated(time.Now())["alpha"] {
+			return errors.New("still saturated")
+		}
+		return nil
+	})
+	decisionOf(t, startRequest(h, "bulk").recv())
+	if got := h.srv.AdmissionStats()[0]; got.Enqueued != 1 || got.Waiting != nil {
+		t.Errorf("queue stats %+v: only the normal request waited", got)
+	}
+}
+
+// shed_sheddable = false is the operator's opt-in to queueing sheddable
+// requests: they wait in the lowest band instead of getting 429.
+func TestQueueSheddable(t *testing.T) {
+	h := newHarness(t, admissionState(&registry.Admission{QueueSheddable: true}), Options{MaxInFlightPerEndpoint: 1})
+	busy := saturate(t, h)
+	ch := recvAsync(startRequest(h, "bulk"))
+	waiting(t, h, 1)
+	notYet(t, "bulk", ch)
+	busy[0].cancel()
+	picked(t, "bulk", ch)
 }
 
 // With admission off, saturated requests are forwarded (sheddable ones
@@ -375,5 +410,34 @@ func TestTenantIsTheQueuesFlow(t *testing.T) {
 	}
 	if len(got) != 2 || got["team-a"] != 4 || got["team-b"] != 0 {
 		t.Errorf("waiting flows and bands %v, want team-a in band 4 and team-b in band 0", got)
+	}
+}
+
+// A request the admission queue held is resolved again when it leaves
+// the queue; it still counts once in its model's requests and in the
+// rewrites, and keeps the target it drew.
+func TestQueuedRequestCountedOnce(t *testing.T) {
+	h := newHarness(t, testState(), Options{MaxInFlightPerEndpoint: 1})
+	busy := saturate(t, h)
+	before := h.srv.Stats().Rewritten
+	ch := recvAsync(startRequest(h, "chat"))
+	waiting(t, h, 1)
+	busy[0].cancel()
+	picked(t, "chat", ch)
+	if got := h.srv.Stats().Rewritten - before; got != 1 {
+		t.Errorf("rewrites counted %d times, want 1", got)
+	}
+	var seen bool
+	for _, o := range h.srv.Observe(time.Now()).Objectives {
+		if o.Model != "chat" {
+			continue
+		}
+		seen = true
+		if o.Target != "llama-3-8b-instruct" || o.Requests != 1 {
+			t.Errorf("objective %s/%s counted %d requests, want 1", o.Model, o.Target, o.Requests)
+		}
+	}
+	if !seen {
+		t.Error("no objective counters for chat")
 	}
 }

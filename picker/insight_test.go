@@ -127,6 +127,10 @@ func TestDecisionRecords(t *testing.T) {
 		}
 		return nil
 	})
+	// It keeps the client's model name, so a query by model finds it.
+	if got := rec.Query(decisions.Filter{Model: "nope"}); len(got) != 1 || got[0].Model != "nope" || got[0].Target != "nope" {
+		t.Errorf("the 404's record by model: %+v", got)
+	}
 	if got := rec.Query(decisions.Filter{Endpoint: "10.0.0.3:8000"}); len(got) != 1 {
 		t.Errorf("endpoint filter found %d records", len(got))
 	}
@@ -278,6 +282,41 @@ func TestTracedRequest(t *testing.T) {
 	// The record names the trace.
 	if r := rec.Query(decisions.Filter{Limit: 2}); r[1].TraceID != traceID || r[0].TraceID != "" {
 		t.Errorf("record trace IDs %q %q", r[1].TraceID, r[0].TraceID)
+	}
+}
+
+// A 404 for a model nobody declared keeps the client's model name in its
+// span, as the picker's other local replies do.
+func TestTracedUnknownModel(t *testing.T) {
+	col := otlptest.Start(t)
+	tr, err := tracing.New(tracing.Config{Endpoint: col.Addr, SampleRatio: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Shutdown(context.Background())
+	h := newHarness(t, testState(), Options{Tracer: tr})
+	s := h.duplex()
+	s.send(postHeaders("/v1/completions"))
+	s.send(reqBody([]byte(`{"model":"nope","prompt":"x"}`), true))
+	immediateOf(t, s.recv(), 404)
+	s.cancel()
+	var sp otlptest.Span
+	testutil.Eventually(t, 10*time.Second, "the 404's span", func() error {
+		if err := tr.ForceFlush(context.Background()); err != nil {
+			return err
+		}
+		spans := col.Spans()
+		if len(spans) == 0 {
+			return fmt.Errorf("no span")
+		}
+		sp = spans[0]
+		return nil
+	})
+	if got := sp.Attr("gen_ai.request.model"); got != "nope" {
+		t.Errorf("gen_ai.request.model %q, want the client's %q", got, "nope")
+	}
+	if got := sp.Attr("http.response.status_code"); got != "404" {
+		t.Errorf("status %q", got)
 	}
 }
 

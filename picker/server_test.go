@@ -545,9 +545,7 @@ func TestLeastInFlightAndFallbackOrder(t *testing.T) {
 }
 
 func TestSheddableGets429WhenSaturated(t *testing.T) {
-	st := testState()
-	st.Pools["alpha"].Admission = &registry.Admission{ShedSheddable: true}
-	h := newHarness(t, st, Options{MaxInFlightPerEndpoint: 1})
+	h := newHarness(t, testState(), Options{MaxInFlightPerEndpoint: 1})
 	if h.srv.Saturated(time.Now())["alpha"] {
 		t.Fatal("idle pool reported saturated")
 	}
@@ -774,5 +772,36 @@ func TestHealthServices(t *testing.T) {
 			}
 			return nil
 		})
+	}
+}
+
+// TestHoldReadiness: a held picker reports NOT_SERVING whatever states it
+// gets, serves once released, and a drain wins over a release.
+func TestHoldReadiness(t *testing.T) {
+	s := New(registry.NewPublisher(testState()), Options{DisableMetrics: true}, nil)
+	status := func() healthpb.HealthCheckResponse_ServingStatus {
+		r, err := s.Health().Check(context.Background(), &healthpb.HealthCheckRequest{Service: HealthReadiness})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.GetStatus()
+	}
+	if got := status(); got != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("with pools and no hold: %v", got)
+	}
+	s.HoldReadiness()
+	s.apply(testState())
+	if got := status(); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("held, after a new state: %v, want NOT_SERVING", got)
+	}
+	s.ReleaseReadiness()
+	if got := status(); got != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("released: %v, want SERVING", got)
+	}
+	s.HoldReadiness()
+	s.Drain()
+	s.ReleaseReadiness()
+	if got := status(); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("released while draining: %v, want NOT_SERVING", got)
 	}
 }

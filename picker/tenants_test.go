@@ -149,6 +149,21 @@ func TestTenantModelsAndHiding(t *testing.T) {
 	}
 }
 
+// Usage of a request for a model nobody declared (404) is filed under
+// "other", as every undeclared name is, not under "".
+func TestTenantUsageOfUnknownModel(t *testing.T) {
+	log := &usageLog{}
+	h := newHarness(t, tenantState(registry.Limits{}), Options{Usage: log})
+	s := h.duplex()
+	s.send(postHeaders("/v1/completions", "x-api-key", "key-b"))
+	s.send(reqBody([]byte(`{"model":"nope","prompt":"x"}`), true))
+	immediateOf(t, s.recv(), 404)
+	s.cancel()
+	if u := log.wait(t, 1)[0]; u.Tenant != "team-b" || u.Model != "other" || u.Requests != 1 || u.Errors != 1 {
+		t.Errorf("usage %+v, want team-b/other with 1 request and 1 error", u)
+	}
+}
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
@@ -316,7 +331,7 @@ func TestTenantAdmitOncePerRequest(t *testing.T) {
 	snap := h.srv.snap.Load()
 	tn := snap.tenants.Tenant("team-a")
 	st := h.srv.newStream(context.Background())
-	st.ten = &tenantReq{tab: snap.tenants, t: tn}
+	st.ten = tenantReq{tab: snap.tenants, t: tn}
 	st.clientModel, st.path = "llama", []byte("/v1/completions")
 	orig := []byte(`{"model":"llama","prompt":"hi","stream":true,"max_tokens":100}`)
 	for i := range 2 {
@@ -331,5 +346,67 @@ func TestTenantAdmitOncePerRequest(t *testing.T) {
 	used := tn.Used(time.Now())
 	if used["requests_per_minute"] != 1 || used["tokens_per_minute"] != openai.EstimateTokens(orig)+100 {
 		t.Fatalf("after two picks of one request: %v", used)
+	}
+}
+
+// A tenant's request is read as the engine reads it: "stream": "true"
+// streams (so the picker asks for its usage chunk) and "max_tokens": "50"
+// caps its output (so the picker reserves it).
+func TestTenantReadsLaxJSONAsTheEngine(t *testing.T) {
+	h := newHarness(t, tenantState(registry.Limits{TokensPerMinute: 100000}), Options{})
+	snap := h.srv.snap.Load()
+	tn := snap.tenants.Tenant("team-a")
+	for i, tc := range []struct {
+		path, body string
+		reserve    int64 // beyond the prompt estimate
+	}{
+		{"/v1/completions", `{"model":"llama","prompt":"hi","stream":"true","max_tokens":"50"}`, 50},
+		{"/v1/chat/completions", `{"model":"llama","messages":[],"stream":1,"max_tokens":5.0,"max_completion_tokens":"7","n":2}`, 14},
+	} {
+		st := h.srv.newStream(context.Background())
+		st.ten = tenantReq{tab: snap.tenants, t: tn}
+		st.clientModel, st.path = "llama", []byte(tc.path)
+		before := tn.Used(time.Now())["tokens_per_minute"]
+		body := []byte(tc.body)
+		if code, msg := st.tenantAdmit(snap, &body); code != 0 {
+			t.Fatalf("%d: %d %s", i, code, msg)
+		}
+		if !strings.HasPrefix(string(body), `{"stream_options":{"include_usage":true},`) || !st.ten.strip {
+			t.Errorf("%d: a lax stream is not asked for its usage: %s", i, body)
+		}
+		if got, want := tn.Used(time.Now())["tokens_per_minute"]-before, openai.EstimateTokens([]byte(tc.body))+tc.reserve; got != want {
+			t.Errorf("%d: reserved %d, want %d (the prompt estimate and %d output tokens)", i, got, want, tc.reserve)
+		}
+	}
+}
+
+// A generation that sets no output cap reserves the tenant's
+// assumed_max_tokens (default 1024) besides its prompt, so a burst of
+// such requests cannot all pass on their prompts alone; an endpoint that
+// generates nothing reserves the prompt only.
+func TestTenantReservesAssumedMaxTokens(t *testing.T) {
+	for _, tc := range []struct {
+		assumed int64
+		path    string
+		want    int64
+	}{
+		{0, "/v1/chat/completions", registry.DefaultAssumedMaxTokens},
+		{300, "/v1/completions", 300},
+		{300, "/v1/responses", 300},
+		{300, "/v1/embeddings", 0},
+	} {
+		h := newHarness(t, tenantState(registry.Limits{TokensPerMinute: 100000, AssumedMaxTokens: tc.assumed}), Options{})
+		snap := h.srv.snap.Load()
+		tn := snap.tenants.Tenant("team-a")
+		st := h.srv.newStream(context.Background())
+		st.ten = tenantReq{tab: snap.tenants, t: tn}
+		st.clientModel, st.path = "llama", []byte(tc.path)
+		body := []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}]}`)
+		if code, msg := st.tenantAdmit(snap, &body); code != 0 {
+			t.Fatalf("%s: %d %s", tc.path, code, msg)
+		}
+		if got, want := tn.Used(time.Now())["tokens_per_minute"], openai.EstimateTokens(body)+tc.want; got != want {
+			t.Errorf("%s, assumed_max_tokens %d: reserved %d, want %d", tc.path, tc.assumed, got, want)
+		}
 	}
 }

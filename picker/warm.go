@@ -151,7 +151,7 @@ func (s *Server) ExportWarm(now time.Time, lim WarmLimits) Warm {
 		return a.Pool < b.Pool || a.Pool == b.Pool && a.Endpoint < b.Endpoint
 	})
 
-	known := s.eh.states()
+	known := s.eh.knownStates()
 	for _, pv := range s.snap.Load().pools {
 		for _, e := range pv.eps {
 			k := metrics.Key{Pool: e.Pool, Address: e.Address}

@@ -73,6 +73,36 @@ type Endpoint struct {
 	// of EDS unless every endpoint of the pool fails, and the guard stops
 	// holding them.
 	ScrapeFailing bool
+	// Role is the part of a disaggregated request the endpoint serves
+	// (RoleBoth when unset); it matters only in a pool with a
+	// Disaggregation policy. A decode endpoint's Address is its sidecar's.
+	Role Role
+	// KVEvents, when non-nil, overrides the pool's KVEvents for this
+	// endpoint (Consul meta kv_events_port, an endpoint block's kv_events).
+	KVEvents *KVEvents
+}
+
+// KVEvents says a server publishes its KV-cache events (vLLM
+// --kv-events-config with the zmq publisher): the picker subscribes to
+// them and routes by what each server's cache holds exactly, instead of
+// estimating it. Ports are on the endpoint's own IP.
+type KVEvents struct {
+	// Port is the ZMQ PUB port (vLLM's "endpoint": "tcp://*:PORT").
+	Port int
+	// ReplayPort is the ZMQ ROUTER replay port ("replay_endpoint"); 0
+	// when the server has none (missed events then cannot be recovered).
+	ReplayPort int
+	// Topic is the subscription prefix ("topic"); "" receives every topic.
+	Topic string
+}
+
+// EffectiveKVEvents returns the endpoint's KV-events settings in pool p
+// (its own, else the pool's), or nil when it publishes none.
+func (e *Endpoint) EffectiveKVEvents(p *Pool) *KVEvents {
+	if e.KVEvents != nil {
+		return e.KVEvents
+	}
+	return p.KVEvents
 }
 
 // Pool is a set of interchangeable model servers behind one Envoy cluster.
@@ -101,6 +131,13 @@ type Pool struct {
 	// Admission is the pool's admission queue configuration; nil means
 	// the defaults (on). The picker owns its meaning (picker/admission).
 	Admission *Admission
+	// Disaggregation, when non-nil, serves the pool's requests split
+	// between prefill and decode servers (see Role); nil: whole requests,
+	// endpoint roles ignored.
+	Disaggregation *Disaggregation
+	// KVEvents, when non-nil, says the pool's servers publish KV-cache
+	// events (an endpoint may override it); nil: none do.
+	KVEvents *KVEvents
 }
 
 // Admission configures a pool's admission queue: when every eligible
@@ -122,9 +159,10 @@ type Admission struct {
 	NoEndpointWait time.Duration
 	// Fairness shares a band between flows: "tokens" or "round-robin".
 	Fairness string
-	// ShedSheddable answers sheddable requests (priority < 0) 429 at once
-	// when the pool is saturated instead of queueing them.
-	ShedSheddable bool
+	// QueueSheddable queues sheddable requests (priority < 0) in the
+	// lowest band when the pool is saturated. By default they get 429 at
+	// once, as the Endpoint Picker Protocol says.
+	QueueSheddable bool
 	// FlowHeader names a trusted request header whose value is the
 	// request's flow (tenant) for fairness; "" puts all in one flow.
 	FlowHeader string
@@ -187,6 +225,9 @@ type Scheduling struct {
 	Picker string
 	// ScrapeIntervalMS is the metrics scrape interval (0 = default).
 	ScrapeIntervalMS int
+	// IdleScrapeIntervalMS is the scrape interval of an endpoint the
+	// picker sends nothing (0 = default, 20x the scrape interval).
+	IdleScrapeIntervalMS int
 	// Saturation thresholds; zero means the picker's default.
 	QueueThreshold int
 	KVThreshold    float64
@@ -220,6 +261,9 @@ type Model struct {
 	// DeclRange is where the model was declared ("file:line:column"), for
 	// diagnostics ("" if not from a file).
 	DeclRange string
+	// Disaggregation, when non-nil, replaces the pool's policy for this
+	// model's requests (its pool must have one).
+	Disaggregation *Disaggregation
 }
 
 // Sheddable reports whether requests for this model may be shed with 429.

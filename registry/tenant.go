@@ -39,7 +39,15 @@ type Limits struct {
 	// CountCached counts prompt tokens the server served from its prefix
 	// cache toward the token limits.
 	CountCached bool
+	// AssumedMaxTokens is the output a request that sets no max_tokens
+	// (max_completion_tokens, max_output_tokens) is assumed to generate
+	// when its tokens are reserved at admission; 0 means
+	// DefaultAssumedMaxTokens.
+	AssumedMaxTokens int64
 }
+
+// DefaultAssumedMaxTokens is Limits.AssumedMaxTokens when unset.
+const DefaultAssumedMaxTokens = 1024
 
 // Any reports whether any budget is set.
 func (l Limits) Any() bool {
@@ -84,9 +92,10 @@ func validateTenants(s *State, add func(kind, name, field, where string, sentine
 			"limits.requests_per_minute": t.Limits.RequestsPerMinute,
 			"limits.tokens_per_minute":   t.Limits.TokensPerMinute,
 			"limits.tokens_per_day":      t.Limits.TokensPerDay,
+			"limits.assumed_max_tokens":  t.Limits.AssumedMaxTokens,
 		} {
 			if v < 0 {
-				add(KindTenant, name, field, t.DeclRange, ErrBadLimit, "%s is %d; want 0 (unlimited) or more", field[len("limits."):], v)
+				add(KindTenant, name, field, t.DeclRange, ErrBadLimit, "%s is %d; want 0 or more", field[len("limits."):], v)
 			}
 		}
 		for _, h := range t.KeyHashes {

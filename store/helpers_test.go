@@ -95,7 +95,13 @@ func makeState(pools, perPool int, version uint64) *registry.State {
 				ep.MetricsPath = "/v2/metrics"
 			}
 			ep.Draining = e%7 == 3
+			if p%2 == 0 {
+				ep.Role = []registry.Role{registry.RoleBoth, registry.RolePrefill, registry.RoleDecode}[e%3]
+			}
 			pool.Endpoints = append(pool.Endpoints, ep)
+		}
+		if p%2 == 0 {
+			pool.Disaggregation = &registry.Disaggregation{UncachedTokens: 768, MinPromptTokens: 100, PrefillQueueThreshold: 3, DeclRange: "pools.hcl:9:3"}
 		}
 		s.Pools[name] = pool
 		s.Models["model-"+name] = &registry.Model{
@@ -103,10 +109,18 @@ func makeState(pools, perPool int, version uint64) *registry.State {
 			Targets:   []registry.Target{{Name: "a", Weight: 80}, {Name: "b", Weight: 20}},
 			DeclRange: "models.hcl:1:1",
 		}
+		if p%4 == 2 {
+			s.Models["model-"+name].Disaggregation = &registry.Disaggregation{Disabled: true}
+		}
 	}
 	s.Listeners = []registry.Listener{{Name: "public", Address: "127.0.0.1:8080", DeclRange: "l.hcl:1:1"}}
 	if pools > 0 {
 		s.Routing.DefaultPool = "pool-00"
+		s.ReplicaDiscovery = &registry.ReplicaDiscovery{ConsulService: "switchyard", DeclRange: "replicas.hcl:1:1"}
+		s.Replicas = []registry.Replica{
+			{ID: "10.9.0.1:9002", Address: "10.9.0.1:9002", Source: "file"},
+			{ID: "sy-2", Address: "10.9.0.2:9002", Admin: "10.9.0.2:9090", XDS: "10.9.0.2:18000", Source: "consul"},
+		}
 	}
 	return s
 }

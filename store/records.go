@@ -25,6 +25,26 @@ type stateRecord struct {
 	Models    []modelRecord    `json:"models"`
 	Listeners []listenerRecord `json:"listeners,omitempty"`
 	Routing   routingRecord    `json:"routing"`
+	// Replicas and ReplicaDiscovery are the replica set the state was
+	// served with (a static peers list and the replicas Consul had): a
+	// restart serves its persisted state before the sources answer, and
+	// without them Envoy's picker cluster would list this replica alone.
+	// Records written before they existed decode with none.
+	Replicas         []replicaRecord         `json:"replicas,omitempty"`
+	ReplicaDiscovery *replicaDiscoveryRecord `json:"replica_discovery,omitempty"`
+}
+
+type replicaRecord struct {
+	ID      string `json:"id"`
+	Address string `json:"address"`
+	Admin   string `json:"admin,omitempty"`
+	XDS     string `json:"xds,omitempty"`
+	Source  string `json:"source,omitempty"`
+}
+
+type replicaDiscoveryRecord struct {
+	ConsulService string `json:"consul_service,omitempty"`
+	DeclRange     string `json:"decl_range,omitempty"`
 }
 
 type poolRecord struct {
@@ -36,6 +56,9 @@ type poolRecord struct {
 	Scheduling  *schedulingRecord `json:"scheduling,omitempty"`
 	DeclRange   string            `json:"decl_range,omitempty"`
 	Consul      *consulRecord     `json:"consul,omitempty"`
+	// Disaggregation and endpoint roles are kept so that a warm start
+	// never sends a client's request to a prefill-only server.
+	Disaggregation *disaggregationRecord `json:"disaggregation,omitempty"`
 }
 
 type consulRecord struct {
@@ -51,6 +74,7 @@ type endpointRecord struct {
 	Models      []string `json:"models,omitempty"`
 	MetricsPath string   `json:"metrics_path,omitempty"`
 	Draining    bool     `json:"draining,omitempty"`
+	Role        string   `json:"role,omitempty"`
 }
 
 type schedulingRecord struct {
@@ -58,6 +82,7 @@ type schedulingRecord struct {
 	Scorers          map[string]float64 `json:"scorers,omitempty"`
 	Picker           string             `json:"picker,omitempty"`
 	ScrapeIntervalMS int                `json:"scrape_interval_ms,omitempty"`
+	IdleScrapeMS     int                `json:"idle_scrape_interval_ms,omitempty"`
 	QueueThreshold   int                `json:"queue_threshold,omitempty"`
 	KVThreshold      float64            `json:"kv_threshold,omitempty"`
 	Metrics          map[string]string  `json:"metrics,omitempty"`
@@ -70,6 +95,32 @@ type modelRecord struct {
 	Priority  int            `json:"priority,omitempty"`
 	Targets   []targetRecord `json:"targets,omitempty"`
 	DeclRange string         `json:"decl_range,omitempty"`
+	// Disaggregation is the model's own policy, if any.
+	Disaggregation *disaggregationRecord `json:"disaggregation,omitempty"`
+}
+
+type disaggregationRecord struct {
+	Disabled              bool   `json:"disabled,omitempty"`
+	UncachedTokens        int    `json:"uncached_tokens,omitempty"`
+	MinPromptTokens       int    `json:"min_prompt_tokens,omitempty"`
+	PrefillQueueThreshold int    `json:"prefill_queue_threshold,omitempty"`
+	DeclRange             string `json:"decl_range,omitempty"`
+}
+
+func fromDisaggregation(d *registry.Disaggregation) *disaggregationRecord {
+	if d == nil {
+		return nil
+	}
+	return &disaggregationRecord{Disabled: d.Disabled, UncachedTokens: d.UncachedTokens, MinPromptTokens: d.MinPromptTokens,
+		PrefillQueueThreshold: d.PrefillQueueThreshold, DeclRange: d.DeclRange}
+}
+
+func (r *disaggregationRecord) toDisaggregation() *registry.Disaggregation {
+	if r == nil {
+		return nil
+	}
+	return &registry.Disaggregation{Disabled: r.Disabled, UncachedTokens: r.UncachedTokens, MinPromptTokens: r.MinPromptTokens,
+		PrefillQueueThreshold: r.PrefillQueueThreshold, DeclRange: r.DeclRange}
 }
 
 type targetRecord struct {
@@ -107,14 +158,17 @@ func fromState(s *registry.State) stateRecord {
 				Models:      slices.Clone(ep.Models),
 				MetricsPath: ep.MetricsPath,
 				Draining:    ep.Draining,
+				Role:        string(ep.Role),
 			})
 		}
+		pr.Disaggregation = fromDisaggregation(p.Disaggregation)
 		if sc := p.Scheduling; sc != nil {
 			pr.Scheduling = &schedulingRecord{
 				Profile:          sc.Profile,
 				Scorers:          maps.Clone(sc.Scorers),
 				Picker:           sc.Picker,
 				ScrapeIntervalMS: sc.ScrapeIntervalMS,
+				IdleScrapeMS:     sc.IdleScrapeIntervalMS,
 				QueueThreshold:   sc.QueueThreshold,
 				KVThreshold:      sc.KVThreshold,
 				Metrics:          maps.Clone(sc.Metrics),
@@ -129,6 +183,7 @@ func fromState(s *registry.State) stateRecord {
 	for _, name := range s.ModelNames() {
 		m := s.Models[name]
 		mr := modelRecord{Name: name, Pool: m.Pool, Priority: m.Priority, DeclRange: m.DeclRange}
+		mr.Disaggregation = fromDisaggregation(m.Disaggregation)
 		for _, t := range m.Targets {
 			mr.Targets = append(mr.Targets, targetRecord{Name: t.Name, Weight: t.Weight})
 		}
@@ -136,6 +191,12 @@ func fromState(s *registry.State) stateRecord {
 	}
 	for _, l := range s.Listeners {
 		r.Listeners = append(r.Listeners, listenerRecord{Name: l.Name, Address: l.Address, DeclRange: l.DeclRange})
+	}
+	for _, rp := range s.Replicas {
+		r.Replicas = append(r.Replicas, replicaRecord{ID: rp.ID, Address: rp.Address, Admin: rp.Admin, XDS: rp.XDS, Source: rp.Source})
+	}
+	if d := s.ReplicaDiscovery; d != nil {
+		r.ReplicaDiscovery = &replicaDiscoveryRecord{ConsulService: d.ConsulService, DeclRange: d.DeclRange}
 	}
 	return r
 }
@@ -161,18 +222,21 @@ func (r *stateRecord) toState() *registry.State {
 				Models:      er.Models,
 				MetricsPath: er.MetricsPath,
 				Draining:    er.Draining,
+				Role:        registry.Role(er.Role),
 			})
 		}
+		p.Disaggregation = pr.Disaggregation.toDisaggregation()
 		if sc := pr.Scheduling; sc != nil {
 			p.Scheduling = &registry.Scheduling{
-				Profile:          sc.Profile,
-				Scorers:          sc.Scorers,
-				Picker:           sc.Picker,
-				ScrapeIntervalMS: sc.ScrapeIntervalMS,
-				QueueThreshold:   sc.QueueThreshold,
-				KVThreshold:      sc.KVThreshold,
-				Metrics:          sc.Metrics,
-				SessionHeader:    sc.SessionHeader,
+				Profile:              sc.Profile,
+				Scorers:              sc.Scorers,
+				Picker:               sc.Picker,
+				ScrapeIntervalMS:     sc.ScrapeIntervalMS,
+				IdleScrapeIntervalMS: sc.IdleScrapeMS,
+				QueueThreshold:       sc.QueueThreshold,
+				KVThreshold:          sc.KVThreshold,
+				Metrics:              sc.Metrics,
+				SessionHeader:        sc.SessionHeader,
 			}
 		}
 		if c := pr.Consul; c != nil {
@@ -181,7 +245,7 @@ func (r *stateRecord) toState() *registry.State {
 		s.Pools[pr.Name] = p
 	}
 	for _, mr := range r.Models {
-		m := &registry.Model{Name: mr.Name, Pool: mr.Pool, Priority: mr.Priority, DeclRange: mr.DeclRange}
+		m := &registry.Model{Name: mr.Name, Pool: mr.Pool, Priority: mr.Priority, DeclRange: mr.DeclRange, Disaggregation: mr.Disaggregation.toDisaggregation()}
 		for _, t := range mr.Targets {
 			m.Targets = append(m.Targets, registry.Target{Name: t.Name, Weight: t.Weight})
 		}
@@ -189,6 +253,12 @@ func (r *stateRecord) toState() *registry.State {
 	}
 	for _, lr := range r.Listeners {
 		s.Listeners = append(s.Listeners, registry.Listener{Name: lr.Name, Address: lr.Address, DeclRange: lr.DeclRange})
+	}
+	for _, rr := range r.Replicas {
+		s.Replicas = append(s.Replicas, registry.Replica{ID: rr.ID, Address: rr.Address, Admin: rr.Admin, XDS: rr.XDS, Source: rr.Source})
+	}
+	if d := r.ReplicaDiscovery; d != nil {
+		s.ReplicaDiscovery = &registry.ReplicaDiscovery{ConsulService: d.ConsulService, DeclRange: d.DeclRange}
 	}
 	return s
 }

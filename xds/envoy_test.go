@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard/switchyard/envoy"
+	"github.com/switchyard/switchyard/internal/pd"
 	"github.com/switchyard/switchyard/internal/testutil"
 	"github.com/switchyard/switchyard/registry"
 	"github.com/switchyard/switchyard/xds/ir"
@@ -292,12 +294,18 @@ func TestEnvoyServesTranslatedConfig(t *testing.T) {
 // picker: a fail-open pool keeps serving through least_request, while a
 // configuration with only fail-closed pools answers 503.
 func TestEnvoyFailOpenAndFailClosed(t *testing.T) {
+	for _, api := range apiTypes {
+		t.Run(api, func(t *testing.T) { testEnvoyFailOpenAndFailClosed(t, api) })
+	}
+}
+
+func testEnvoyFailOpenAndFailClosed(t *testing.T, api string) {
 	a, b := startBackend(t), startBackend(t)
 	deadPicker := testutil.FreeAddr(t) // nothing listens here
 	listen := testutil.FreeAddr(t)
 	pub := registry.NewPublisher(newState(1, listen, pool("llama", registry.FailOpen, a.Addr, b.Addr)))
 	srv, xdsAddr := startXDS(t, pub, Options{Translation: ir.Options{PickerAddr: deadPicker}})
-	admin, _ := startEnvoy(t, "envoy-failopen", xdsAddr)
+	admin, _ := startEnvoyAPI(t, "envoy-failopen", xdsAddr, api)
 	waitClusters(t, admin, 10*time.Second, []string{"pool/llama::" + a.Addr + "::"}, nil)
 	testutil.WaitTCP(t, listen, 5*time.Second)
 	waitPicker(t, admin, deadPicker, false)
@@ -330,6 +338,13 @@ func TestEnvoyFailOpenAndFailClosed(t *testing.T) {
 	}
 	if servedBy[a.Addr] == 0 {
 		t.Fatalf("client header pinned every request to %s: %v", b.Addr, servedBy)
+	}
+	// Nor does a client's prefill header reach a server (a decode
+	// server's sidecar would act on it): Envoy removes it ahead of the
+	// picker, which is bypassed here.
+	if r, err := post(t, url, map[string]string{pd.PrefillerHeader: b.Addr}, body); err != nil || r.status != http.StatusOK ||
+		!strings.Contains(r.body, `"prefiller":""`) {
+		t.Fatalf("fail-open request with a client's %s: %+v %v", pd.PrefillerHeader, r, err)
 	}
 	// A client-sent pool header makes Envoy skip reading the model (the
 	// picker sets that header on what it picked), so the request gets the
@@ -481,15 +496,28 @@ func TestEnvoyPickerCrashFailsOpen(t *testing.T) {
 // the same content then has the same versions (content addresses), so
 // Envoy gets no new configuration at all; new content gets new versions.
 func TestEnvoySurvivesSwitchyardRestart(t *testing.T) {
+	for _, api := range apiTypes {
+		t.Run(api, func(t *testing.T) { testEnvoySurvivesSwitchyardRestart(t, api) })
+	}
+}
+
+func testEnvoySurvivesSwitchyardRestart(t *testing.T, api string) {
 	a, b := startBackend(t), startBackend(t)
 	listen := testutil.FreeAddr(t)
 	pub1 := registry.NewPublisher(newState(1, listen, pool("llama", registry.FailClosed, a.Addr)))
 	srv1, xdsAddr, stop1 := startXDSAt(t, "127.0.0.1:0", pub1, Options{})
-	admin, _ := startEnvoy(t, "envoy-restart", xdsAddr)
+	admin, _ := startEnvoyAPI(t, "envoy-restart", xdsAddr, api)
 	waitClusters(t, admin, 10*time.Second, []string{"pool/llama::" + a.Addr + "::"}, nil)
 	v1 := srv1.Stats().Versions
+	// State of the world: a reconnecting Envoy holding the served
+	// versions is sent nothing. Incremental: its first wildcard request
+	// is answered with an empty update, which changes no cluster.
+	filter := "^cluster_manager.cds.update_success$"
+	if api == envoy.APITypeDelta {
+		filter = "^cluster_manager.cluster_(added|modified|removed)$"
+	}
 	updates := func() string {
-		out, err := httpGet(admin + "/stats?filter=^cluster_manager.cds.update_success$")
+		out, err := httpGet(admin + "/stats?filter=" + filter)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -529,6 +557,14 @@ func TestEnvoySurvivesSwitchyardRestart(t *testing.T) {
 	if after := updates(); after != before {
 		t.Fatalf("Envoy updated its clusters for unchanged content: %q -> %q", before, after)
 	}
+	// The status knows the node holds every served version, though
+	// nothing (or, incremental, an empty update) was sent.
+	testutil.Eventually(t, 5*time.Second, "node holds the served versions", func() error {
+		if n := srv2.Nodes(); len(n) != 1 || !maps.Equal(n[0].Acked, v1) {
+			return fmt.Errorf("nodes %+v, want %v held", n, v1)
+		}
+		return nil
+	})
 
 	pub2.Publish(newState(6, listen, pool("llama", registry.FailClosed, b.Addr)))
 	waitClusters(t, admin, 5*time.Second, []string{"pool/llama::" + b.Addr + "::"}, []string{"pool/llama::" + a.Addr + "::"})
@@ -579,6 +615,12 @@ func TestEnvoyIPv6Endpoint(t *testing.T) {
 // TestEnvoyNACKIsCounted gives Envoy a listener it cannot bind (the port is
 // taken), which it rejects: the NACK must be counted and attributed.
 func TestEnvoyNACKIsCounted(t *testing.T) {
+	for _, api := range apiTypes {
+		t.Run(api, func(t *testing.T) { testEnvoyNACKIsCounted(t, api) })
+	}
+}
+
+func testEnvoyNACKIsCounted(t *testing.T, api string) {
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -587,7 +629,7 @@ func TestEnvoyNACKIsCounted(t *testing.T) {
 	listen := testutil.FreeAddr(t)
 	pub := registry.NewPublisher(newState(1, listen, pool("llama", registry.FailClosed, "127.0.0.1:1")))
 	srv, xdsAddr := startXDS(t, pub, Options{})
-	startEnvoy(t, "envoy-nack", xdsAddr)
+	startEnvoyAPI(t, "envoy-nack", xdsAddr, api)
 	testutil.WaitTCP(t, listen, 10*time.Second)
 	if n := srv.Stats().NACKs; n != 0 {
 		t.Fatalf("NACKs before the bad listener = %d", n)
@@ -607,4 +649,71 @@ func TestEnvoyNACKIsCounted(t *testing.T) {
 		return nil
 	})
 	t.Logf("NACK: %s", srv.Nodes()[0].LastNACK)
+}
+
+// TestEnvoyKeepsUnchangedPools changes one pool's endpoints several times:
+// Envoy is sent only that pool's assignment (on either protocol) and keeps
+// every other pool's endpoints, routing to them throughout.
+func TestEnvoyKeepsUnchangedPools(t *testing.T) {
+	for _, api := range apiTypes {
+		t.Run(api, func(t *testing.T) { testEnvoyKeepsUnchangedPools(t, api) })
+	}
+}
+
+func testEnvoyKeepsUnchangedPools(t *testing.T, api string) {
+	a, b1, b2, c := startBackend(t), startBackend(t), startBackend(t), startBackend(t)
+	picker := startResponder(t)
+	listen := testutil.FreeAddr(t)
+	st := func(v uint64, bs ...string) *registry.State {
+		return newState(v, listen, pool("a", registry.FailClosed, a.Addr), pool("b", registry.FailClosed, bs...), pool("c", registry.FailClosed, c.Addr))
+	}
+	pub := registry.NewPublisher(st(1, b1.Addr))
+	srv, xdsAddr := startXDS(t, pub, Options{Translation: ir.Options{PickerAddr: picker.Addr}})
+	admin, _ := startEnvoyAPI(t, "envoy-keep-"+api, xdsAddr, api)
+	waitClusters(t, admin, 10*time.Second, []string{"pool/a::" + a.Addr + "::", "pool/b::" + b1.Addr + "::", "pool/c::" + c.Addr + "::"}, nil)
+	testutil.WaitTCP(t, listen, 5*time.Second)
+	waitPicker(t, admin, picker.Addr, true)
+	served := func(p, pick string) error {
+		r, err := post(t, "http://"+listen+"/v1/completions", map[string]string{"x-test-pool": p, "x-test-pick": pick}, `{"model":"`+p+`"}`)
+		if err != nil {
+			return err
+		}
+		if r.status != http.StatusOK || r.header.Get("x-served-by") != pick {
+			return fmt.Errorf("pool %s: %d from %q, want %s", p, r.status, r.header.Get("x-served-by"), pick)
+		}
+		return nil
+	}
+	for i, bs := range [][]string{{b2.Addr}, {b1.Addr, b2.Addr}, {b1.Addr}} {
+		pub.Publish(st(uint64(i+2), bs...))
+		var unwanted []string
+		if len(bs) == 1 {
+			other := b1.Addr
+			if bs[0] == b1.Addr {
+				other = b2.Addr
+			}
+			unwanted = []string{"pool/b::" + other + "::"}
+		}
+		var want []string
+		for _, e := range bs {
+			want = append(want, "pool/b::"+e+"::")
+		}
+		waitClusters(t, admin, 5*time.Second, append(want, "pool/a::"+a.Addr+"::", "pool/c::"+c.Addr+"::"), unwanted)
+		for _, r := range [][2]string{{"a", a.Addr}, {"c", c.Addr}, {"b", bs[0]}} {
+			if err := served(r[0], r[1]); err != nil {
+				t.Fatalf("after change %d: %v", i+1, err)
+			}
+		}
+	}
+	if srv.Stats().NACKs != 0 {
+		t.Fatal("Envoy NACKed")
+	}
+	// Only pool b's assignment was ever sent again.
+	out, err := httpGet(admin + "/stats?filter=^cluster.pool/[abc].update_success$")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("EDS updates per cluster:\n%s", out)
+	if !strings.Contains(out, "cluster.pool/a.update_success: 1\n") || !strings.Contains(out, "cluster.pool/c.update_success: 1\n") {
+		t.Fatalf("pools a and c were updated again:\n%s", out)
+	}
 }

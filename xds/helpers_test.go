@@ -23,12 +23,13 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/switchyard/switchyard/envoy"
+	"github.com/switchyard/switchyard/internal/pd"
 	"github.com/switchyard/switchyard/internal/testutil"
 	"github.com/switchyard/switchyard/registry"
 	"github.com/switchyard/switchyard/xds/ir"
 )
 
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	if testing.Verbose() {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
@@ -37,7 +38,7 @@ func testLogger(t *testing.T) *slog.Logger {
 
 // startXDS serves an xDS Server for view on a free loopback port and runs
 // it until the test ends. It returns the server and its address.
-func startXDS(t *testing.T, view registry.View, opts Options) (*Server, string) {
+func startXDS(t testing.TB, view registry.View, opts Options) (*Server, string) {
 	t.Helper()
 	srv, addr, _ := startXDSAt(t, "127.0.0.1:0", view, opts)
 	return srv, addr
@@ -45,7 +46,7 @@ func startXDS(t *testing.T, view registry.View, opts Options) (*Server, string) 
 
 // startXDSAt is startXDS on a given address; stop ends it early (it is
 // also called at cleanup, and is idempotent).
-func startXDSAt(t *testing.T, addr string, view registry.View, opts Options) (srv *Server, bound string, stop func()) {
+func startXDSAt(t testing.TB, addr string, view registry.View, opts Options) (srv *Server, bound string, stop func()) {
 	t.Helper()
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -70,16 +71,26 @@ func startXDSAt(t *testing.T, addr string, view registry.View, opts Options) (sr
 	return srv, lis.Addr().String(), stop
 }
 
-// startEnvoy runs a real Envoy bootstrapped at xdsAddr and returns its
-// admin base URL.
+// startEnvoy runs a real Envoy bootstrapped at xdsAddr (with the shipped
+// bootstrap's ADS protocol) and returns its admin base URL.
 func startEnvoy(t *testing.T, nodeID, xdsAddr string) (string, *testutil.Process) {
+	t.Helper()
+	return startEnvoyAPI(t, nodeID, xdsAddr, "")
+}
+
+// apiTypes are the ADS protocol variants Envoy tests run under.
+var apiTypes = []string{envoy.APITypeSotW, envoy.APITypeDelta}
+
+// startEnvoyAPI is startEnvoy on ADS protocol apiType (envoy.APITypeSotW
+// or envoy.APITypeDelta; "" for the bootstrap's default).
+func startEnvoyAPI(t *testing.T, nodeID, xdsAddr, apiType string) (string, *testutil.Process) {
 	t.Helper()
 	bin := testutil.EnvoyPath(t)
 	host, port, _ := net.SplitHostPort(xdsAddr)
 	var xdsPort int
 	fmt.Sscan(port, &xdsPort)
 	adminPort := testutil.FreePort(t)
-	cfg, err := envoy.Bootstrap(envoy.Params{NodeID: nodeID, NodeCluster: "test", XDSHost: host, XDSPort: xdsPort, AdminPort: adminPort})
+	cfg, err := envoy.Bootstrap(envoy.Params{NodeID: nodeID, NodeCluster: "test", XDSHost: host, XDSPort: xdsPort, AdminPort: adminPort, ADSAPIType: apiType})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +152,8 @@ func startBackendAt(t *testing.T, addr string) *backend {
 		}
 		w.Header().Set("x-served-by", b.Addr)
 		w.Header().Set("content-type", "application/json")
-		fmt.Fprintf(w, `{"served_by":%q,"request_bytes":%d,"client_dest":%q,"content_length":%d,"transfer_encoding":%q}`, b.Addr, len(body), r.Header.Get("x-gateway-destination-endpoint"), r.ContentLength, r.TransferEncoding)
+		fmt.Fprintf(w, `{"served_by":%q,"request_bytes":%d,"client_dest":%q,"content_length":%d,"transfer_encoding":%q,"prefiller":%q}`,
+			b.Addr, len(body), r.Header.Get("x-gateway-destination-endpoint"), r.ContentLength, r.TransferEncoding, r.Header.Get(pd.PrefillerHeader))
 	})}
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(func() { _ = srv.Close() })

@@ -43,20 +43,28 @@ type Options struct {
 // Server translates registry states into snapshots and serves them over
 // ADS. Create it with NewServer, Register it on a gRPC server, and Run it.
 type Server struct {
-	view     registry.View
-	opts     Options
-	log      *slog.Logger
-	cache    cachev3.SnapshotCache
-	xds      serverv3.Server
-	ctx      context.Context
-	cancel   context.CancelFunc
-	tracker  *tracker
-	mu       sync.Mutex
-	stats    Stats
-	last     translator.Resources
-	nodeKey  string
-	health   *health.Server
-	draining bool
+	view  registry.View
+	opts  Options
+	log   *slog.Logger
+	cache cachev3.SnapshotCache
+	// eds serves endpoints to state-of-the-world streams (only what
+	// changed); the snapshot cache serves everything else, and endpoints
+	// to incremental streams.
+	eds     *sotwEndpoints
+	xds     serverv3.Server
+	ctx     context.Context
+	cancel  context.CancelFunc
+	tracker *tracker
+	mu      sync.Mutex
+	stats   Stats
+	last    translator.Resources
+	// lastVersions are the versions of last.
+	lastVersions versions
+	nodeKey      string
+	health       *health.Server
+	draining     bool
+	// held keeps the health service NOT_SERVING (HoldServing).
+	held bool
 }
 
 // Stats are the server's counters and current snapshot, for metrics and
@@ -73,6 +81,9 @@ type Stats struct {
 	// RegistryVersion is the registry state version the last snapshot
 	// attempt (successful or not) was built from.
 	RegistryVersion uint64
+	// ServedRegistryVersion is the latest registry state version whose
+	// translation is what Version serves (0 before the first snapshot).
+	ServedRegistryVersion uint64
 	// Attempts counts translations attempted (one per registry or health
 	// change).
 	Attempts uint64
@@ -107,9 +118,20 @@ func NewServer(view registry.View, opts Options, logger *slog.Logger) *Server {
 	}
 	s.updateHealth(false)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.tracker = newTracker(logger)
+	s.tracker = newTracker(logger, s.heldVersion)
 	s.cache = cachev3.NewSnapshotCache(true, constantHash(s.nodeKey), cacheLogger{logger})
-	s.xds = serverv3.NewServer(s.ctx, s.cache, s.tracker.callbacks())
+	s.eds = newSotwEndpoints()
+	mux := &cachev3.MuxCache{
+		Classify: func(r *cachev3.Request) string {
+			if r.GetTypeUrl() == resource.EndpointType {
+				return "eds"
+			}
+			return "snapshot"
+		},
+		ClassifyDelta: func(*cachev3.DeltaRequest) string { return "snapshot" },
+		Caches:        map[string]cachev3.Cache{"snapshot": s.cache, "eds": s.eds},
+	}
+	s.xds = serverv3.NewServer(s.ctx, mux, s.tracker.callbacks())
 	return s
 }
 
@@ -131,9 +153,38 @@ const HealthService = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 func (s *Server) SetServing(serving bool) {
 	s.mu.Lock()
 	s.draining = !serving
-	has := s.stats.Version != ""
 	s.mu.Unlock()
-	s.updateHealth(has && serving)
+	s.refreshHealth()
+}
+
+// HoldServing keeps the health service NOT_SERVING, even with a snapshot,
+// until ReleaseServing: a replica that restarts must not be chosen as an
+// Envoy's ADS server before it serves what it should (internal/ready).
+// Envoys that connect anyway are served the snapshot.
+func (s *Server) HoldServing() {
+	s.mu.Lock()
+	s.held = true
+	s.mu.Unlock()
+	s.refreshHealth()
+}
+
+// ReleaseServing ends HoldServing.
+func (s *Server) ReleaseServing() {
+	s.mu.Lock()
+	s.held = false
+	s.mu.Unlock()
+	s.refreshHealth()
+}
+
+// refreshHealth reports SERVING when there is a snapshot and nothing
+// holds it back.
+func (s *Server) refreshHealth() {
+	s.mu.Lock()
+	serving := s.stats.Version != "" && !s.draining && !s.held
+	// Under mu, so that two refreshes cannot apply their answers out of
+	// order.
+	s.updateHealth(serving)
+	s.mu.Unlock()
 }
 
 func (s *Server) updateHealth(serving bool) {
@@ -225,19 +276,25 @@ func (s *Server) trySync(ctx context.Context, state *registry.State) error {
 	unchanged := s.last != nil && equalResources(s.last, res)
 	if unchanged {
 		s.stats.Unchanged++
+		s.stats.ServedRegistryVersion = state.Version
 	}
 	s.mu.Unlock()
 	if unchanged {
 		return nil
 	}
-	versions, err := resourceVersions(res)
+	vs, err := resourceVersions(res)
 	if err != nil {
 		return fmt.Errorf("version resources: %w", err)
 	}
+	versions := vs.types
 	version := summaryVersion(versions)
-	snap := &cachev3.Snapshot{}
+	// The per-resource versions incremental xDS compares are set here,
+	// so the cache neither encodes every resource again to hash it nor
+	// uses versions without the folding resourceVersions does.
+	snap := &cachev3.Snapshot{VersionMap: make(map[string]map[string]string, len(vs.resources))}
 	for typ, items := range res {
 		snap.Resources[cachev3.GetResponseType(typ)] = cachev3.NewResources(versions[typ], items)
+		snap.VersionMap[typ] = vs.resources[typ]
 	}
 	if err := snap.Consistent(); err != nil {
 		return fmt.Errorf("snapshot %s inconsistent: %w", version, err)
@@ -245,21 +302,58 @@ func (s *Server) trySync(ctx context.Context, state *registry.State) error {
 	if err := s.cache.SetSnapshot(ctx, s.nodeKey, snap); err != nil {
 		return fmt.Errorf("set snapshot %s: %w", version, err)
 	}
+	// After the snapshot: on each stream, a new or changed cluster is
+	// queued before the endpoints it needs.
+	if err := s.eds.set(versions[resource.EndpointType], res[resource.EndpointType], vs.resources[resource.EndpointType]); err != nil {
+		return fmt.Errorf("set endpoints %s: %w", version, err)
+	}
 	short := make(map[string]string, len(versions))
 	for typ, v := range versions {
 		short[shortType(typ)] = v
 	}
 	s.mu.Lock()
 	s.last = res
+	s.lastVersions = vs
 	s.stats.Version, s.stats.Versions = version, short
+	s.stats.ServedRegistryVersion = state.Version
 	s.stats.Snapshots++
-	draining := s.draining
 	s.mu.Unlock()
-	s.updateHealth(!draining)
+	s.refreshHealth()
+	s.tracker.recheck()
 	s.log.Info("xDS snapshot set", "version", version, "registry_version", state.Version,
 		"listeners", len(res[resource.ListenerType]), "clusters", len(res[resource.ClusterType]),
 		"endpoints", countEndpoints(cfg))
 	return nil
+}
+
+// heldVersion returns the served version of typeURL when held, an
+// incremental-xDS Envoy's initial_resource_versions, is what is served:
+// every resource it names (and, for the wildcard types, every served one)
+// at its served version, and every name it subscribes to among them.
+func (s *Server) heldVersion(typeURL string, held map[string]string, names []string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	served := s.lastVersions.resources[typeURL]
+	if served == nil {
+		return ""
+	}
+	for name, v := range held {
+		if served[name] != v {
+			return ""
+		}
+	}
+	switch typeURL {
+	case resource.ClusterType, resource.ListenerType:
+		if len(held) != len(served) {
+			return ""
+		}
+	}
+	for _, n := range names {
+		if _, ok := held[n]; !ok {
+			return ""
+		}
+	}
+	return s.lastVersions.types[typeURL]
 }
 
 func countEndpoints(cfg *ir.Config) int {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -14,9 +15,14 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/switchyard/switchyard/internal/adsclient"
 	"github.com/switchyard/switchyard/internal/testutil"
 	"github.com/switchyard/switchyard/registry"
+	"github.com/switchyard/switchyard/xds/ir"
 )
 
 // runServer runs a Server without gRPC until the test ends.
@@ -103,6 +109,43 @@ func TestServerSkipsUnchangedResources(t *testing.T) {
 	if st.Version != first.Version || st.Unchanged != 1 || st.Snapshots != 1 {
 		t.Fatalf("stats = %+v", st)
 	}
+	// What is served is the translation of version 2 as well.
+	if first.ServedRegistryVersion != 1 || st.ServedRegistryVersion != 2 {
+		t.Fatalf("served registry version %d then %d, want 1 then 2", first.ServedRegistryVersion, st.ServedRegistryVersion)
+	}
+}
+
+// TestHoldServing: the ADS health service reports SERVING only with a
+// snapshot, neither held nor draining.
+func TestHoldServing(t *testing.T) {
+	pub := registry.NewPublisher(nil)
+	srv := NewServer(pub, Options{}, nil)
+	serving := func() bool {
+		r, err := srv.health.Check(context.Background(), &healthpb.HealthCheckRequest{Service: HealthService})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.GetStatus() == healthpb.HealthCheckResponse_SERVING
+	}
+	srv.HoldServing()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = srv.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	pub.Publish(newState(1, "127.0.0.1:8080"))
+	waitRegistryVersion(t, srv, 1)
+	if serving() {
+		t.Fatal("held server with a snapshot serving")
+	}
+	srv.ReleaseServing()
+	if !serving() {
+		t.Fatal("released server with a snapshot not serving")
+	}
+	srv.SetServing(false)
+	srv.ReleaseServing()
+	if serving() {
+		t.Fatal("draining server serving after a release")
+	}
 }
 
 // TestServerWithholdsUnhealthyEndpoints: endpoint health arrives in the
@@ -174,7 +217,7 @@ func TestVersionsAreContentAddresses(t *testing.T) {
 }
 
 func TestTrackerClassifiesACKAndNACK(t *testing.T) {
-	tr := newTracker(testLogger(t))
+	tr := newTracker(testLogger(t), nil)
 	cb := tr.callbacks()
 	ctx := context.Background()
 	const cds = resource.ClusterType
@@ -226,4 +269,90 @@ func TestServerWaitsForFirstRegistryState(t *testing.T) {
 	if st := waitRegistryVersion(t, srv, 1); st.Version == "" || st.Snapshots != 1 {
 		t.Fatalf("stats = %+v", st)
 	}
+}
+
+// A client is sent only the endpoints that changed, on either protocol:
+// one endpoint change sends one ClusterLoadAssignment; a pool's cluster
+// change also re-sends that pool's ClusterLoadAssignment (Envoy would
+// otherwise leave the changed cluster warming), and no other.
+func TestOnlyChangedEndpointsAreSent(t *testing.T) {
+	const listen = "127.0.0.1:8080"
+	st := func(v uint64, modeA registry.FailureMode, b ...string) *registry.State {
+		return newState(v, listen, pool("a", modeA, "10.0.0.1:8000"), pool("b", registry.FailClosed, b...))
+	}
+	pub := registry.NewPublisher(st(1, registry.FailClosed, "10.0.1.1:8000", "10.0.1.2:8000"))
+	srv, addr := startXDS(t, pub, Options{})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	delta := adsclient.Start(ctx, conn, adsclient.Options{NodeID: "delta", Delta: true})
+	sotw := adsclient.Start(ctx, conn, adsclient.Options{NodeID: "sotw"})
+	for _, c := range []*adsclient.Client{delta, sotw} {
+		if _, err := c.Wait(ctx, adsclient.View.Synced); err != nil {
+			t.Fatal(err)
+		}
+	}
+	has := func(cluster string, n int) func(adsclient.View) bool {
+		return func(v adsclient.View) bool { e, ok := v.Endpoints(cluster); return ok && len(e) == n }
+	}
+	eds := func(c *adsclient.Client) adsclient.TypeStats { return c.Stats()[resource.EndpointType] }
+
+	d0, s0 := eds(delta), eds(sotw)
+	pub.Publish(st(2, registry.FailClosed, "10.0.1.1:8000"))
+	for _, c := range []*adsclient.Client{delta, sotw} {
+		if _, err := c.Wait(ctx, has(ir.ClusterName("b"), 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d1, s1 := eds(delta), eds(sotw)
+	if got := d1.Resources - d0.Resources; got != 1 || d1.Responses-d0.Responses != 1 {
+		t.Fatalf("incremental: %d assignments in %d responses for one endpoint change, want 1 in 1", got, d1.Responses-d0.Responses)
+	}
+	if got := s1.Resources - s0.Resources; got != 1 || s1.Responses-s0.Responses != 1 {
+		t.Fatalf("state of the world: %d assignments in %d responses for one endpoint change, want 1 in 1", got, s1.Responses-s0.Responses)
+	}
+
+	// Pool a fails open: a new cluster names a's assignment, which is
+	// re-sent; b's is not.
+	pub.Publish(st(3, registry.FailOpen, "10.0.1.1:8000"))
+	if _, err := delta.Wait(ctx, func(v adsclient.View) bool {
+		return slices.Contains(v.Clusters(), ir.FailOpenClusterName("a")) && v.Stats(resource.EndpointType).Resources > d1.Resources
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if d2 := eds(delta); d2.Resources-d1.Resources != 1 {
+		t.Fatalf("incremental: %d assignments re-sent after pool a's cluster change, want 1", d2.Resources-d1.Resources)
+	}
+	if _, err := sotw.Wait(ctx, func(v adsclient.View) bool {
+		return slices.Contains(v.Clusters(), ir.FailOpenClusterName("a")) && v.Stats(resource.EndpointType).Resources > s1.Resources
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if s2 := eds(sotw); s2.Resources-s1.Resources != 1 {
+		t.Fatalf("state of the world: %d assignments re-sent after pool a's cluster change, want 1", s2.Resources-s1.Resources)
+	}
+	// Every pool keeps its endpoints on both clients.
+	for _, c := range []*adsclient.Client{delta, sotw} {
+		if _, err := c.Wait(ctx, func(v adsclient.View) bool {
+			return has(ir.ClusterName("a"), 1)(v) && has(ir.ClusterName("b"), 1)(v)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.Eventually(t, 5*time.Second, "both nodes ACKed the served versions", func() error {
+		want := srv.Stats().Versions
+		for _, n := range srv.Nodes() {
+			if !maps.Equal(n.Acked, want) {
+				return fmt.Errorf("node %s (%s) holds %v, want %v", n.ID, n.Protocol, n.Acked, want)
+			}
+		}
+		if len(srv.Nodes()) != 2 {
+			return fmt.Errorf("%d nodes", len(srv.Nodes()))
+		}
+		return nil
+	})
 }

@@ -24,9 +24,13 @@
 // lists a shared name. With -replicas "" one directory, OUT/switchyard/,
 // gets a certificate with the shared names only.
 //
-// Re-running it issues new leaf certificates from the same CA and replaces
-// the files by rename: that is a rotation, picked up by a running
-// switchyard within a second and by Envoy when the files move in.
+// Re-running it issues new leaf certificates from the same CA: that is a
+// rotation, picked up by a running switchyard within a second and by Envoy
+// when the new set moves in. Each certificate directory's cert.pem, key.pem
+// and ca.pem are links into a data directory that a rotation swaps in one
+// rename (envoy.WriteFileSet), so no reader ever pairs a new certificate
+// with the old key. Directories are world-readable (0755) and so are the
+// certificates, whatever the umask; the CA's directory is private (0700).
 package main
 
 import (
@@ -138,7 +142,13 @@ func generate(o options, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// Every directory gets its mode explicitly: under a restrictive umask
+	// (077, 027) MkdirAll alone makes them 0700 or 0750, and the
+	// containers' own users could not enter the bind-mounted ones.
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	if err := os.Chmod(o.out, 0o755); err != nil {
 		return err
 	}
 	ca, created, err := loadOrCreateCA(filepath.Join(o.out, "ca"))
@@ -156,18 +166,14 @@ func generate(o options, stdout io.Writer) error {
 			return err
 		}
 		notAfter = sy.Cert.NotAfter
-		dir := filepath.Join(o.out, r.name)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		// One set, swapped in at once: a replica polling its files never
+		// pairs the new certificate with the old key.
+		if err := envoy.WriteFileSet(filepath.Join(o.out, r.name), 0o755, []envoy.File{
+			{Name: "key.pem", Data: sy.KeyPEM, Mode: o.keyMode},
+			{Name: "cert.pem", Data: sy.CertPEM, Mode: 0o644},
+			{Name: "ca.pem", Data: ca.CertPEM, Mode: 0o644},
+		}); err != nil {
 			return err
-		}
-		for _, f := range []struct {
-			name string
-			data []byte
-			mode os.FileMode
-		}{{"key.pem", sy.KeyPEM, o.keyMode}, {"cert.pem", sy.CertPEM, 0o644}, {"ca.pem", ca.CertPEM, 0o644}} {
-			if err := envoy.WriteAtomic(filepath.Join(dir, f.name), f.data, f.mode); err != nil {
-				return err
-			}
 		}
 		names = append(names, fmt.Sprintf("%s %v", r.name, r.sans))
 	}
@@ -207,6 +213,9 @@ func loadOrCreateCA(dir string) (*certgen.CA, bool, error) {
 		return nil, false, err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, false, err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, false, err
 	}
 	if err := envoy.WriteAtomic(keyPath, ca.KeyPEM, 0o600); err != nil {

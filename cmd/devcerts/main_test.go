@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/switchyard/switchyard/internal/mtls"
@@ -119,6 +120,42 @@ func TestReplicasFlag(t *testing.T) {
 		var stderr bytes.Buffer
 		if code := run([]string{"-out", t.TempDir(), "-replicas", bad}, io.Discard, &stderr); code != 1 || !strings.Contains(stderr.String(), "-replicas") {
 			t.Errorf("-replicas %q: exit %d, %q", bad, code, stderr.String())
+		}
+	}
+}
+
+// TestModesUnderRestrictiveUmask: the containers read the bind-mounted
+// certificate directories as their own users, so under umask 077 or 027
+// every directory they mount must still be 0755 and every file they read
+// world-readable; the CA's directory and key stay private. Re-running (a
+// rotation) keeps it so. Not parallel: the umask is the process's.
+func TestModesUnderRestrictiveUmask(t *testing.T) {
+	for _, mask := range []int{0o077, 0o027} {
+		old := syscall.Umask(mask)
+		out := filepath.Join(t.TempDir(), "tls")
+		for range 2 {
+			devcerts(t, "-out", out)
+		}
+		syscall.Umask(old)
+		for _, sub := range []string{"", "switchyard-1", "switchyard-2", "envoy"} {
+			dir := filepath.Join(out, sub)
+			if info, err := os.Stat(dir); err != nil || info.Mode().Perm() != 0o755 {
+				t.Errorf("umask %03o: %s has mode %v (%v), want 0755", mask, dir, info.Mode().Perm(), err)
+			}
+			if sub == "" {
+				continue
+			}
+			for _, f := range []string{"cert.pem", "key.pem", "ca.pem"} {
+				p := filepath.Join(dir, f)
+				if info, err := os.Stat(p); err != nil || info.Mode().Perm()&0o444 != 0o444 {
+					t.Errorf("umask %03o: %s has mode %v (%v), want readable by all", mask, p, info.Mode().Perm(), err)
+				}
+			}
+		}
+		for p, want := range map[string]os.FileMode{filepath.Join(out, "ca"): 0o700, filepath.Join(out, "ca", "ca-key.pem"): 0o600} {
+			if info, err := os.Stat(p); err != nil || info.Mode().Perm() != want {
+				t.Errorf("umask %03o: %s has mode %v (%v), want %v", mask, p, info.Mode().Perm(), err, want)
+			}
 		}
 	}
 }

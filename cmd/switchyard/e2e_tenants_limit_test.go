@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"sort"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -168,5 +169,100 @@ func reportLimit(t *testing.T, what string, run *limitRun, budget int64) {
 	}
 	if over > 10 {
 		t.Errorf("%s: the worst minute overshoots the budget by %.1f %% (target <= 10 %%)", what, over)
+	}
+}
+
+// burstOutput is what the simulators generate for a request without
+// max_tokens in TestE2ETenantBurstWithoutMaxTokens (-default-max-tokens).
+const burstOutput = 300
+
+// burst sends n completions for key at once, none with max_tokens, and
+// returns the tokens the admitted ones used (as their usage reports) and
+// how many were refused with 429.
+func burst(t *testing.T, f *fleet, key string, n int) (admitted, tokens int64, limited int) {
+	t.Helper()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var failed []string
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := fmt.Sprintf(`{"model":"m-a","prompt":"burst request %d asks about its tenant's budget"}`, i)
+			r, err := f.post("/v1/completions", body, "authorization", "Bearer "+key)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				failed = append(failed, err.Error())
+			case r.status == http.StatusTooManyRequests:
+				limited++
+			case r.status == http.StatusOK:
+				p, c, ok := lastUsage(r.body)
+				if !ok {
+					failed = append(failed, "no usage: "+r.body)
+					return
+				}
+				admitted++
+				tokens += p + c
+			default:
+				failed = append(failed, fmt.Sprintf("%d %s", r.status, r.body))
+			}
+		}()
+	}
+	wg.Wait()
+	if len(failed) > 0 {
+		t.Fatalf("%d of %d burst requests failed, e.g. %s", len(failed), n, failed[0])
+	}
+	return admitted, tokens, limited
+}
+
+// TestE2ETenantBurstWithoutMaxTokens sends a tenant, at once, three times
+// its tokens_per_minute in completions that set no max_tokens (the
+// simulators generate 300 tokens for each). Each reserves its prompt
+// estimate plus assumed_max_tokens at admission, so the burst's tokens stay
+// within the budget as long as the outputs do not exceed that assumption:
+// with the default (1024) and with assumed_max_tokens = 300, the
+// simulators' real output.
+func TestE2ETenantBurstWithoutMaxTokens(t *testing.T) {
+	const tpm = 6000
+	keyA, hashA, _ := apikey.New()
+	keyB, hashB, _ := apikey.New()
+	sims := []*sim{
+		startSim(t, simOptions{extra: []string{"-default-max-tokens", strconv.Itoa(burstOutput)}}),
+		startSim(t, simOptions{extra: []string{"-default-max-tokens", strconv.Itoa(burstOutput)}}),
+	}
+	f := newFleet(t, fmt.Sprintf(`
+pool "p" {
+  endpoints = [%q, %q]
+}
+model "m-a" { pool = "p" }
+tenant "default-assumption" {
+  api_keys = [%q]
+  limits {
+    tokens_per_minute = %d
+  }
+}
+tenant "assumes-300" {
+  api_keys = [%q]
+  limits {
+    tokens_per_minute  = %d
+    assumed_max_tokens = %d
+  }
+}
+`, sims[0].Addr, sims[1].Addr, hashA, tpm, hashB, tpm, burstOutput), fleetOptions{})
+	// 3x the budget: each request uses about 15 prompt and 300 output tokens.
+	n := 3 * tpm / (burstOutput + 15)
+	for _, c := range []struct{ tenant, key string }{{"default-assumption", keyA}, {"assumes-300", keyB}} {
+		admitted, tokens, limited := burst(t, f, c.key, n)
+		over := float64(tokens-tpm) / tpm * 100
+		t.Logf("%s: burst of %d requests without max_tokens (3x tokens_per_minute %d): %d admitted using %d tokens (%+.1f %% of the budget), %d refused with 429",
+			c.tenant, n, tpm, admitted, tokens, over, limited)
+		if limited == 0 || admitted == 0 {
+			t.Errorf("%s: %d admitted, %d refused: the burst must be cut, not refused whole", c.tenant, admitted, limited)
+		}
+		if over > 10 {
+			t.Errorf("%s: the burst used %d tokens against a budget of %d (%+.1f %%; bound +10 %%)", c.tenant, tokens, tpm, over)
+		}
 	}
 }

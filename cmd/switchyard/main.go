@@ -5,6 +5,7 @@
 //	switchyard validate -config PATH           check configuration files
 //	switchyard version                         print the version
 //	switchyard key new | hash                  create a tenant API key, hash one
+//	switchyard probe URL                       health-check an HTTP endpoint
 //
 // main only parses the command line and wires packages together; every
 // behaviour lives in the packages it calls.
@@ -39,6 +40,7 @@ Usage:
   switchyard validate -config PATH           check configuration files and exit
   switchyard version                         print the version and exit
   switchyard key new | hash                  create a tenant API key and its hash
+  switchyard probe URL                       exit 0 if GET URL answers 2xx (container health checks)
 
 Run "switchyard COMMAND -h" for the flags of a command.
 
@@ -62,6 +64,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return versionCmd(args[1:], stdout, stderr)
 	case "key":
 		return keyCmd(args[1:], os.Stdin, stdout, stderr)
+	case "probe":
+		return probeCmd(ctx, args[1:], stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

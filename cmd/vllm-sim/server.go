@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,11 +43,16 @@ type server struct {
 	defaultMax   int
 	eosMean      int
 	faults       faults
+	pd           pdConfig
 	readyAt      time.Time
 	quit         chan struct{} // closed when shutdown starts
 	exit         func(code int)
 	nextID       atomic.Uint64
 	inferenceNum atomic.Int64
+	// metricsDelay is waited before each /metrics answer; scrapes counts
+	// them.
+	metricsDelay time.Duration
+	scrapes      atomic.Int64
 
 	mu    sync.Mutex
 	rng   *rand.Rand
@@ -65,6 +70,11 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/unload_lora_adapter", s.handleUnloadLoRA)
 	mux.HandleFunc("GET /health", s.handleHealth)
 	mux.HandleFunc("GET /metrics", s.handleMetrics)
+	if s.pd.enabled {
+		mux.HandleFunc("POST "+kvPullPath, s.handlePull)
+	}
+	mux.HandleFunc("POST /tokenize", s.handleTokenize)
+	mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("x-served-by", s.servedBy)
 		// Echo the picker's destination list, so tests can check that
@@ -87,18 +97,53 @@ func (s *server) routes() http.Handler {
 	})
 }
 
+// handleTokenize is vLLM's POST /tokenize: the token ids a completion
+// prompt or a chat conversation becomes, exactly as generate computes
+// them.
+func (s *server) handleTokenize(w http.ResponseWriter, r *http.Request) {
+	var req genRequest
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	modelName := req.Model
+	if modelName == "" {
+		modelName = s.served[0]
+	}
+	if _, ok := s.resolveModel(modelName); !ok {
+		writeErrorParam(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", modelName), "model")
+		return
+	}
+	toks, err := s.promptTokens(&req, req.Messages != nil)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if toks == nil {
+		toks = []uint32{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"count": len(toks), "max_model_len": s.eng.Config().MaxModelLen, "tokens": toks, "token_strs": nil})
+}
+
+// handleResetPrefixCache is vLLM's dev-mode POST /reset_prefix_cache.
+func (s *server) handleResetPrefixCache(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]bool{"success": s.eng.ResetPrefixCache()})
+}
+
 func (s *server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
 func (s *server) handleMetrics(w http.ResponseWriter, _ *http.Request) {
-	var buf bytes.Buffer
-	if err := s.eng.WriteMetrics(&buf); err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
-		return
+	s.scrapes.Add(1)
+	if s.metricsDelay > 0 {
+		// A stand-in for the time real vLLM's API server spends making its
+		// page (CPU there; a wait here, so a fleet costs nothing).
+		time.Sleep(s.metricsDelay)
 	}
+	page := s.eng.MetricsPage()
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	_, _ = w.Write(buf.Bytes())
+	w.Header().Set("Content-Length", strconv.Itoa(len(page)))
+	_, _ = w.Write(page)
 }
 
 func (s *server) handleModels(w http.ResponseWriter, _ *http.Request) {
@@ -213,6 +258,7 @@ type genRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
+	KVTransferParams *kvParams `json:"kv_transfer_params"`
 }
 
 type chatMessage struct {
@@ -280,20 +326,10 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, http.StatusBadRequest, "vllm-sim supports only n=1")
 		return
 	}
-	var text string
-	var toks []uint32
-	var err error
-	if chat {
-		text, err = renderMessages(req.Messages)
-	} else {
-		text, toks, err = parsePrompt(req.Prompt)
-	}
+	toks, err := s.promptTokens(&req, chat)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
-	}
-	if toks == nil {
-		toks = sim.Tokenize(text)
 	}
 	maxTokens := s.defaultMax
 	if req.MaxTokens != nil {
@@ -314,7 +350,30 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	if s.eosMean > 0 && !req.IgnoreEOS {
 		stopAfter = max(naturalLength(toks, s.eosMean), req.MinTokens)
 	}
-	h, err := s.eng.Submit(r.Context(), sim.Request{Prompt: toks, MaxTokens: maxTokens, StopAfter: stopAfter, LoRA: adapter})
+	rs := response{id: s.newID(chat), model: modelName, created: time.Now().Unix(), chat: chat}
+	simReq := sim.Request{Prompt: toks, MaxTokens: maxTokens, StopAfter: stopAfter, LoRA: adapter, RemoteCached: -1}
+	if kv := req.KVTransferParams; s.pd.enabled && kv != nil {
+		switch {
+		case kv.DoRemoteDecode:
+			simReq.HoldKV = rs.id
+		case kv.DoRemotePrefill:
+			n, err := s.pd.pullRemote(r.Context(), kv)
+			if err != nil && !s.pd.recompute {
+				s.log.Warn("remote KV load failed; failing the request (kv_load_failure_policy fail)", "err", err)
+				writeKVLoadError(w, req.Stream)
+				return
+			}
+			if err != nil {
+				s.log.Warn("remote KV load failed; recomputing the prompt (kv_load_failure_policy recompute)", "err", err)
+				break
+			}
+			simReq.RemoteTokens = min(n, len(toks))
+			if kv.RemotePrefillCachedTokens != nil {
+				simReq.RemoteCached = *kv.RemotePrefillCachedTokens
+			}
+		}
+	}
+	h, err := s.eng.Submit(r.Context(), simReq)
 	if errors.Is(err, sim.ErrInvalidRequest) {
 		msg := strings.TrimPrefix(err.Error(), sim.ErrInvalidRequest.Error()+": ")
 		param := ""
@@ -329,7 +388,6 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	defer h.Cancel() // no-op once finished; frees the request if the client left
 
-	rs := response{id: s.newID(chat), model: modelName, created: time.Now().Unix(), chat: chat}
 	if req.Stream {
 		includeUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 		s.stream(w, r, h, rs, includeUsage)
@@ -341,13 +399,37 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		case ev := <-h.Events:
 			out.WriteString(ev.Text)
 			if ev.Done {
-				writeJSON(w, http.StatusOK, rs.full(out.String(), ev))
+				body := rs.full(out.String(), ev)
+				if simReq.HoldKV != "" {
+					body["kv_transfer_params"] = s.pd.prefillParams(rs.id, ev)
+				}
+				writeJSON(w, http.StatusOK, body)
 				return
 			}
 		case <-r.Context().Done():
 			return
 		}
 	}
+}
+
+// promptTokens is the token ids of a request's prompt: the rendered
+// conversation's, or the completion prompt's.
+func (s *server) promptTokens(req *genRequest, chat bool) ([]uint32, error) {
+	var text string
+	var toks []uint32
+	var err error
+	if chat {
+		text, err = renderMessages(req.Messages)
+	} else {
+		text, toks, err = parsePrompt(req.Prompt)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if toks == nil {
+		toks = sim.Tokenize(text)
+	}
+	return toks, nil
 }
 
 func (s *server) stream(w http.ResponseWriter, r *http.Request, h *sim.Handle, rs response, includeUsage bool) {

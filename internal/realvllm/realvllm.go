@@ -114,6 +114,34 @@ func Require(t testing.TB) string {
 	return py
 }
 
+// NIXLDir is where install-nixl.sh puts NIXL for the current lock file,
+// given this package's source directory (the path exists once it has run).
+func NIXLDir(srcDir string) (string, error) {
+	h, err := hashFiles(filepath.Join(srcDir, "nixl.lock"), filepath.Join(srcDir, "install-nixl.sh"))
+	if err != nil {
+		return "", fmt.Errorf("realvllm: %w", err)
+	}
+	return filepath.Join(cacheDir(), "nixl-"+h), nil
+}
+
+// RequireNIXL returns the NIXL directory to put on a server's PythonPath
+// for KVConnector "NixlConnector", or skips (fails under
+// SWITCHYARD_REQUIRE_VLLM=1) when it is not installed.
+func RequireNIXL(t testing.TB) string {
+	t.Helper()
+	dir, err := NIXLDir(Dir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".complete")); err != nil {
+		if os.Getenv("SWITCHYARD_REQUIRE_VLLM") == "1" {
+			t.Fatalf("NIXL not installed at %s; run `make vllm`", dir)
+		}
+		t.Skipf("NIXL not installed at %s; run `make vllm`", dir)
+	}
+	return dir
+}
+
 // Model holds the generated model's and adapter's directories.
 type Model struct {
 	Dir     string // Llama weights, config and tokenizer with chat template
@@ -178,7 +206,15 @@ type Options struct {
 	MaxNumSeqs  int      // default 8
 	BlockSize   int      // default 32
 	GPUBlocks   int      // --num-gpu-blocks-override; default 512
-	Extra       []string
+	// KVConnector, when set ("NixlConnector"), starts the server with that
+	// KV connector in role kv_both on CPU buffers; NIXL's handshake side
+	// channel listens on 127.0.0.1:SideChannelPort, UCX over loopback TCP.
+	KVConnector     string
+	SideChannelPort int
+	// PythonPath is added to the server's PYTHONPATH (RequireNIXL's
+	// directory for NixlConnector).
+	PythonPath []string
+	Extra      []string
 }
 
 // Server is one running vLLM.
@@ -196,6 +232,10 @@ func (s *Server) Stop() { s.proc.Stop() }
 
 // Exited reports whether the server process ended.
 func (s *Server) Exited() bool { return s.proc.Exited() }
+
+// Pid is the server's process: vLLM's API server (the engine core runs in
+// a child process of it).
+func (s *Server) Pid() int { return s.proc.Cmd.Process.Pid }
 
 // Output is what the server printed so far.
 func (s *Server) Output() string { return s.proc.Output() }
@@ -233,13 +273,22 @@ func Command(srcDir string, m Model, addr string, o Options) (args, env []string
 		args = append(args, "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8",
 			"--lora-modules", o.Adapter+"="+m.Adapter)
 	}
+	if o.KVConnector != "" {
+		args = append(args, "--kv-transfer-config",
+			`{"kv_connector":"`+o.KVConnector+`","kv_role":"kv_both","kv_buffer_device":"cpu"}`)
+	}
 	args = append(args, o.Extra...)
 	env = []string{
 		"VLLM_TARGET_DEVICE=cpu", "VLLM_CPU_KVCACHE_SPACE=1", "VLLM_CPU_OMP_THREADS_BIND=nobind",
 		"HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "VLLM_NO_USAGE_STATS=1",
 		"VLLM_SERVER_DEV_MODE=1", // enables POST /reset_prefix_cache
-		"PYTHONPATH=" + srcDir,
+		"PYTHONPATH=" + strings.Join(append([]string{srcDir}, o.PythonPath...), ":"),
 		"SWITCHYARD_SERVED_BY=" + addr,
+	}
+	if o.KVConnector != "" {
+		env = append(env, "VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1",
+			"VLLM_NIXL_SIDE_CHANNEL_PORT="+strconv.Itoa(o.SideChannelPort),
+			"UCX_TLS=tcp,self,sm", "UCX_NET_DEVICES=lo")
 	}
 	return args, env
 }
@@ -252,6 +301,9 @@ func Start(t testing.TB, python string, m Model, o Options) *Server {
 		o.Name = "tiny"
 	}
 	addr := testutil.FreeAddr(t)
+	if o.KVConnector != "" && o.SideChannelPort == 0 {
+		o.SideChannelPort = testutil.FreePort(t)
+	}
 	args, env := Command(Dir(t), m, addr, o)
 	p := testutil.StartNoCleanupEnv(t, "vllm "+addr, python, env, args...)
 	s := &Server{Addr: addr, Name: o.Name, proc: p}

@@ -54,10 +54,10 @@ type Config struct {
 	NoEndpointWait time.Duration
 	// Fairness shares a band between flows (default FairTokens).
 	Fairness Fairness
-	// ShedSheddable answers requests of sheddable models (priority < 0)
-	// 429 at once when the pool is saturated, instead of queueing them in
-	// the lowest band.
-	ShedSheddable bool
+	// QueueSheddable queues sheddable requests (priority < 0) in the
+	// lowest band when the pool is saturated; by default the picker
+	// answers them 429 at once (ReasonShed), as the protocol says.
+	QueueSheddable bool
 }
 
 // Defaults.
@@ -94,7 +94,7 @@ const (
 	ReasonTTL        = "ttl"         // waited TTL without capacity: 429
 	ReasonOverflow   = "overflow"    // queue full (or evicted for a higher band): 429
 	ReasonNoEndpoint = "no-endpoint" // no ready endpoint for NoEndpointWait: 503
-	ReasonShed       = "shed"        // sheddable and ShedSheddable: 429
+	ReasonShed       = "shed"        // sheddable and would wait, not QueueSheddable: 429
 )
 
 // Rejection is why a request was not admitted.
@@ -164,7 +164,8 @@ func New(pool string, cfg Config, capacity func() Capacity) *Queue {
 }
 
 // Configure replaces the settings (a reload); waiting requests stay, and
-// new bounds apply to the requests that arrive from now on.
+// new bounds apply to the requests that arrive from now on (a waiting
+// request keeps the TTL and NoEndpointWait it arrived under).
 func (q *Queue) Configure(cfg Config) {
 	cfg = cfg.WithDefaults()
 	q.cfg.Store(&cfg)
@@ -195,6 +196,8 @@ type item struct {
 	req      Request
 	seq      uint64
 	enqueued time.Time
+	// ttl and noEndpointWait are the bounds in force when it arrived.
+	ttl, noEndpointWait time.Duration
 	// granted carries nil (go) or the *Rejection; buffered, written once.
 	granted chan error
 	// picked is closed by the request once it has picked (Ticket.Done),
@@ -265,6 +268,7 @@ func (q *Queue) push(it *item) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	it.enqueued = q.now()
+	it.ttl, it.noEndpointWait = cfg.TTL, cfg.NoEndpointWait
 	b := q.bands[it.req.Priority]
 	bandFull := cfg.BandMaxQueued > 0 && b != nil && b.n >= cfg.BandMaxQueued
 	for bandFull || q.n >= cfg.MaxQueued || q.bytes+it.req.Bytes > cfg.MaxQueuedBytes {
@@ -498,8 +502,9 @@ func (q *Queue) grantNext() *item {
 	return it
 }
 
-// expire rejects the requests that waited too long: TTL, or the shorter
-// NoEndpointWait while the pool has no endpoint at all.
+// expire rejects the requests that waited too long: their TTL, or their
+// shorter NoEndpointWait while the pool has no endpoint at all (the
+// bounds in force when each arrived).
 func (q *Queue) expire() {
 	q.mu.Lock()
 	empty := q.n == 0
@@ -509,7 +514,6 @@ func (q *Queue) expire() {
 		return
 	}
 	noEndpoint := q.capacity() == NoEndpoint
-	cfg := q.Config()
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	now := q.now()
@@ -519,12 +523,12 @@ func (q *Queue) expire() {
 				it := f.items[i]
 				waited := now.Sub(it.enqueued)
 				switch {
-				case noEndpoint && waited >= cfg.NoEndpointWait:
+				case noEndpoint && waited >= it.noEndpointWait:
 					q.remove(it)
 					q.stats.Rejected[ReasonNoEndpoint]++
 					q.finish(it, OutcomeNoEndpoint, &Rejection{Reason: ReasonNoEndpoint, RetryAfter: 5 * time.Second,
 						msg: fmt.Sprintf("no ready endpoint in pool %q for %v", q.pool, waited.Round(time.Millisecond))})
-				case waited >= cfg.TTL:
+				case waited >= it.ttl:
 					q.remove(it)
 					q.stats.Rejected[ReasonTTL]++
 					q.finish(it, OutcomeTTL, &Rejection{Reason: ReasonTTL, RetryAfter: time.Second,

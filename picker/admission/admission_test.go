@@ -243,6 +243,50 @@ func TestConfigureKeepsWaitingRequests(t *testing.T) {
 	}
 }
 
+// A reload that shortens the waits applies them to what arrives next:
+// requests already waiting keep the TTL and no-endpoint wait they
+// arrived under.
+func TestConfigureKeepsWaitingRequestsBounds(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		state  Capacity
+		reason string
+		cfg    func(d time.Duration) Config
+	}{
+		{"ttl", Full, ReasonTTL, func(d time.Duration) Config { return Config{TTL: d} }},
+		{"no-endpoint", NoEndpoint, ReasonNoEndpoint, func(d time.Duration) Config { return Config{NoEndpointWait: d} }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			g := &gate{}
+			g.set(c.state)
+			q := New("p", c.cfg(time.Minute), g.capacity)
+			run(t, q)
+			w := &waiter{}
+			w.wait(q, g, "a", Request{})
+			waitLen(t, q, 1)
+			w.wait(q, g, "b", Request{})
+			waitLen(t, q, 2)
+			q.Configure(c.cfg(50 * time.Millisecond))
+			start := time.Now()
+			_, err := q.Wait(context.Background(), Request{})
+			var rej *Rejection
+			if !errors.As(err, &rej) || rej.Reason != c.reason || time.Since(start) < 50*time.Millisecond {
+				t.Fatalf("a request arriving after the reload: %v after %v, want %s after 50ms", err, time.Since(start), c.reason)
+			}
+			// The two older ones waited longer than the new bound, yet wait on.
+			if q.Len() != 2 {
+				w.errs.Range(func(k, v any) bool { t.Errorf("%s: %v", k, v); return true })
+				t.Fatalf("%d waiting after the reload, want the 2 that arrived before it", q.Len())
+			}
+			g.open(2)
+			w.wg.Wait()
+			if fmt.Sprint(w.order) != "[a b]" {
+				t.Fatalf("order %v", w.order)
+			}
+		})
+	}
+}
+
 // Flows that stopped sending are forgotten once their attained service
 // has decayed away, so memory follows the flows waiting now.
 func TestIdleFlowsAreForgotten(t *testing.T) {

@@ -32,7 +32,8 @@ type Request struct {
 	// top-level "messages" (chat) or "prompt" (completions) key; both are
 	// zero when there is none.
 	PromptStart, PromptEnd int
-	// Stream is set when the top-level "stream" is true: the answer comes
+	// Stream is set when the top-level "stream" is true, as the engine
+	// reads it (1 and "yes" are true too; see laxBool): the answer comes
 	// as server-sent events, its first bytes with the first token.
 	Stream bool
 }
@@ -178,7 +179,7 @@ func scanRequest(body []byte) (Request, []byte, error) {
 			case r.PromptEnd == 0 && (keyIs(key, "messages") || keyIs(key, "prompt")):
 				r.PromptStart, r.PromptEnd = vs, sc.i
 			case keyIs(key, "stream"):
-				r.Stream = body[vs] == 't'
+				r.Stream, _ = laxBool(body[vs:sc.i])
 			}
 			sc.ws()
 			c := sc.peek()

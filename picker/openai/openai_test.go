@@ -249,7 +249,9 @@ func TestParseRequestStream(t *testing.T) {
 		{`{"stream" : true , "model":"m"}`, true},
 		{`{"model":"m","stream":false}`, false},
 		{`{"model":"m"}`, false},
-		{`{"model":"m","stream":"true"}`, false},
+		{`{"model":"m","stream":"true"}`, true}, // as vLLM reads it (see laxBool)
+		{`{"model":"m","stream":1}`, true},
+		{`{"model":"m","stream":"maybe"}`, false},
 		{`{"model":"m","options":{"stream":true}}`, false},
 		{`{"model":"m","stream":true,"stream":false}`, false},
 	} {

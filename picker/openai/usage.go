@@ -3,50 +3,169 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
-	"strconv"
+	"strings"
 )
 
 // Generation is what a request body says about its response, for token
-// accounting: whether it streams, whether it asked for the usage chunk
-// (stream_options.include_usage), and its output cap.
+// accounting, read as the engine reads it (pydantic's lax mode, see
+// laxBool and laxInt): whether it streams, whether it asked for the usage
+// chunk (stream_options.include_usage), its output caps and how many
+// outputs it asks for.
 type Generation struct {
 	Stream       bool
 	IncludeUsage bool
-	// MaxTokens is max_tokens, max_completion_tokens or max_output_tokens
-	// (the last one given); 0 when none is.
-	MaxTokens int64
+	// maxTokens, maxCompletionTokens and maxOutputTokens are the caps
+	// the body gives (capSet says which are present and not null).
+	maxTokens, maxCompletionTokens, maxOutputTokens int64
+	capSet                                          uint8
+	// n is the choices asked for per prompt (at least 1), prompts the
+	// prompts of a completions batch (at least 1).
+	n, prompts int64
 	// optsStart and optsEnd delimit the raw value of stream_options (both
 	// zero when absent).
 	optsStart, optsEnd int
 }
 
+// Generation.capSet bits.
+const (
+	setMaxTokens uint8 = 1 << iota
+	setMaxCompletionTokens
+	setMaxOutputTokens
+)
+
+// maxOutputCap bounds OutputCap (a product of clamped values).
+const maxOutputCap = 1 << 50
+
 // ParseGeneration reads the generation settings of a request body; a body
-// that is not a JSON object gives the zero Generation.
+// that is not a JSON object gives the zero Generation (nothing streams,
+// no cap). When a key appears more than once the last one counts, as in
+// Python's json module.
 func ParseGeneration(body []byte) Generation {
-	var g Generation
+	g := Generation{n: 1, prompts: 1}
 	_ = members(body, func(key []byte, vs, ve int) {
 		v := body[vs:ve]
 		switch {
 		case keyIs(key, "stream"):
-			g.Stream = string(v) == "true"
+			g.Stream, _ = laxBool(v)
 		case keyIs(key, "stream_options"):
 			g.optsStart, g.optsEnd = vs, ve
 			g.IncludeUsage = false
 			if v[0] == '{' {
-				var o struct {
-					IncludeUsage bool `json:"include_usage"`
-				}
-				if json.Unmarshal(v, &o) == nil {
-					g.IncludeUsage = o.IncludeUsage
-				}
+				_ = members(v, func(k []byte, s, e int) {
+					if keyIs(k, "include_usage") {
+						g.IncludeUsage, _ = laxBool(v[s:e])
+					}
+				})
 			}
-		case keyIs(key, "max_tokens"), keyIs(key, "max_completion_tokens"), keyIs(key, "max_output_tokens"):
-			if n, err := strconv.ParseInt(string(v), 10, 64); err == nil && n > 0 {
-				g.MaxTokens = n
+		case keyIs(key, "max_tokens"):
+			g.maxTokens = g.setCap(setMaxTokens, v)
+		case keyIs(key, "max_completion_tokens"):
+			g.maxCompletionTokens = g.setCap(setMaxCompletionTokens, v)
+		case keyIs(key, "max_output_tokens"):
+			g.maxOutputTokens = g.setCap(setMaxOutputTokens, v)
+		case keyIs(key, "n"):
+			g.n = 1
+			if n, present, _ := laxInt(v); present && n > 1 {
+				g.n = n
 			}
+		case keyIs(key, "prompt"):
+			g.prompts = max(promptCount(v), 1)
 		}
 	})
 	return g
+}
+
+// setCap reads a cap's value and notes whether it is present (not null).
+func (g *Generation) setCap(bit uint8, v []byte) int64 {
+	n, present, _ := laxInt(v)
+	if present {
+		g.capSet |= bit
+	} else {
+		g.capSet &^= bit
+	}
+	return n
+}
+
+// promptCount is the number of prompts a completions "prompt" holds: a
+// list of strings or of token lists is a batch (one generation each);
+// a string or one token list is one prompt.
+func promptCount(v []byte) int64 {
+	if len(v) == 0 || v[0] != '[' {
+		return 1
+	}
+	sc := scanner{b: v, i: 1}
+	sc.ws()
+	if c := sc.peek(); c != '"' && c != '[' {
+		return 1
+	}
+	var n int64
+	for {
+		sc.ws()
+		if !sc.value(1) {
+			return max(n, 1)
+		}
+		n++
+		sc.ws()
+		if sc.peek() != ',' {
+			return n
+		}
+		sc.i++
+	}
+}
+
+// OutputCap is the most output tokens the engine may generate for the
+// request on path, when the body caps it: chat completions read
+// max_completion_tokens, else max_tokens; completions max_tokens; the
+// Responses API max_output_tokens; times the choices (n) and the
+// prompts of a completions batch. capped is false when the body sets no
+// cap the endpoint reads (the engine then generates up to the model's
+// context, or its own default), and for endpoints that generate nothing.
+func (g Generation) OutputCap(path string) (tokens int64, capped bool) {
+	var v int64
+	switch api := apiPath(path); {
+	case api == "/v1/chat/completions" && g.capSet&setMaxCompletionTokens != 0:
+		v = mulCap(g.maxCompletionTokens, g.n)
+	case api == "/v1/chat/completions" && g.capSet&setMaxTokens != 0:
+		v = mulCap(g.maxTokens, g.n)
+	case api == "/v1/completions" && g.capSet&setMaxTokens != 0:
+		v = mulCap(mulCap(g.maxTokens, g.n), g.prompts)
+	case api == "/v1/responses" && g.capSet&setMaxOutputTokens != 0:
+		v = mulCap(g.maxOutputTokens, 1)
+	default:
+		return 0, false
+	}
+	return v, true
+}
+
+// mulCap is a*b for a cap a (negative: 0) and a count b >= 1, at most
+// maxOutputCap.
+func mulCap(a, b int64) int64 {
+	if a <= 0 {
+		return 0
+	}
+	b = max(b, 1)
+	if a > maxOutputCap/b {
+		return maxOutputCap
+	}
+	return min(a*b, maxOutputCap)
+}
+
+// Generates reports whether path is an endpoint that generates output
+// tokens (chat and text completions, the Responses API).
+func Generates(path string) bool {
+	switch apiPath(path) {
+	case "/v1/chat/completions", "/v1/completions", "/v1/responses":
+		return true
+	}
+	return false
+}
+
+// apiPath is path without its query string and trailing slash.
+func apiPath(path string) string {
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	return strings.TrimSuffix(path, "/")
 }
 
 // members calls fn with every top-level member of the JSON object body:

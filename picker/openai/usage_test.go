@@ -8,25 +8,63 @@ import (
 
 func TestParseGenerationAndIncludeUsage(t *testing.T) {
 	t.Parallel()
+	const chat, comp, resp = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 	for _, tc := range []struct {
-		desc, body string
-		want       Generation
-		rewritten  string // "" when WithIncludeUsage is not applied
+		desc, path, body string
+		stream, usage    bool
+		cap              int64  // -1: no cap the endpoint reads
+		rewritten        string // "" when WithIncludeUsage is not applied
 	}{
-		{"not streaming", `{"model":"m","max_tokens":16}`, Generation{MaxTokens: 16}, ""},
-		{"stream without options", `{"model":"m","stream":true,"max_completion_tokens":8}`, Generation{Stream: true, MaxTokens: 8},
+		{"not streaming", comp, `{"model":"m","max_tokens":16}`, false, false, 16, ""},
+		{"stream without options", chat, `{"model":"m","stream":true,"max_completion_tokens":8}`, true, false, 8,
 			`{"stream_options":{"include_usage":true},"model":"m","stream":true,"max_completion_tokens":8}`},
-		{"asked already", `{"stream":true,"stream_options":{"include_usage":true}}`, Generation{Stream: true, IncludeUsage: true}, ""},
-		{"options without usage", ` { "stream" : true , "stream_options" : {"continuous_usage_stats":false,"include_usage":false} , "x":1}`,
-			Generation{Stream: true}, ` { "stream" : true , "stream_options" : {"continuous_usage_stats":false,"include_usage":true} , "x":1}`},
-		{"null options", `{"stream":true,"stream_options":null}`, Generation{Stream: true}, `{"stream":true,"stream_options":{"include_usage":true}}`},
-		{"stream false", `{"stream":false,"max_output_tokens":"9"}`, Generation{}, ""},
-		{"not an object", `[1]`, Generation{}, ""},
+		{"asked already", chat, `{"stream":true,"stream_options":{"include_usage":true}}`, true, true, -1, ""},
+		{"options without usage", chat, ` { "stream" : true , "stream_options" : {"continuous_usage_stats":false,"include_usage":false} , "x":1}`,
+			true, false, -1, ` { "stream" : true , "stream_options" : {"continuous_usage_stats":false,"include_usage":true} , "x":1}`},
+		{"null options", chat, `{"stream":true,"stream_options":null}`, true, false, -1, `{"stream":true,"stream_options":{"include_usage":true}}`},
+		{"empty options (vLLM 0.32: no usage)", chat, `{"stream":true,"stream_options":{}}`, true, false, -1, `{"stream":true,"stream_options":{"include_usage":true}}`},
+		{"stream false", resp, `{"stream":false,"max_output_tokens":"9"}`, false, false, 9, ""},
+		{"not an object", chat, `[1]`, false, false, -1, ""},
+		// What vLLM's lax validation accepts, read as it reads it.
+		{"stream 1", chat, `{"stream":1}`, true, false, -1, `{"stream_options":{"include_usage":true},"stream":1}`},
+		{"stream 1.0", chat, `{"stream":1.0}`, true, false, -1, `{"stream_options":{"include_usage":true},"stream":1.0}`},
+		{"stream \"true\"", comp, `{"stream":"true"}`, true, false, -1, `{"stream_options":{"include_usage":true},"stream":"true"}`},
+		{"stream \"YES\"", comp, `{"stream":"YES"}`, true, false, -1, `{"stream_options":{"include_usage":true},"stream":"YES"}`},
+		{"stream escaped \"true\"", comp, `{"stream":"\u0074rue"}`, true, false, -1, `{"stream_options":{"include_usage":true},"stream":"\u0074rue"}`},
+		{"stream \"off\"", comp, `{"stream":"off"}`, false, false, -1, ""},
+		{"stream 0", comp, `{"stream":0}`, false, false, -1, ""},
+		{"stream null", comp, `{"stream":null}`, false, false, -1, ""},
+		{"stream \" true\" (rejected by vLLM)", comp, `{"stream":" true"}`, false, false, -1, ""},
+		{"stream 2 (rejected by vLLM)", comp, `{"stream":2}`, false, false, -1, ""},
+		{"the last key counts", comp, `{"stream":false,"stream":"on"}`, true, false, -1, `{"stream_options":{"include_usage":true},"stream":false,"stream":"on"}`},
+		{"usage asked laxly", chat, `{"stream":"1","stream_options":{"include_usage":"yes"}}`, true, true, -1, ""},
+		{"max_tokens \"5\"", chat, `{"max_tokens":"5"}`, false, false, 5, ""},
+		{"max_tokens 5.0", chat, `{"max_tokens":5.0}`, false, false, 5, ""},
+		{"max_tokens 1e2", chat, `{"max_tokens":1e2}`, false, false, 100, ""},
+		{"max_tokens \" +0_050.00 \"", comp, `{"max_tokens":" +0_050.00 "}`, false, false, 50, ""},
+		{"max_tokens true", comp, `{"max_tokens":true}`, false, false, 1, ""},
+		{"max_tokens 5.5 (rejected by vLLM)", comp, `{"max_tokens":5.5}`, false, false, -1, ""},
+		{"max_tokens \"1e2\" (rejected by vLLM)", comp, `{"max_tokens":"1e2"}`, false, false, -1, ""},
+		{"max_tokens null", chat, `{"max_tokens":null}`, false, false, -1, ""},
+		{"chat: max_completion_tokens wins", chat, `{"max_completion_tokens":"9","max_tokens":5}`, false, false, 9, ""},
+		{"chat: a null max_completion_tokens leaves max_tokens", chat, `{"max_completion_tokens":null,"max_tokens":5}`, false, false, 5, ""},
+		{"completions ignore max_completion_tokens", comp, `{"max_completion_tokens":9}`, false, false, -1, ""},
+		{"chat ignores max_output_tokens", chat, `{"max_output_tokens":9}`, false, false, -1, ""},
+		{"n choices", chat, `{"max_tokens":10,"n":"3"}`, false, false, 30, ""},
+		{"a batch of prompts", comp, `{"max_tokens":10,"n":2,"prompt":["a","b","c"]}`, false, false, 60, ""},
+		{"one tokenised prompt", comp, `{"max_tokens":10,"prompt":[1,2,3]}`, false, false, 10, ""},
+		{"a batch of tokenised prompts", comp, `{"max_tokens":10,"prompt":[[1],[2]]}`, false, false, 20, ""},
+		{"embeddings generate nothing", "/v1/embeddings", `{"max_tokens":10}`, false, false, -1, ""},
+		{"huge", comp, `{"max_tokens":99999999999999999999999,"n":99999999999}`, false, false, maxOutputCap, ""},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			g := ParseGeneration([]byte(tc.body))
-			if g.Stream != tc.want.Stream || g.IncludeUsage != tc.want.IncludeUsage || g.MaxTokens != tc.want.MaxTokens {
-				t.Fatalf("ParseGeneration = %+v, want %+v", g, tc.want)
+			capV, capped := g.OutputCap(tc.path)
+			if !capped {
+				capV = -1
+			}
+			if g.Stream != tc.stream || g.IncludeUsage != tc.usage || capV != tc.cap {
+				t.Fatalf("ParseGeneration: stream %v usage %v cap %d, want %v %v %d", g.Stream, g.IncludeUsage, capV, tc.stream, tc.usage, tc.cap)
 			}
 			if tc.rewritten == "" {
 				return

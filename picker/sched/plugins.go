@@ -14,7 +14,29 @@ const (
 	FilterSubset      = "subset-hint"
 	FilterModel       = "model"
 	FilterLoRASlot    = "lora-slot"
+	FilterRole        = "role"
 )
+
+// RoleFilter keeps the endpoints of a disaggregated pool that may receive
+// a client's request: those whose role decodes (decode, or both). The
+// picker puts it first in such a pool's profile, so a prefill server is
+// never a destination, and the pool's other filters (health above all)
+// judge the decode servers alone, as EDS, which has only them, does.
+type RoleFilter struct{}
+
+// Name implements Filter.
+func (RoleFilter) Name() string { return FilterRole }
+
+// Filter implements Filter.
+func (RoleFilter) Filter(_ *Request, eps []*Endpoint) []*Endpoint {
+	out := eps[:0]
+	for _, e := range eps {
+		if e.Role.Decodes() {
+			out = append(out, e)
+		}
+	}
+	return out
+}
 
 // drainingFilter drops endpoints that are draining.
 type drainingFilter struct{}
@@ -299,11 +321,16 @@ const (
 // request sent now starts at once; before that, it is the queue it has
 // now, counting what the picker sent since the scrape. An endpoint with
 // stale metrics (scrapes failing or too old) counts as saturated, unless
-// every candidate is stale: then the metrics path is broken, not the
-// servers, and the rule does not judge (as healthFilter keeps them all),
-// so broken scraping degrades scheduling instead of shedding or queueing
-// every request. An endpoint never scraped is not judged either, so a
-// pool without metrics is never saturated by this rule.
+// every candidate is stale (frozen or overloaded servers, a stalled
+// picker, or a broken metrics path): stale is not idle, so each is then
+// judged by what the picker itself sent since its last good scrape
+// against its learned batch (staleWaitingIfSent), which keeps the
+// admission queue's bounds, priority and fairness while the view is old;
+// an endpoint whose batch was never learned is not judged (as
+// healthFilter keeps them all), so scraping that never worked degrades
+// scheduling instead of queueing every request. An endpoint never
+// scraped is not judged either, so a pool without metrics is never
+// saturated by this rule.
 type Thresholds struct {
 	Queue int
 	KV    float64
@@ -328,7 +355,15 @@ func (t Thresholds) Saturated(now time.Time, eps []*Endpoint) bool {
 			stale++
 		}
 	}
-	return stale < len(eps)
+	if stale < len(eps) {
+		return true
+	}
+	for _, e := range eps {
+		if n, known := staleWaitingIfSent(e); !known || n < float64(t.Queue) {
+			return false
+		}
+	}
+	return true
 }
 
 // inFlightLimit reports saturation when every candidate already has at

@@ -259,7 +259,7 @@ func TestSaturation(t *testing.T) {
 		{"mixed queue and KV", []m{{waiting: 6}, {kv: 0.9}}, true},
 		{"stale counts as saturated", []m{{stale: true}, {waiting: 7}}, true},
 		{"stale with a free endpoint", []m{{stale: true}, {waiting: 1}}, false},
-		{"every endpoint stale is not judged", []m{{stale: true}, {stale: true}}, false},
+		{"every endpoint stale, no batch learned, is not judged", []m{{stale: true}, {stale: true}}, false},
 		{"requests sent since the scrape count", []m{{waiting: 3, running: 2, inflight: 7}, {waiting: 9}}, true},
 		{"requests the scrape already counts do not", []m{{waiting: 3, running: 2, inflight: 5}, {waiting: 9}}, false},
 		{"unscraped endpoint is not judged", []m{{none: true}, {waiting: 7}}, false},
@@ -271,6 +271,37 @@ func TestSaturation(t *testing.T) {
 			}
 		})
 	}
+	t.Run("every endpoint stale: judged by what the picker sent against the learned batch", func(t *testing.T) {
+		th := Thresholds{Queue: 2, KV: 0.8}
+		// Each server ran 1 (its batch) with 1 waiting at its last good
+		// scrape, both sent by this picker (2 in flight then).
+		stale := func(inflight int64, learned bool) []*Endpoint {
+			e := mkEps(m{stale: true, running: 1, waiting: 1, inflight: inflight}, m{stale: true, running: 1, waiting: 1, inflight: inflight})
+			for _, x := range e {
+				x.Load.mark.Store(&scrapeMark{at: x.Snapshot().LastSuccess, inFlight: 2})
+				if learned {
+					x.Load.batch.Store(1)
+				}
+			}
+			return e
+		}
+		if !th.Saturated(now, stale(2, true)) {
+			t.Error("nothing finished since the last good scrapes: saturated")
+		}
+		if th.Saturated(now, stale(1, true)) {
+			t.Error("a request finished on each since: room for one")
+		}
+		if th.Saturated(now, stale(2, false)) {
+			t.Error("no batch learned: not judged")
+		}
+		e := stale(3, true)
+		for _, x := range e {
+			x.Load.mark.Store(nil) // no mark for the snapshot: in flight alone
+		}
+		if !th.Saturated(now, e) {
+			t.Error("3 in flight, batch 1, no mark: saturated")
+		}
+	})
 	t.Run("any rule", func(t *testing.T) {
 		e := mkEps(m{inflight: 3}, m{inflight: 3})
 		if !(anySaturated{th, inFlightLimit{Max: 3}}).Saturated(now, e) || (anySaturated{th, inFlightLimit{Max: 4}}).Saturated(now, e) {
@@ -616,5 +647,22 @@ func TestBatchLearning(t *testing.T) {
 	scrape(7, 0)
 	if b := l.batch.Load(); b != 7 {
 		t.Fatalf("batch %d after 7 ran with nothing waiting, want 7", b)
+	}
+}
+
+// QueueIfSent is the saturation rule's queue with the endpoint's
+// freshness: a fresh endpoint's waitingIfSent, 0 for one never scraped,
+// and a stale one is reported stale.
+func TestQueueIfSent(t *testing.T) {
+	t.Parallel()
+	e := mkEps(m{waiting: 2, running: 8, inflight: 10}, m{none: true, inflight: 7}, m{stale: true, waiting: 9})
+	e[0].Load.MarkScrape(e[0].Snapshot())
+	for i, want := range []struct {
+		n float64
+		f Freshness
+	}{{3, Fresh}, {0, Unscraped}, {0, Stale}} {
+		if n, f := e[i].QueueIfSent(now); n != want.n || f != want.f {
+			t.Errorf("%s: %v %v, want %v %v", e[i].Address, n, f, want.n, want.f)
+		}
 	}
 }

@@ -397,7 +397,7 @@ func poolFit(now time.Time, eps []*Endpoint) (pr ttftPrior, ok bool) {
 const shrinkObservations = 32
 
 // predict estimates the request's TTFT on e, given how many leading
-// prompt blocks e is believed to hold and whether the request's adapter
+// prompt tokens e is believed to hold and whether the request's adapter
 // must be loaded (1) or wait for a slot (2) there. An endpoint that is
 // not measured yet takes pool as its prior when given (poolPrior,
 // poolFit). With shrink, a measured endpoint's fit is pulled towards
@@ -405,8 +405,12 @@ const shrinkObservations = 32
 // n/(n+shrinkObservations) of the difference, the per-token part on a
 // log scale): servers of a pool are usually alike, and fits of a few
 // noisy observations otherwise tell identical servers apart.
-func predict(req *Request, e *Endpoint, matched int, lora loraNeed, pool, shrink *ttftPrior) Prediction {
-	s := e.fresh(req.Now)
+func predict(req *Request, e *Endpoint, cached int64, lora loraNeed, pool, shrink *ttftPrior) Prediction {
+	return predictWith(req, e, e.fresh(req.Now), cached, lora, pool, shrink)
+}
+
+// predictWith is predict given e's fresh snapshot s (nil: none).
+func predictWith(req *Request, e *Endpoint, s *metrics.Snapshot, cached int64, lora loraNeed, pool, shrink *ttftPrior) Prediction {
 	st := e.Load.ttft.fit.Load()
 	pr := prior(s)
 	known := measured(s, st)
@@ -423,15 +427,11 @@ func predict(req *Request, e *Endpoint, matched int, lora loraNeed, pool, shrink
 		base = a*base + (1-a)*shrink.base
 		per = math.Exp(a*math.Log(max(per, minPerToken)) + (1-a)*math.Log(max(shrink.perToken, minPerToken)))
 	}
-	bt := int64(req.BlockTokens)
-	if bt <= 0 {
-		bt = prefix.DefaultBlockTokens
-	}
 	p := Prediction{Tokens: req.Tokens, PerToken: per, measured: known}
 	if st != nil {
 		p.Observed = st.n
 	}
-	p.Uncached = max(req.Tokens-int64(matched)*bt, 0)
+	p.Uncached = max(req.Tokens-cached, 0)
 	p.Queued = e.Load.queuedPrefill(req.Now)
 	p.Ahead = int64(p.Queued.Seconds() / per)
 	hold := holdTime(s, st)
@@ -630,9 +630,9 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		sc = new(Scratch)
 	}
 	adapter := isAdapter(req, eps)
-	need := func(e *Endpoint) loraNeed {
+	need := func(i int) loraNeed {
 		if adapter {
-			switch loraAffinity(req, e) {
+			switch loraAffinityOf(req, req.freshAt(eps, i)) {
 			case loraFreeSlot:
 				return loraLoad
 			case loraNoSlot:
@@ -653,7 +653,8 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	}
 	unmeasured := 0
 	for i, e := range eps {
-		sc.preds[i] = predict(req, e, m[i], need(e), fit, fit)
+		cached, _ := req.cachedTokens(i, m)
+		sc.preds[i] = predictWith(req, e, req.freshAt(eps, i), cached, need(i), fit, fit)
 		if !sc.preds[i].measured {
 			unmeasured++
 		}
@@ -664,7 +665,8 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		if pool, ok := poolPrior(sc.preds); ok {
 			for i, e := range eps {
 				if !sc.preds[i].measured {
-					sc.preds[i] = predict(req, e, m[i], need(e), &pool, nil)
+					cached, _ := req.cachedTokens(i, m)
+					sc.preds[i] = predictWith(req, e, req.freshAt(eps, i), cached, need(i), &pool, nil)
 				}
 			}
 		}
@@ -747,7 +749,11 @@ func (t *TTFTScorer) Predict(req *Request, e *Endpoint) Prediction {
 		req.Now = time.Now()
 	}
 	t.residency().Held(req, []string{e.Address}, m[:])
-	return predict(req, e, m[0], loraNone, nil, nil)
+	bt := int64(req.BlockTokens)
+	if bt <= 0 {
+		bt = prefix.DefaultBlockTokens
+	}
+	return predict(req, e, int64(m[0])*bt, loraNone, nil, nil)
 }
 
 // Prediction returns the TTFT scorer's prediction for addr in the last

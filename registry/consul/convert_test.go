@@ -123,6 +123,25 @@ func TestConvert(t *testing.T) {
 			warnings: []string{`instance n1/b: meta metrics_path ignored: bad metrics_path "metrics"`},
 		},
 		{
+			desc:   "meta: kv_events ports and topic; bad ones ignored with a warning",
+			engine: registry.EngineVLLM,
+			entries: []*api.ServiceEntry{
+				inst("n1", "a", "", "10.0.0.1", 8000, map[string]string{MetaKVEventsPort: "5557", MetaKVEventsReplayPort: " 5558 ", MetaKVEventsTopic: "kv@a"}, api.HealthPassing),
+				inst("n1", "b", "", "10.0.0.2", 8000, map[string]string{MetaKVEventsPort: "5557"}, api.HealthPassing),
+				inst("n1", "c", "", "10.0.0.3", 8000, map[string]string{MetaKVEventsPort: "zmq"}, api.HealthPassing),
+				inst("n1", "d", "", "10.0.0.4", 8000, map[string]string{MetaKVEventsPort: "5557", MetaKVEventsReplayPort: "5557"}, api.HealthPassing),
+			},
+			want: []registry.Endpoint{
+				{Address: "10.0.0.1:8000", Source: SourceName, KVEvents: &registry.KVEvents{Port: 5557, ReplayPort: 5558, Topic: "kv@a"}},
+				{Address: "10.0.0.2:8000", Source: SourceName, KVEvents: &registry.KVEvents{Port: 5557}},
+				ep("10.0.0.3:8000"), ep("10.0.0.4:8000"),
+			},
+			warnings: []string{
+				`instance n1/c: meta kv_events_port ignored: kv_events_port "zmq" is not a port number`,
+				`instance n1/d: meta kv_events_port ignored: replay_port 5557 is the event port too`,
+			},
+		},
+		{
 			desc:   "meta engine must match the pool's engine",
 			engine: registry.EngineSGLang,
 			entries: []*api.ServiceEntry{
@@ -132,6 +151,22 @@ func TestConvert(t *testing.T) {
 			},
 			want:     []registry.Endpoint{ep("10.0.0.2:8000"), ep("10.0.0.3:8000")},
 			warnings: []string{`instance n1/v: left out: meta engine="vllm" but the pool's engine is "sglang"`},
+		},
+		{
+			desc: "meta role: prefill, decode, both and llm-d's prefill-decode; unknown left out",
+			entries: []*api.ServiceEntry{
+				inst("n1", "p", "", "10.0.0.1", 8000, map[string]string{MetaRole: "prefill"}, ""),
+				inst("n1", "d", "", "10.0.0.2", 8000, map[string]string{MetaRole: " Decode "}, ""),
+				inst("n1", "b", "", "10.0.0.3", 8000, map[string]string{MetaRole: "both"}, ""),
+				inst("n1", "pd", "", "10.0.0.4", 8000, map[string]string{MetaRole: "prefill-decode"}, ""),
+				inst("n1", "x", "", "10.0.0.5", 8000, map[string]string{MetaRole: "encode"}, ""),
+			},
+			want: []registry.Endpoint{
+				{Address: "10.0.0.1:8000", Source: SourceName, Role: registry.RolePrefill},
+				{Address: "10.0.0.2:8000", Source: SourceName, Role: registry.RoleDecode},
+				ep("10.0.0.3:8000"), ep("10.0.0.4:8000"),
+			},
+			warnings: []string{`instance n1/x: left out: meta role: bad role "encode"`},
 		},
 		{
 			desc: "two instances on one address: the smaller node/ID wins",

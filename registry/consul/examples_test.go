@@ -24,18 +24,24 @@ type serviceFile struct {
 		Checks  []struct {
 			HTTP     string `json:"http"`
 			Interval string `json:"interval"`
+			// Deregister must stay empty in definition files (see the
+			// test).
+			Deregister string `json:"deregister_critical_service_after"`
 		} `json:"checks"`
 	} `json:"service"`
 }
 
 // TestExampleServiceDefinitions checks that the shipped Consul service
 // definitions follow the meta convention: each becomes a vllm endpoint
-// with models and an HTTP health check, without warnings.
+// with models and an HTTP health check, without warnings. None sets
+// deregister_critical_service_after: an agent reads a definition file only
+// at start or reload, so a host reaped after a long outage would not come
+// back when it is up again (examples/consul/README.md).
 func TestExampleServiceDefinitions(t *testing.T) {
 	t.Parallel()
 	root := testutil.RepoRoot(t)
 	var files []string
-	for _, dir := range []string{"examples/consul", "examples/compose/consul"} {
+	for _, dir := range []string{"examples/consul", "examples/compose/consul", "examples/compose/consul-gpu"} {
 		m, err := filepath.Glob(filepath.Join(root, dir, "*.json"))
 		if err != nil {
 			t.Fatal(err)
@@ -58,6 +64,11 @@ func TestExampleServiceDefinitions(t *testing.T) {
 			s := sf.Service
 			if s.ID == "" || s.Name == "" || len(s.Checks) == 0 || s.Checks[0].HTTP == "" || s.Checks[0].Interval == "" {
 				t.Errorf("%s: want id, name and an HTTP check with an interval: %+v", f, s)
+			}
+			for _, c := range s.Checks {
+				if c.Deregister != "" {
+					t.Errorf("%s: deregister_critical_service_after %q in a definition file: the host would not be registered again when it comes back", f, c.Deregister)
+				}
 			}
 			entry := &api.ServiceEntry{
 				Node:    &api.Node{Node: "host", Address: "10.9.9.9"},

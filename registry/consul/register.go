@@ -32,6 +32,14 @@ type Registration struct {
 	CheckInterval time.Duration
 }
 
+// DeregisterCriticalAfter is how long the agent keeps a replica whose
+// check is critical before it removes the registration: a replica that died
+// without deregistering (SIGKILL, OOM kill) next to an agent that lives on
+// would otherwise stay listed, critical, forever. One minute is Consul's
+// smallest value (its reaper runs every 30 s). A replica that is alive but
+// was reaped, say after a long stall, registers again at its next resync.
+const DeregisterCriticalAfter = time.Minute
+
 // DefaultResync is how often Register makes sure the agent still has the
 // registration (a dev agent, or one whose data directory was lost, forgets
 // services registered over its API when it restarts).
@@ -120,7 +128,8 @@ func (r Registration) service() (*api.AgentServiceRegistration, error) {
 		svc.Check = &api.AgentServiceCheck{
 			CheckID: "switchyard-ready:" + r.ID, Name: "switchyard /readyz",
 			HTTP: r.CheckURL, Interval: interval.String(), Timeout: (interval / 2).String(),
-			TLSSkipVerify: true, // the admin server's certificate names the replica, not the agent's view of it
+			TLSSkipVerify:                  true, // the admin server's certificate names the replica, not the agent's view of it
+			DeregisterCriticalServiceAfter: DeregisterCriticalAfter.String(),
 		}
 	}
 	return svc, nil

@@ -109,7 +109,26 @@ var (
 		hcl.BlockHeaderSchema{Type: "admission"},
 		hcl.BlockHeaderSchema{Type: "endpoint", LabelNames: []string{"address"}},
 		hcl.BlockHeaderSchema{Type: "consul"},
+		hcl.BlockHeaderSchema{Type: "disaggregation"},
+		hcl.BlockHeaderSchema{Type: "kv_events"},
 	)
+
+	// kvEventsBody is a pool's (or an endpoint's) kv_events block: the
+	// servers publish their KV-cache events (vLLM --kv-events-config).
+	kvEventsBody = newBody([]attr[*registry.KVEvents]{
+		intAttr("port", func(k *registry.KVEvents, v int) { k.Port = v }).required(),
+		intAttr("replay_port", func(k *registry.KVEvents, v int) { k.ReplayPort = v }),
+		strAttr("topic", func(k *registry.KVEvents, v string) { k.Topic = v }),
+	})
+
+	// disaggregationBody is a pool's or model's disaggregation block: when
+	// a request's prefill runs on a prefill server.
+	disaggregationBody = newBody([]attr[*registry.Disaggregation]{
+		boolAttr("enabled", func(g *registry.Disaggregation, v bool) { g.Disabled = !v }),
+		intAttr("uncached_tokens", func(g *registry.Disaggregation, v int) { g.UncachedTokens = v }),
+		intAttr("min_prompt_tokens", func(g *registry.Disaggregation, v int) { g.MinPromptTokens = v }),
+		intAttr("prefill_queue_threshold", func(g *registry.Disaggregation, v int) { g.PrefillQueueThreshold = v }),
+	})
 
 	// consulBody is a pool's consul block: which Consul service instances
 	// join the pool, and its discovery guard.
@@ -149,6 +168,7 @@ var (
 		strAttr("profile", func(s *registry.Scheduling, v string) { s.Profile = v }),
 		strAttr("picker", func(s *registry.Scheduling, v string) { s.Picker = v }),
 		durationAttr("scrape_interval", func(s *registry.Scheduling, ms int) { s.ScrapeIntervalMS = ms }),
+		durationAttr("idle_scrape_interval", func(s *registry.Scheduling, ms int) { s.IdleScrapeIntervalMS = ms }),
 		boolAttr("adapters_on_demand", func(s *registry.Scheduling, v bool) { s.AdaptersOnDemand = v }),
 		intAttr("queue_threshold", func(s *registry.Scheduling, v int) { s.QueueThreshold = v }),
 		numAttr("kv_threshold", func(s *registry.Scheduling, v float64) { s.KVThreshold = v }),
@@ -166,7 +186,7 @@ var (
 		durationAttr("ttl", func(a *registry.Admission, ms int) { a.TTL = time.Duration(ms) * time.Millisecond }),
 		durationAttr("no_endpoint_wait", func(a *registry.Admission, ms int) { a.NoEndpointWait = time.Duration(ms) * time.Millisecond }),
 		strAttr("fairness", func(a *registry.Admission, v string) { a.Fairness = v }),
-		boolAttr("shed_sheddable", func(a *registry.Admission, v bool) { a.ShedSheddable = v }),
+		boolAttr("shed_sheddable", func(a *registry.Admission, v bool) { a.QueueSheddable = !v }),
 		strAttr("flow_header", func(a *registry.Admission, v string) { a.FlowHeader = strings.ToLower(v) }, headerName),
 		strAttr("priority_header", func(a *registry.Admission, v string) { a.PriorityHeader = strings.ToLower(v) }, headerName),
 		intAttr("priority_min", func(a *registry.Admission, v int) { a.PriorityMin = v }),
@@ -177,12 +197,13 @@ var (
 		boolAttr("draining", func(e *registry.Endpoint, v bool) { e.Draining = v }),
 		strAttr("metrics_path", func(e *registry.Endpoint, v string) { e.MetricsPath = v }),
 		listAttr("models", func(e *registry.Endpoint, v []string) { e.Models = v }),
-	})
+		strAttr("role", func(e *registry.Endpoint, v string) { e.Role, _ = registry.ParseRole(v) }, roleName),
+	}, hcl.BlockHeaderSchema{Type: "kv_events"})
 
 	modelBody = newBody([]attr[*registry.Model]{
 		strAttr("pool", func(m *registry.Model, v string) { m.Pool = v }).required(),
 		intAttr("priority", func(m *registry.Model, v int) { m.Priority = v }),
-	}, hcl.BlockHeaderSchema{Type: "target", LabelNames: []string{"name"}})
+	}, hcl.BlockHeaderSchema{Type: "target", LabelNames: []string{"name"}}, hcl.BlockHeaderSchema{Type: "disaggregation"})
 
 	targetBody = newBody([]attr[*registry.Target]{
 		intAttr("weight", func(t *registry.Target, v int) { t.Weight = v }),
@@ -233,6 +254,37 @@ func headerName(name, v string) (string, string) {
 		return "Invalid " + name, fmt.Sprintf("%q is not a valid HTTP header name.", v)
 	}
 	return "", ""
+}
+
+// roleName rejects what is not an endpoint role.
+func roleName(_, v string) (string, string) {
+	if _, err := registry.ParseRole(v); err != nil || strings.TrimSpace(v) == "" {
+		return "Invalid role", fmt.Sprintf("%q is not a role; write %s.", v, strings.Join(quoted(registry.Roles), ", "))
+	}
+	return "", ""
+}
+
+func quoted(xs []string) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = fmt.Sprintf("%q", x)
+	}
+	return out
+}
+
+// disaggregationBlock decodes a pool's or model's disaggregation block
+// (obj), reporting a second one at its position.
+func (d *decoder) disaggregationBlock(obj loc, what string, b *hcl.Block, first **hcl.Range) *registry.Disaggregation {
+	if *first != nil {
+		d.errorAt(obj.with("disaggregation"), b.DefRange, "Duplicate disaggregation block",
+			fmt.Sprintf("%s already has a disaggregation block at %s.", what, pos(**first)))
+		return nil
+	}
+	*first = b.DefRange.Ptr()
+	d.ranges[obj.with("disaggregation")] = b.DefRange
+	g := &registry.Disaggregation{DeclRange: pos(b.DefRange)}
+	decodeBody(d, b.Body, disaggregationBody, obj.at("disaggregation."), g)
+	return g
 }
 
 // loc names an object or one of its attributes, matching the Kind, Name,
@@ -489,9 +541,21 @@ func (d *decoder) pool(b *hcl.Block) {
 	d.endpointAt[name] = map[string]hcl.Range{}
 	content := decodeBody(d, b.Body, poolBody, obj.at(""), p)
 	d.upstreamKey(p)
-	var schedAt, consulAt, admissionAt *hcl.Range
+	var schedAt, consulAt, admissionAt, disaggAt, kvAt *hcl.Range
 	for _, sb := range content.Blocks {
 		switch sb.Type {
+		case "disaggregation":
+			if g := d.disaggregationBlock(obj, fmt.Sprintf("Pool %q", name), sb, &disaggAt); g != nil {
+				p.Disaggregation = g
+			}
+		case "kv_events":
+			if kvAt != nil {
+				d.errorAt(obj.with("kv_events"), sb.DefRange, "Duplicate kv_events block",
+					fmt.Sprintf("Pool %q already has a kv_events block at %s.", name, pos(*kvAt)))
+				continue
+			}
+			kvAt = sb.DefRange.Ptr()
+			p.KVEvents = d.kvEvents(obj, sb)
 		case "admission":
 			if admissionAt != nil {
 				d.errorAt(obj.with("admission"), sb.DefRange, "Duplicate admission block",
@@ -522,6 +586,15 @@ func (d *decoder) pool(b *hcl.Block) {
 			pc := &poolConsul{}
 			decodeBody(d, sb.Body, consulBody, obj.at("consul."), pc)
 			p.Consul, p.Guard = &pc.sel, pc.g
+		}
+	}
+	if p.Disaggregation == nil {
+		for _, ep := range p.Endpoints {
+			at := loc{kind: registry.KindEndpoint, name: ep.Address, pool: name, field: "role"}
+			if r, ok := d.ranges[at]; ok && ep.Role != registry.RoleBoth {
+				d.errorAt(at, r, "Role without disaggregation",
+					fmt.Sprintf("Endpoint %s has role %q, but pool %q has no disaggregation block: add one (see docs/configuration.md), or remove the role.", ep.Address, ep.Role, name))
+			}
 		}
 	}
 }
@@ -572,8 +645,25 @@ func (d *decoder) address(obj loc, r hcl.Range, s string, endpoint bool) (string
 func (d *decoder) endpointBlock(p *registry.Pool, pool loc, b *hcl.Block) {
 	var ep registry.Endpoint
 	canon, _ := registry.CanonicalAddress(b.Labels[0], true)
-	decodeBody(d, b.Body, endpointBody, loc{kind: registry.KindEndpoint, name: canon, pool: p.Name}.at(""), &ep)
+	obj := loc{kind: registry.KindEndpoint, name: canon, pool: p.Name}
+	content := decodeBody(d, b.Body, endpointBody, obj.at(""), &ep)
+	for i, kb := range content.Blocks {
+		if i > 0 {
+			d.errorAt(obj.with("kv_events"), kb.DefRange, "Duplicate kv_events block",
+				fmt.Sprintf("Endpoint %s already has a kv_events block at %s.", b.Labels[0], pos(content.Blocks[0].DefRange)))
+			continue
+		}
+		ep.KVEvents = d.kvEvents(obj, kb)
+	}
 	d.endpoint(p, pool.with("endpoints"), b.LabelRanges[0], b.Labels[0], ep)
+}
+
+// kvEvents decodes a kv_events block of the pool or endpoint obj.
+func (d *decoder) kvEvents(obj loc, b *hcl.Block) *registry.KVEvents {
+	kv := &registry.KVEvents{}
+	d.ranges[obj.with("kv_events")] = b.DefRange
+	decodeBody(d, b.Body, kvEventsBody, obj.at("kv_events."), kv)
+	return kv
 }
 
 // scorers decodes scheduling.scorers, a map of scorer name to weight.
@@ -627,7 +717,14 @@ func (d *decoder) model(b *hcl.Block) {
 	d.models[name] = m
 	content := decodeBody(d, b.Body, modelBody, obj.at(""), m)
 	seen := map[string]hcl.Range{}
+	var disaggAt *hcl.Range
 	for _, tb := range content.Blocks {
+		if tb.Type == "disaggregation" {
+			if g := d.disaggregationBlock(obj, fmt.Sprintf("Model %q", name), tb, &disaggAt); g != nil {
+				m.Disaggregation = g
+			}
+			continue
+		}
 		tname := tb.Labels[0]
 		if first, dup := seen[tname]; dup {
 			d.errorAt(obj.with("target."+tname), tb.DefRange, "Duplicate target",

@@ -170,7 +170,9 @@
 //	    no_endpoint_wait = "5s"   # longest wait while no endpoint is
 //	                              # ready, then 503; at most 5m
 //	    fairness         = "tokens" # tokens | round-robin
-//	    shed_sheddable   = false  # true: priority < 0 gets 429 at once
+//	    shed_sheddable   = true   # default true: priority < 0 gets 429 at
+//	                              # once when the pool is saturated (the
+//	                              # protocol); false: it waits, lowest band
 //	    flow_header      = "x-tenant"   # header naming the flow (lower-cased)
 //	    priority_header  = "x-priority" # header overriding the priority,
 //	    priority_min     = 0      # clamped to [priority_min, priority_max];
@@ -188,6 +190,25 @@
 //	                              # this endpoint advertises; without it the
 //	                              # picker goes by what the server lists in
 //	                              # GET /v1/models
+//	    role         = "decode"   # default "both": prefill | decode | both,
+//	                              # the endpoint's part in a disaggregated
+//	                              # request; needs the pool's disaggregation
+//	                              # block. A decode endpoint's address is its
+//	                              # sidecar's (cmd/pd-sidecar)
+//	  }
+//
+//	  disaggregation {            # optional, at most one: serve the pool's
+//	                              # requests split between prefill and decode
+//	                              # servers (endpoint roles)
+//	    enabled         = true    # default true
+//	    uncached_tokens = 512     # default 512: split a request when at least
+//	                              # this many of its prompt tokens are not
+//	                              # cached on the decode server chosen
+//	    min_prompt_tokens = 0     # default 0: never split shorter prompts
+//	    prefill_queue_threshold = 0 # default: the pool's queue_threshold; a
+//	                              # prefill server with this many waiting is
+//	                              # not chosen, and when every one is, the
+//	                              # decode server runs the whole request
 //	  }
 //	}
 //
@@ -203,6 +224,12 @@
 //	                              # must use the same pool.
 //	    weight = 90               # default 1; whole number >= 0; the weights
 //	                              # of a model must sum to more than 0
+//	  }
+//
+//	  disaggregation {            # optional: this model's own policy in a
+//	                              # disaggregated pool, in place of the
+//	                              # pool's; same attributes ("enabled =
+//	                              # false" keeps the model's requests whole)
 //	  }
 //	}
 //
@@ -237,6 +264,9 @@
 //	    tokens_per_day      = 5000000  # responses' usage reports them
 //	    count_cached        = true     # default true: cached prompt tokens
 //	                                   # count toward the token limits
+//	    assumed_max_tokens  = 1024     # default 1024 (0 or absent): output
+//	                                   # reserved at admission for a request
+//	                                   # that sets no max_tokens
 //	  }
 //	}
 //

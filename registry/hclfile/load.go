@@ -269,6 +269,10 @@ func summaryFor(ve *registry.ValidationError) string {
 		return "Invalid metrics_path"
 	case errors.Is(ve, registry.ErrBadScheduling):
 		return "Invalid scheduling"
+	case errors.Is(ve, registry.ErrBadDisaggregation):
+		return "Invalid disaggregation"
+	case errors.Is(ve, registry.ErrBadRole):
+		return "Invalid role"
 	case errors.Is(ve, registry.ErrBadAdmission):
 		return "Invalid admission"
 	case errors.Is(ve, registry.ErrBadWeights):
@@ -281,6 +285,8 @@ func summaryFor(ve *registry.ValidationError) string {
 		return "Invalid limit"
 	case errors.Is(ve, registry.ErrUnknownModel):
 		return "Unknown model"
+	case errors.Is(ve, registry.ErrBadKVEvents):
+		return "Invalid kv_events"
 	default:
 		return "Invalid configuration"
 	}

@@ -6,6 +6,7 @@ import (
 	"math/big"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/hashicorp/hcl/v2"
@@ -51,16 +52,17 @@ var (
 	}, hcl.BlockHeaderSchema{Type: "limits"})
 
 	limitsBody = newBody([]attr[*registry.Limits]{
-		countAttr("requests_per_minute", func(l *registry.Limits, v int64) { l.RequestsPerMinute = v }),
-		countAttr("tokens_per_minute", func(l *registry.Limits, v int64) { l.TokensPerMinute = v }),
-		countAttr("tokens_per_day", func(l *registry.Limits, v int64) { l.TokensPerDay = v }),
+		countAttr("requests_per_minute", "unlimited", func(l *registry.Limits, v int64) { l.RequestsPerMinute = v }),
+		countAttr("tokens_per_minute", "unlimited", func(l *registry.Limits, v int64) { l.TokensPerMinute = v }),
+		countAttr("tokens_per_day", "unlimited", func(l *registry.Limits, v int64) { l.TokensPerDay = v }),
 		boolAttr("count_cached", func(l *registry.Limits, v bool) { l.CountCached = v }),
+		countAttr("assumed_max_tokens", "the default, "+strconv.Itoa(registry.DefaultAssumedMaxTokens), func(l *registry.Limits, v int64) { l.AssumedMaxTokens = v }),
 	})
 )
 
 // countAttr decodes a whole number >= 0 (64-bit: a day's tokens exceed
-// 32 bits) into x with set.
-func countAttr[T any](name string, set func(x T, v int64)) attr[T] {
+// 32 bits) into x with set; zero says what 0 means, for the error.
+func countAttr[T any](name, zero string, set func(x T, v int64)) attr[T] {
 	return attr[T]{name: name, decode: func(d *decoder, f field, x T) {
 		v, ok := d.value(f.at, f.attr.Expr, cty.Number)
 		if !ok {
@@ -69,7 +71,7 @@ func countAttr[T any](name string, set func(x T, v int64)) attr[T] {
 		bf := v.AsBigFloat()
 		i, acc := bf.Int64()
 		if !bf.IsInt() || acc != big.Exact || i < 0 {
-			d.errorAt(f.at, f.rng(), "Invalid "+name, fmt.Sprintf("%s must be a whole number of 0 (unlimited) or more.", name))
+			d.errorAt(f.at, f.rng(), "Invalid "+name, fmt.Sprintf("%s must be a whole number of 0 (%s) or more.", name, zero))
 			return
 		}
 		set(x, i)

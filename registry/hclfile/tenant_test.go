@@ -46,6 +46,7 @@ tenant "team-a" {
     tokens_per_minute   = 100000
     tokens_per_day      = 5000000000
     count_cached        = false
+    assumed_max_tokens  = 256
   }
 }
 tenant "team-b" {
@@ -62,7 +63,7 @@ tenant "team-b" {
 	s := cfg.State
 	seven := 7
 	want := &registry.Tenant{Name: "team-a", KeyHashes: sortedHashes("k1", "k2"), KeyFile: keyFile, Models: []string{"m"}, Priority: &seven,
-		Limits: registry.Limits{RequestsPerMinute: 600, TokensPerMinute: 100000, TokensPerDay: 5000000000}, DeclRange: s.Tenants["team-a"].DeclRange}
+		Limits: registry.Limits{RequestsPerMinute: 600, TokensPerMinute: 100000, TokensPerDay: 5000000000, AssumedMaxTokens: 256}, DeclRange: s.Tenants["team-a"].DeclRange}
 	if got := s.Tenants["team-a"]; !reflect.DeepEqual(got, want) {
 		t.Fatalf("team-a = %+v\nwant     %+v", got, want)
 	}
@@ -124,6 +125,7 @@ func TestTenantErrors(t *testing.T) {
 		{"missing key file", `tenant "a" { api_key_file = "` + filepath.Join(dir, "nope") + `" }`, `c.hcl:11:29: error: Cannot read api_key_file`},
 		{"bad key file line", `tenant "a" { api_key_file = "` + badFile + `" }`, `c.hcl:11:29: error: Invalid API key hash: ` + badFile + `:2: not an API key hash`},
 		{"negative limit", "tenant \"a\" {\n  limits {\n    tokens_per_day = -5\n  }\n}", `c.hcl:13:22: error: Invalid tokens_per_day`},
+		{"negative assumed_max_tokens", "tenant \"a\" {\n  limits {\n    assumed_max_tokens = -1\n  }\n}", `assumed_max_tokens must be a whole number of 0 (the default, 1024) or more`},
 		{"fractional limit", "tenant \"a\" {\n  limits {\n    requests_per_minute = 1.5\n  }\n}", `Invalid requests_per_minute`},
 		{"two limits blocks", `tenant "a" {
   limits {}

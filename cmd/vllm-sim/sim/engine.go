@@ -55,6 +55,23 @@ type Config struct {
 	TimeScale float64
 	// LegacyKVMetric names KV usage vllm:gpu_cache_usage_perc (pre-v0.11).
 	LegacyKVMetric bool
+	// KVTransferLatency and KVTransferPerToken time the pull of a remote
+	// prefill's KV blocks (disaggregated prefill): a fixed setup cost plus
+	// a cost per transferred token; scaled by TimeScale.
+	KVTransferLatency  time.Duration
+	KVTransferPerToken time.Duration
+	// KVLease is how long a prefill keeps the KV blocks of a request sent
+	// with do_remote_decode for a decode server to pull (vLLM's NIXL
+	// kv_lease_duration, 30 s); real time, not scaled.
+	KVLease time.Duration
+	// KVConnector reports the KV connector's metrics
+	// (vllm:external_prefix_cache_*), as vLLM does when one is configured.
+	KVConnector bool
+	// OnKVEvents, when set, receives the KV-cache events of every engine
+	// step that has any, in order, at the step's end (vLLM publishes them
+	// from the scheduler's update after each step), under the engine's
+	// lock: it must not call back into the engine.
+	OnKVEvents func([]KVEvent)
 }
 
 // DefaultConfig is Llama-3-8B on one H100 80GB under vLLM 0.11.
@@ -68,6 +85,13 @@ type Config struct {
 // FrontendLatency (17 ms) stands for the API server's tokenization, IPC and
 // detokenization; with the spec's step model it puts the low-load TTFT of a
 // 192-token shared-prefix prompt at the measured ~27-31 ms.
+//
+// KV transfer (disaggregated prefill over NIXL): 2 ms of setup plus 3 us
+// per token, the figures llm-d-inference-sim publishes for an 8B model on
+// H100s over RDMA (docs/latency-profiles.md there: RDMA setup 0.5-2 ms;
+// InfiniBand NDR 400G at ~40 GB/s effective moves Llama-3-8B's 128 KiB of
+// KV per token in ~3 us). KVLease is vLLM 0.32's NixlConnector default
+// kv_lease_duration.
 func DefaultConfig() Config {
 	return Config{
 		Model:               "meta-llama/Meta-Llama-3-8B-Instruct",
@@ -83,6 +107,9 @@ func DefaultConfig() Config {
 		PerPrefillToken:     40 * time.Microsecond,
 		FrontendLatency:     17 * time.Millisecond,
 		TimeScale:           1,
+		KVTransferLatency:   2 * time.Millisecond,
+		KVTransferPerToken:  3 * time.Microsecond,
+		KVLease:             30 * time.Second,
 	}
 }
 
@@ -99,6 +126,20 @@ type Request struct {
 	StopAfter int
 	// LoRA is the adapter name, empty for the base model.
 	LoRA string
+	// HoldKV, when set, keeps the request's KV blocks after it finishes,
+	// under this key, for a decode server to pull (PullKV) until the
+	// engine's KVLease passes: a prefill sent with do_remote_decode.
+	HoldKV string
+	// RemoteTokens is the number of leading prompt tokens whose KV a
+	// remote prefill computed: the request waits out their transfer
+	// (KVTransferLatency + KVTransferPerToken each) before it queues, and
+	// is not prefilled for them.
+	RemoteTokens int
+	// RemoteCached is the remote prefill's own prefix-cache hits, reported
+	// as the request's cached tokens (vLLM 0.32's
+	// remote_prefill_cached_tokens); -1 reports local hits plus the
+	// transferred tokens, as vLLM did before.
+	RemoteCached int
 }
 
 // Usage is a request's token accounting.
@@ -115,7 +156,15 @@ type Event struct {
 	Done         bool
 	FinishReason string // "length" or "stop" on the last event
 	Usage        Usage
+	// KVBlocks and KVTokens, on the last event of a HoldKV request, name
+	// the held blocks and how many tokens they hold.
+	KVBlocks []int
+	KVTokens int
 }
+
+// ErrKVNotFound is PullKV's answer for blocks that are not (or no longer)
+// held: never held, already pulled, or their lease ran out.
+var ErrKVNotFound = errors.New("kv blocks not found")
 
 // Handle is a submitted request.
 type Handle struct {
@@ -146,6 +195,10 @@ type seq struct {
 	blocks          []*block
 	numCachedBlocks int // leading blocks already registered in the prefix cache
 	cachedTokens    int
+	holdKV          string
+	remoteTokens    int // remote tokens still usable (0 after a preemption)
+	remoteReceived  int // tokens the transfer brought
+	remoteCached    int
 	everScheduled   bool
 	arrival         time.Time
 	scheduled       time.Time // first admission
@@ -154,6 +207,7 @@ type seq struct {
 	lastToken       time.Time
 	aborted         atomic.Bool
 	finished        bool
+	preempted       int // times preempted
 	out             chan Event
 }
 
@@ -178,6 +232,20 @@ type Engine struct {
 	nextID  uint64
 	lastEnd time.Time // scheduled end of the previous step while busy
 	stats   counters
+	held    map[string]*heldKV
+	// version counts changes of state; page is the metrics page rendered
+	// at pageVersion (an idle engine's page is rendered once).
+	version     uint64
+	page        []byte
+	pageVersion uint64
+	created     time.Time
+}
+
+// heldKV is a finished prefill's KV kept for a remote decode.
+type heldKV struct {
+	blocks  []*block
+	tokens  int
+	expires time.Time
 }
 
 // New returns an engine with cfg (zero fields defaulted) on clock.
@@ -196,6 +264,9 @@ func New(cfg Config, clock Clock) (*Engine, error) {
 	setDefault(&cfg.MaxLoRAs, def.MaxLoRAs)
 	if cfg.TimeScale == 0 {
 		cfg.TimeScale = 1
+	}
+	if cfg.KVLease == 0 {
+		cfg.KVLease = def.KVLease
 	}
 	if cfg.Model == "" {
 		cfg.Model = def.Model
@@ -222,11 +293,14 @@ func New(cfg Config, clock Clock) (*Engine, error) {
 		clock = RealClock{}
 	}
 	return &Engine{
-		cfg:   cfg,
-		clock: clock,
-		wake:  make(chan struct{}, 1),
-		kv:    newKVCache(cfg.NumGPUBlocks, cfg.BlockSize, cfg.EnablePrefixCaching),
-		stats: newCounters(cfg.MaxModelLen),
+		cfg:     cfg,
+		clock:   clock,
+		wake:    make(chan struct{}, 1),
+		kv:      newKVCache(cfg.NumGPUBlocks, cfg.BlockSize, cfg.EnablePrefixCaching, cfg.OnKVEvents != nil),
+		stats:   newCounters(cfg.MaxModelLen),
+		held:    make(map[string]*heldKV),
+		version: 1,
+		created: clock.Now(),
 	}, nil
 }
 
@@ -262,9 +336,17 @@ func (e *Engine) Submit(ctx context.Context, r Request) (*Handle, error) {
 	if n := e.kv.blocksFor(total); n > e.kv.capacity() {
 		return nil, fmt.Errorf("%w: request needs %d KV blocks but the cache has only %d", ErrInvalidRequest, n, e.kv.capacity())
 	}
+	if r.RemoteTokens < 0 || r.RemoteTokens > len(r.Prompt) {
+		return nil, fmt.Errorf("%w: %d remote tokens for a %d-token prompt", ErrInvalidRequest, r.RemoteTokens, len(r.Prompt))
+	}
 	arrival := e.clock.Now()
-	if e.cfg.FrontendLatency > 0 {
-		if err := e.clock.SleepUntil(ctx, arrival.Add(e.scaled(e.cfg.FrontendLatency))); err != nil {
+	// The API server's work, then the pull of a remote prefill's KV.
+	wait := e.cfg.FrontendLatency
+	if r.RemoteTokens > 0 {
+		wait += e.cfg.KVTransferLatency + time.Duration(r.RemoteTokens)*e.cfg.KVTransferPerToken
+	}
+	if wait > 0 {
+		if err := e.clock.SleepUntil(ctx, arrival.Add(e.scaled(wait))); err != nil {
 			return nil, fmt.Errorf("submit: %w", err)
 		}
 	}
@@ -276,10 +358,16 @@ func (e *Engine) Submit(ctx context.Context, r Request) (*Handle, error) {
 		maxTokens: r.MaxTokens,
 		stopAfter: r.StopAfter,
 		lora:      r.LoRA,
-		arrival:   arrival,
-		out:       make(chan Event, r.MaxTokens),
+		holdKV:    r.HoldKV,
+		// The last prompt token is always computed here, as vLLM does.
+		remoteTokens:   min(r.RemoteTokens, len(r.Prompt)-1),
+		remoteReceived: r.RemoteTokens,
+		remoteCached:   r.RemoteCached,
+		arrival:        arrival,
+		out:            make(chan Event, r.MaxTokens),
 	}
 	e.mu.Lock()
+	e.version++
 	e.nextID++
 	s.id = e.nextID
 	s.queued = e.clock.Now()
@@ -318,6 +406,7 @@ func (e *Engine) Step(ctx context.Context) bool {
 	if !e.lastEnd.IsZero() && start.Sub(e.lastEnd) < maxCatchUp {
 		start = e.lastEnd
 	}
+	e.version++ // scheduling admits, preempts and drops aborted requests
 	plan := e.schedule(start)
 	if len(plan) == 0 {
 		e.lastEnd = time.Time{}
@@ -333,6 +422,30 @@ func (e *Engine) Step(ctx context.Context) bool {
 	e.mu.Lock()
 	e.commit(plan, e.clock.Now())
 	e.mu.Unlock()
+	return true
+}
+
+// publishKVEvents hands the step's KV events to OnKVEvents. Called with
+// e.mu held.
+func (e *Engine) publishKVEvents() {
+	if e.kv.events == nil || len(*e.kv.events) == 0 {
+		return
+	}
+	e.cfg.OnKVEvents(*e.kv.events)
+	*e.kv.events = (*e.kv.events)[:0]
+}
+
+// ResetPrefixCache drops every cached block, as vLLM's
+// /reset_prefix_cache: it reports false, changing nothing, while a
+// request holds blocks. Like vLLM, the AllBlocksCleared event goes out
+// with the next step's events.
+func (e *Engine) ResetPrefixCache() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.kv.reset() {
+		return false
+	}
+	e.version++
 	return true
 }
 
@@ -375,6 +488,7 @@ func (e *Engine) schedule(now time.Time) []work {
 	if e.dropAborted(now) {
 		e.touchLoRAInfo(now)
 	}
+	e.expireHeld(now)
 	budget := e.cfg.MaxNumBatchedTokens
 	var plan []work
 	preempted := false
@@ -427,21 +541,33 @@ func (e *Engine) schedule(now time.Time) []work {
 		}
 		hits := e.kv.lookup(s)
 		numCached := len(hits) * e.cfg.BlockSize
-		numNew := min(len(s.tokens)-numCached, budget)
-		if !e.kv.admit(s, hits, numCached+numNew) {
+		// Tokens whose KV came from a remote prefill are not computed
+		// here either; their blocks are allocated fresh.
+		numSkipped := max(numCached, s.remoteTokens)
+		numNew := min(len(s.tokens)-numSkipped, budget)
+		if !e.kv.admit(s, hits, numSkipped+numNew) {
 			break
 		}
 		if e.cfg.EnablePrefixCaching {
 			e.stats.prefixQueries += uint64(len(s.tokens))
 			e.stats.prefixHits += uint64(numCached)
 		}
+		if e.cfg.KVConnector && !s.everScheduled {
+			e.stats.externalQueries += uint64(len(s.tokens) - numCached)
+			if s.remoteTokens > 0 {
+				e.stats.externalHits += uint64(s.remoteReceived)
+			}
+		}
 		if !s.everScheduled {
 			s.everScheduled = true
 			s.scheduled = now
-			s.cachedTokens = numCached
+			s.cachedTokens = numSkipped
+			if s.remoteTokens > 0 && s.remoteCached >= 0 {
+				s.cachedTokens = s.remoteCached
+			}
 			e.stats.queueTime.observe(max(0, now.Sub(s.queued).Seconds()))
 		}
-		s.numComputed = numCached
+		s.numComputed = numSkipped
 		e.waiting = e.waiting[1:]
 		e.running = append(e.running, s)
 		if s.lora != "" {
@@ -461,8 +587,10 @@ func (e *Engine) schedule(now time.Time) []work {
 func (e *Engine) preempt(s *seq) {
 	e.kv.release(s)
 	s.numComputed = 0
+	s.remoteTokens = 0 // the transferred KV is gone with the blocks
 	e.waiting = append([]*seq{s}, e.waiting...)
 	e.stats.preemptions++
+	s.preempted++
 }
 
 // dropAborted removes cancelled requests; it reports whether there were any.
@@ -504,7 +632,17 @@ func (e *Engine) finish(s *seq, now time.Time, reason string) {
 		// As vLLM: the phases of a request that ran, observed at its end.
 		e.stats.prefillTime.observe(max(0, s.firstToken.Sub(s.scheduled).Seconds()))
 		e.stats.inferenceTime.observe(max(0, now.Sub(s.scheduled).Seconds()))
+		// As vLLM: the prompt less what the response reports cached (for a
+		// remote prefill, the prefill's own hits).
 		e.stats.prefillComputed.observe(float64(s.numPrompt - s.cachedTokens))
+		e.stats.reqMaxGen.observe(float64(s.maxTokens))
+		e.stats.paramsN.observe(1)
+		e.stats.paramsMaxTokens.observe(float64(s.maxTokens))
+		e.stats.decodeTime.observe(max(0, now.Sub(s.firstToken).Seconds()))
+		if s.generated > 1 {
+			e.stats.tpot.observe(max(0, now.Sub(s.firstToken).Seconds()) / float64(s.generated-1))
+		}
+		e.stats.numPreempt.observe(float64(s.preempted))
 	}
 }
 
@@ -512,14 +650,28 @@ func (e *Engine) finish(s *seq, now time.Time, reason string) {
 // request whose tokens are all computed produces its next token. Called with
 // e.mu held.
 func (e *Engine) commit(plan []work, now time.Time) {
-	anyDone := false
+	e.version++
+	// Computed tokens enter the cache first, and the step's KV events go
+	// out before its tokens do, as vLLM publishes them from the
+	// scheduler's update before the step's outputs leave the engine: a
+	// client that reads a response sees its cache's events already sent.
+	stepTokens := 0
 	for _, w := range plan {
+		stepTokens += w.numNew
 		s := w.s
 		if s.aborted.Load() || s.finished {
 			continue
 		}
 		s.numComputed += w.numNew
 		e.kv.commit(s)
+	}
+	e.publishKVEvents()
+	anyDone := false
+	for _, w := range plan {
+		s := w.s
+		if s.aborted.Load() || s.finished {
+			continue
+		}
 		if s.numComputed < len(s.tokens) {
 			continue // more prefill chunks to go
 		}
@@ -550,7 +702,11 @@ func (e *Engine) commit(plan []work, now time.Time) {
 		}
 		if reason != "" {
 			ev.Done, ev.FinishReason = true, reason
-			e.kv.release(s)
+			if s.holdKV != "" {
+				ev.KVBlocks, ev.KVTokens = e.hold(s, now)
+			} else {
+				e.kv.release(s)
+			}
 			e.finish(s, now, reason)
 			anyDone = true
 		}
@@ -567,7 +723,55 @@ func (e *Engine) commit(plan []work, now time.Time) {
 		e.running = keep
 	}
 	e.stats.steps++
+	e.stats.iterTokens.observe(float64(stepTokens))
 	e.touchLoRAInfo(now)
+}
+
+// hold keeps a finished prefill's blocks for a remote decode until the
+// lease passes, and returns their ids and token count. Called with e.mu
+// held.
+func (e *Engine) hold(s *seq, now time.Time) ([]int, int) {
+	ids := make([]int, len(s.blocks))
+	for i, b := range s.blocks {
+		ids[i] = b.id
+	}
+	if old := e.held[s.holdKV]; old != nil {
+		e.kv.releaseBlocks(old.blocks)
+	}
+	e.held[s.holdKV] = &heldKV{blocks: s.blocks, tokens: s.numComputed, expires: now.Add(e.cfg.KVLease)}
+	s.blocks = nil
+	s.numCachedBlocks = 0
+	return ids, s.numComputed
+}
+
+// expireHeld frees held blocks whose lease has passed. Called with e.mu
+// held.
+func (e *Engine) expireHeld(now time.Time) {
+	for k, h := range e.held {
+		if !now.Before(h.expires) {
+			e.kv.releaseBlocks(h.blocks)
+			delete(e.held, k)
+			e.version++
+		}
+	}
+}
+
+// PullKV hands over the blocks a finished prefill holds under key to a
+// remote decode and frees them; it returns how many tokens they hold, or
+// ErrKVNotFound.
+func (e *Engine) PullKV(key string) (int, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.expireHeld(e.clock.Now())
+	h, ok := e.held[key]
+	if !ok {
+		return 0, fmt.Errorf("%w: %q", ErrKVNotFound, key)
+	}
+	delete(e.held, key)
+	e.kv.releaseBlocks(h.blocks)
+	e.version++
+	e.poke()
+	return h.tokens, nil
 }
 
 // Stats is a snapshot of the engine's state and counters.
@@ -586,12 +790,15 @@ type Stats struct {
 	FinishedByReason map[string]uint64
 	TTFTCount        uint64
 	TTFTSum          float64
+	// HeldKV counts finished prefills whose blocks wait for a pull.
+	HeldKV int
 }
 
 // Stats returns a snapshot of the engine state.
 func (e *Engine) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.expireHeld(e.clock.Now())
 	run, wait := e.loraSets()
 	fin := make(map[string]uint64, len(e.stats.success))
 	for k, v := range e.stats.success {
@@ -613,6 +820,7 @@ func (e *Engine) Stats() Stats {
 		FinishedByReason: fin,
 		TTFTCount:        e.stats.ttft.count,
 		TTFTSum:          e.stats.ttft.sum,
+		HeldKV:           len(e.held),
 	}
 }
 
