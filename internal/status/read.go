@@ -295,12 +295,13 @@ func pools(in *inputs) []Pool {
 		if eps == nil {
 			eps = []Endpoint{}
 		}
-		held := map[string]bool{}
+		byAddr := map[string]registry.Endpoint{}
 		for _, e := range p.Endpoints {
-			held[e.Address] = e.Held
+			byAddr[e.Address] = e
 		}
 		for i := range eps {
-			eps[i].Held = held[eps[i].Address]
+			e := byAddr[eps[i].Address]
+			eps[i].Held, eps[i].NodeUnreachable = e.Held, e.NodeUnreachable
 		}
 		pool := Pool{Name: name, Engine: string(p.Engine), FailureMode: string(p.FailureMode),
 			Saturated: in.saturated[name], Guard: guards[name], Endpoints: eps,
