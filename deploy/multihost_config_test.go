@@ -282,3 +282,48 @@ func TestMultihostEnvoyBootstrap(t *testing.T) {
 		t.Errorf("%s lists xDS servers %v, want %v", multihostBootstrap, listed, servers)
 	}
 }
+
+// TestMultihostDocs: docs/deployment.md lists every port the roles use
+// to reach each other (from the example's files), and the command of its
+// fault table.
+func TestMultihostDocs(t *testing.T) {
+	root := testutil.RepoRoot(t)
+	b, err := os.ReadFile(filepath.Join(root, "docs", "deployment.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	start := strings.Index(doc, "## Several hosts")
+	if start < 0 {
+		t.Fatal(`docs/deployment.md has no "## Several hosts" section`)
+	}
+	section := doc[start:]
+	if end := strings.Index(section[3:], "\n## "); end >= 0 {
+		section = section[:end+3]
+	}
+	control := exampleRole(t, roleControl)
+	flags := serveFlags(t, service(t, control, svcSwitchyard))
+	ports := map[string]string{"Consul RPC": "8300/tcp", "Consul gossip": "8301/tcp and udp"}
+	for _, f := range []string{"xds-addr", "extproc-addr", "admin-addr"} {
+		_, p := hostPort(t, f, flags[f])
+		ports["switchyard -"+f] = strconv.Itoa(p) + "/tcp"
+	}
+	cfg := readHCLConfig(t, bindSourceFor(t, service(t, control, svcSwitchyard), switchyardConfigTarget))
+	_, lp := hostPort(t, "listener", cfg.listeners["public"])
+	ports["Envoy's listener"] = strconv.Itoa(lp) + "/tcp"
+	ports["vLLM"] = strconv.Itoa(multihostVLLMPort) + "/tcp"
+	for what, port := range ports {
+		if !strings.Contains(section, "| "+port+" |") {
+			t.Errorf("the ports table of docs/deployment.md (Several hosts) has no row for %s (%s)", what, port)
+		}
+	}
+	for _, want := range []string{"make test-multihost", "| fault | requests | failed |", "node_unreachable"} {
+		if !strings.Contains(section, want) {
+			t.Errorf("docs/deployment.md (Several hosts) does not mention %q", want)
+		}
+	}
+	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
+	if err != nil || !strings.Contains(string(mk), "\ntest-multihost:") {
+		t.Errorf("the Makefile has no test-multihost target, which the fault table names: %v", err)
+	}
+}
