@@ -962,6 +962,7 @@ func (m *multihost) converge(t *testing.T, since time.Time, what string) time.Du
 	var trace []string
 	last := ""
 	testutil.Eventually(t, 2*time.Minute, what+": converged", func() error {
+		polled := time.Now()
 		err := func() error {
 			v, err := m.view()
 			if err != nil {
@@ -970,15 +971,23 @@ func (m *multihost) converge(t *testing.T, since time.Time, what string) time.Du
 			if err := v.sameAs(m.base); err != nil {
 				return err
 			}
-			for _, g := range m.gateways {
-				if err := m.pickersHealthy(g); err != nil {
-					return err
-				}
+			// Both Envoys at once: each is a docker exec, slow on a
+			// loaded machine, and the poll's length bounds the figure.
+			errs := make([]error, len(m.gateways))
+			var wg sync.WaitGroup
+			for i, g := range m.gateways {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					errs[i] = m.pickersHealthy(g)
+				}()
 			}
-			return nil
+			wg.Wait()
+			return errors.Join(errs...)
 		}()
 		if msg := fmt.Sprint(err); msg != last {
-			trace = append(trace, fmt.Sprintf("+%v %s", time.Since(since).Round(10*time.Millisecond), truncate(msg, 200)))
+			trace = append(trace, fmt.Sprintf("+%v (poll of %v) %s", time.Since(since).Round(10*time.Millisecond),
+				time.Since(polled).Round(10*time.Millisecond), truncate(msg, 200)))
 			last = msg
 		}
 		if err == nil {
