@@ -193,8 +193,9 @@ func startMultihost(t *testing.T, e *composetest.Engine) *multihost {
 		t.Logf("%s: %s on %s", name, h.ip, h.subnet)
 	}
 
-	// The images, built once (from the build cache the single-host stack
-	// fills) and run by every host; removed after every project is down.
+	// The images, built once and run by every host (the build cache is
+	// the single-host stack's: same Dockerfiles, context and arguments);
+	// removed after every project is down.
 	var tag [4]byte
 	if _, err := rand.Read(tag[:]); err != nil {
 		t.Fatal(err)
@@ -216,8 +217,6 @@ func startMultihost(t *testing.T, e *composetest.Engine) *multihost {
 	if err := buildImages(e, root, t.TempDir(), images); err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	var errs chan error
 	t.Logf("images built in %v", time.Since(built).Round(time.Second))
 
 	// The router: on every host's network, forwarding between them.
@@ -300,7 +299,8 @@ func startMultihost(t *testing.T, e *composetest.Engine) *multihost {
 	up := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	errs = make(chan error, len(m.order))
+	var wg sync.WaitGroup
+	errs := make(chan error, len(m.order))
 	for _, name := range m.order {
 		h := m.hosts[name]
 		wg.Add(1)
@@ -471,7 +471,6 @@ func yamlQuote(s string) string {
 
 // mhView is the deployment as the replicas and Envoys report it.
 type mhView struct {
-	at       time.Time
 	replicas map[string]mhReplica // by host
 	// envoys maps an Envoy's node ID to the versions it acknowledged,
 	// as the replica holding its ADS stream reports them.
@@ -547,7 +546,7 @@ func getJSONWith(c *http.Client, url string, v any) error {
 // view reads every running replica (those that do not answer are left
 // out).
 func (m *multihost) view(skip ...string) (mhView, error) {
-	v := mhView{at: time.Now(), replicas: map[string]mhReplica{}, envoys: map[string]map[string]string{}, envoyHolder: map[string]string{}}
+	v := mhView{replicas: map[string]mhReplica{}, envoys: map[string]map[string]string{}, envoyHolder: map[string]string{}}
 	for _, h := range m.replicas {
 		if slices.Contains(skip, h) {
 			continue
