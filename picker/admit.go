@@ -8,13 +8,17 @@ import (
 	"strconv"
 	"time"
 
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"google.golang.org/protobuf/types/known/durationpb"
-
 	"github.com/switchyard/switchyard/picker/admission"
 	"github.com/switchyard/switchyard/picker/sched"
 	"github.com/switchyard/switchyard/registry"
 )
+
+// The admit stage: the request's priority band (its model's or tenant's,
+// or the pool's priority header) and fairness flow (its tenant, or the
+// pool's flow header), and, between the scheduler's filters and its
+// scorers, whether the request may go now, must wait in the pool's
+// admission queue (admission/; the queues are wired here, one per pool)
+// or is shed (429); the wait itself, and the queue's answers (429, 503).
 
 // The admission queue's wire names.
 const (
@@ -139,11 +143,11 @@ const (
 // Without a queue (admission off, or no dispatcher) the pre-admission
 // rule holds: sheddable requests get 429 when the pool is saturated, the
 // rest are forwarded.
-func (st *stream) admit(pv *poolView, req *sched.Request, cands []*sched.Endpoint, noEndpoint bool) admitDecision {
-	if st.admitted {
+func (r *request) admit(pv *poolView, req *sched.Request, cands []*sched.Endpoint, noEndpoint bool) admitDecision {
+	if r.admitted {
 		return admitGo
 	}
-	s := st.s
+	s := r.s
 	q := pv.state.queue.Load()
 	if q == nil || pv.admission.Disabled {
 		if noEndpoint || req.Priority >= 0 {
@@ -166,15 +170,15 @@ func (st *stream) admit(pv *poolView, req *sched.Request, cands []*sched.Endpoin
 	return admitWait
 }
 
-// priority is the request's band: the pool's priority header clamped to
-// the operator's bounds, else model (the tenant's priority, else the
-// model's).
-func (st *stream) priority(pv *poolView, model int) int {
+// headerPriority is the request's band: the pool's priority header
+// clamped to the operator's bounds, else model (the tenant's priority,
+// else the model's).
+func (r *request) headerPriority(pv *poolView, model int) int {
 	h := pv.admission.PriorityHeader
 	if h == "" {
 		return model
 	}
-	v := st.header(h)
+	v := r.header(h)
 	if v == "" {
 		return model
 	}
@@ -187,55 +191,72 @@ func (st *stream) priority(pv *poolView, model int) int {
 
 // flow is the request's fairness key: its tenant, else the pool's flow
 // header (truncated).
-func (st *stream) flow(pv *poolView) string {
-	if st.tenant != "" {
-		return st.tenant
+func (r *request) flow(pv *poolView) string {
+	if r.tenant != "" {
+		return r.tenant
 	}
 	if pv.admission.FlowHeader == "" {
 		return ""
 	}
-	v := st.header(pv.admission.FlowHeader)
+	v := r.header(pv.admission.FlowHeader)
 	if len(v) > maxFlowKey {
 		v = v[:maxFlowKey]
 	}
 	return v
 }
 
+// maxWait is the longest the request may wait in its pool's admission
+// queue (r.pool, set when it must wait): the protocol adapter asks Envoy
+// to wait longer than that for the picker's answer.
+func (r *request) maxWait() time.Duration {
+	cfg := r.pool.state.queue.Load().Config()
+	return max(cfg.TTL, cfg.NoEndpointWait)
+}
+
 // queueWait holds the request in pool pv's admission queue until the
 // dispatcher lets it go (a ticket to release once picked) or rejects it.
-// In modes where Envoy times the picker's answer (everything but a
-// FULL_DUPLEX_STREAMED body), it first asks Envoy to wait longer.
-func (st *stream) queueWait(pv *poolView, send sendFunc) (admission.Ticket, error) {
+func (r *request) queueWait(pv *poolView) (admission.Ticket, error) {
 	q := pv.state.queue.Load()
-	cfg := q.Config()
-	if st.reqMode != modeDuplex || st.headerOnly {
-		wait := max(cfg.TTL, cfg.NoEndpointWait) + time.Second
-		if err := st.wrapSend(send, &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(wait)}); err != nil {
-			return admission.Ticket{}, err
-		}
+	r.s.stats.queued.Add(1)
+	queuedAt := time.Now()
+	for _, h := range r.ch.decided {
+		h.queued(r)
 	}
-	st.s.stats.queued.Add(1)
-	st.noteQueued()
-	tk, err := q.Wait(st.ctx, st.waiting)
-	st.noteAdmitted(err)
+	tk, err := q.Wait(r.ctx, r.waiting)
+	waited, outcome := time.Since(queuedAt), waitOutcome(err)
+	for _, h := range r.ch.decided {
+		h.admitted(r, waited, outcome)
+	}
 	return tk, err
 }
 
-// rejectAdmission answers a request the queue turned away.
-func (st *stream) rejectAdmission(err error, send sendFunc) (bool, error) {
+// waitOutcome names how an admission wait ended (err: the queue's), as
+// traces and decision records report it.
+func waitOutcome(err error) string {
+	var rej *admission.Rejection
+	switch {
+	case errors.As(err, &rej):
+		return rej.Reason
+	case errors.Is(err, admission.ErrCancelled):
+		return "cancelled"
+	case err != nil:
+		return "error"
+	}
+	return admission.OutcomeDispatched
+}
+
+// admissionReply answers a request the queue turned away; any other error
+// (admission.ErrCancelled: Envoy or the client gave up) is returned.
+func (r *request) admissionReply(err error) (reply, error) {
 	var rej *admission.Rejection
 	if !errors.As(err, &rej) {
-		if errors.Is(err, admission.ErrCancelled) {
-			// Envoy or the client gave up: nobody reads an answer.
-			return true, nil
-		}
-		return true, err
+		return reply{}, err
 	}
 	code := 429
 	if rej.Reason == admission.ReasonNoEndpoint {
 		code = 503
 	}
-	return st.rejectWith(code, rej.Error(), send, rej.Reason, rej.RetryAfter)
+	return reply{code: code, msg: rej.Error(), reason: rej.Reason, retryAfter: rej.RetryAfter}, nil
 }
 
 // retryAfter formats d as a retry-after value: whole seconds, at least 1.

@@ -61,7 +61,13 @@ func newHarness(t *testing.T, st *registry.State, opts Options) *harness {
 func newScrapingHarness(t *testing.T, st *registry.State, opts Options) *harness {
 	t.Helper()
 	pub := registry.NewPublisher(st)
-	srv := New(pub, opts, nil)
+	return serveHarness(t, New(pub, opts, nil), pub)
+}
+
+// serveHarness runs srv (reading pub) and serves it over real gRPC on
+// 127.0.0.1:0.
+func serveHarness(t *testing.T, srv *Server, pub *registry.Publisher) *harness {
+	t.Helper()
 	runPicker(t, srv)
 	addr := serveGRPC(t, srv)
 	conn, err := grpc.NewClient(addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()),

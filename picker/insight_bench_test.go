@@ -27,6 +27,7 @@ func decisionServer(b *testing.B, opts Options) *Server {
 		return freshSource{&metrics.Snapshot{Values: metrics.Values{Waiting: i % 4, Running: 10 + i%7, KVUsage: float64(i%10) / 10,
 			BlockSize: 16, NumBlocks: 26000}, LastSuccess: far, MaxAge: 2 * time.Hour}}
 	}})
+	srv.buildChains(snap)
 	srv.snap.Store(snap)
 	ctx, cancel := context.WithCancel(context.Background())
 	srv.runCtx = ctx
@@ -63,12 +64,13 @@ func BenchmarkDecisionOverhead(b *testing.B) {
 	decide := func(srv *Server, body []byte) {
 		st := srv.newStream(context.Background())
 		st.path, st.method, st.body = []byte("/v1/chat/completions"), []byte("POST"), body
-		st.noteRequest()
-		if code, msg, _, _ := st.pick(); code != 0 {
-			b.Fatalf("%d %s", code, msg)
+		st.begin()
+		if rep := st.pick(); rep.code != 0 {
+			b.Fatalf("%d %s", rep.code, rep.msg)
 		}
 		st.release()
 		st.finish()
+		srv.freeStream(st)
 	}
 	for _, c := range cases {
 		for _, body := range bodies {
@@ -124,10 +126,12 @@ func benchNotePick(b *testing.B, srv *Server) {
 	b.ResetTimer()
 	for n := 0; n < b.N; n++ {
 		st := srv.newStream(context.Background())
-		st.noteRequest()
+		st.begin()
 		st.clientModel = "llama"
-		st.notePick(pv, "llama", req, sc, 0, dest)
+		st.outcome = pickOutcome{pool: pv, target: "llama", req: req, sc: sc, dest: dest}
+		st.noteDecided(&st.outcome)
 		st.finish()
+		srv.freeStream(st)
 	}
 }
 

@@ -257,6 +257,14 @@ func (r *respLatency) tokens() int {
 	return 0
 }
 
+// endAt is when the response ended, or now if its end was not seen.
+func (r *respLatency) endAt(now time.Time) time.Time {
+	if r.end.IsZero() {
+		return now
+	}
+	return r.end
+}
+
 // measured is what one finished response contributes.
 type measured struct {
 	ttft, tpot, duration time.Duration

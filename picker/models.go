@@ -31,21 +31,20 @@ type modelList struct {
 // answerModels answers GET /v1/models (and GET /v1/models/ID) itself,
 // from what the configuration and discovery know, instead of passing the
 // request to one backend whose list would miss the gateway's own names.
-// It returns nil for any other request.
-func (st *stream) answerModels() *extprocv3.ProcessingResponse {
-	if !st.headerOnly || string(st.method) != "GET" {
+// It returns nil for any other request. The stages may narrow the list
+// (a tenant sees the models it may use).
+func (r *request) answerModels() *extprocv3.ProcessingResponse {
+	if !r.headerOnly || string(r.method) != "GET" {
 		return nil
 	}
-	path, _, _ := strings.Cut(string(st.path), "?")
+	path, _, _ := strings.Cut(string(r.path), "?")
 	if path != modelsPath && !strings.HasPrefix(path, modelsPath+"/") {
 		return nil
 	}
-	created := st.s.started.Unix()
-	ids := st.s.snap.Load().modelIDs()
-	if tr := st.ten; tr != nil {
-		// A tenant sees the models it may use; listing is not accounted.
-		tr.skip = true
-		ids = slices.DeleteFunc(ids, func(id string) bool { return !tr.t.Allows(id) })
+	created := r.s.started.Unix()
+	ids := r.s.snap.Load().modelIDs()
+	for _, h := range r.ch.models {
+		ids = h.listModels(r, ids)
 	}
 	if path == modelsPath || path == modelsPath+"/" {
 		l := modelList{Object: "list", Data: make([]modelObject, 0, len(ids))}

@@ -5,7 +5,11 @@
 // metadata. It also rewrites model names in both directions, answers
 // 400/404/413/429/503 locally, and keeps per-endpoint in-flight counters.
 //
-// Request parsing lives in picker/openai, scheduling in picker/sched.
+// Request parsing lives in picker/openai, scheduling in picker/sched. A
+// request's path is a fixed sequence of stages, each in its own file,
+// with the optional ones (tracing, decision records, tenants, replica
+// sharing, TTFT accounting) in a chain built with each snapshot: see
+// request.go, chain.go and README.md. stream.go adapts Envoy's protocol.
 package picker
 
 import (
@@ -28,7 +32,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/switchyard/switchyard/internal/contract"
+	pdwire "github.com/switchyard/switchyard/internal/pd"
 	"github.com/switchyard/switchyard/picker/decisions"
+	"github.com/switchyard/switchyard/picker/kvevents"
 	"github.com/switchyard/switchyard/picker/metrics"
 	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/picker/sched"
@@ -84,6 +90,12 @@ type Options struct {
 	// none).
 	Tracer    *tracing.Tracer
 	Decisions *decisions.Recorder
+	// KVEvents tunes the subscribers to the KV-cache events of servers
+	// whose pool (or endpoint) declares them (see KVEvents).
+	KVEvents kvevents.Options
+	// PDSigner, when set, signs the prefill server the P/D stage names
+	// (x-switchyard-prefiller-sig), for sidecars that require it.
+	PDSigner *pdwire.Signer
 }
 
 func (o Options) withDefaults() Options {
@@ -128,11 +140,16 @@ type Server struct {
 	// (loadKey -> *latencyHists; see latency.go).
 	epLatency sync.Map
 	scratch   sync.Pool
+	streams   sync.Pool // *stream, see newStream
 	stats     counters
 	warm      warmCache
 
 	active   atomic.Int64 // open ext_proc streams
 	draining atomic.Bool
+	// held keeps readiness NOT_SERVING (HoldReadiness) until released.
+	held atomic.Bool
+	// readyMu orders readiness updates (apply, Drain, ReleaseReadiness).
+	readyMu sync.Mutex
 
 	// mesh shares picks with the other replicas (nil: one switchyard).
 	mesh *peers.Mesh
@@ -149,6 +166,13 @@ type Server struct {
 	// Metrics scraping: the manager exists while Run runs.
 	mgr *metrics.Manager
 	eh  *EndpointHealth
+	// kv follows the servers' KV-cache events while Run runs (nil
+	// otherwise).
+	kv atomic.Pointer[kvevents.Manager]
+
+	// stages are the optional stages every snapshot's chains are built
+	// from (chain.go).
+	stages []stageDef
 }
 
 // counters are process-wide request outcomes.
@@ -183,8 +207,10 @@ func New(view registry.View, opts Options, logger *slog.Logger) *Server {
 		eh:      newEndpointHealth(opts.Health),
 		started: time.Now(),
 		tenants: tenant.NewSet(),
+		stages:  stages(),
 	}
 	s.scratch.New = func() any { return new(sched.Scratch) }
+	s.streams.New = func() any { return new(stream) }
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
 	st, _ := view.Current()
 	s.apply(st)
@@ -236,12 +262,24 @@ func (s *Server) Run(ctx context.Context) error {
 				l.MarkScrape(snap)
 			}
 		}
+		mo.Demand = func(k metrics.Key) metrics.Demand {
+			if l := s.loads.get(k.Pool, k.Address); l != nil {
+				return l
+			}
+			return nil
+		}
 		s.mgr = metrics.NewManager(ctx, mo)
 		defer func() {
 			s.mgr.Stop()
 			s.mgr = nil
 		}()
 	}
+	kv := kvevents.NewManager(ctx, s.kvOptions(), kvevents.TokenizerOptions{})
+	s.kv.Store(kv)
+	defer func() {
+		kv.Stop()
+		s.kv.Store(nil)
+	}()
 	s.runCtx = ctx
 	// The queues' dispatchers end with ctx, rejecting what still waits.
 	defer s.queues.Wait()
@@ -274,6 +312,8 @@ func (s *Server) apply(st *registry.State) {
 	}
 	if s.mgr != nil {
 		targets := metrics.TargetsFromState(st)
+		// Every replica scrapes every endpoint: they share its budget.
+		s.mgr.SetScrapers(len(st.Replicas))
 		if err := s.mgr.Sync(targets); err != nil {
 			s.log.Warn("metrics targets", "err", err)
 		}
@@ -286,34 +326,68 @@ func (s *Server) apply(st *registry.State) {
 			return nil
 		}
 	}
+	if kv := s.kv.Load(); kv != nil {
+		kv.Sync(kvevents.TargetsFromState(st))
+	}
 	snap := buildSnapshot(st, &s.loads, d)
 	old := s.snap.Load()
 	snap.tenants = s.tenants.Build(st, len(st.Replicas))
+	s.buildChains(snap)
 	s.snap.Store(snap)
 	s.syncQueues(st, snap, old)
+	s.updateReadiness()
+	s.log.Debug("picker state applied", "version", st.Version, "pools", len(snap.pools), "models", len(snap.models))
+}
+
+// updateReadiness sets the readiness health services: SERVING once the
+// routing snapshot has pools, unless held or draining. Readiness never
+// goes back once served: a later empty state keeps the picker answering
+// (with 503s) rather than failing Envoy's health checks. A draining
+// picker stays NOT_SERVING.
+func (s *Server) updateReadiness() {
+	s.readyMu.Lock()
+	defer s.readyMu.Unlock()
 	ready := healthpb.HealthCheckResponse_NOT_SERVING
-	if len(snap.pools) > 0 {
+	if len(s.snap.Load().pools) > 0 && !s.held.Load() {
 		ready = healthpb.HealthCheckResponse_SERVING
 	}
-	// Readiness never goes back once served: a later empty state keeps the
-	// picker answering (with 503s) rather than failing Envoy's health checks.
-	// A draining picker stays NOT_SERVING.
 	if !s.draining.Load() && (ready == healthpb.HealthCheckResponse_SERVING || !s.ready()) {
-		for _, svc := range []string{HealthReadiness, HealthExtProc, ""} {
-			s.health.SetServingStatus(svc, ready)
-		}
+		s.setReadiness(ready)
 	}
-	s.log.Debug("picker state applied", "version", st.Version, "pools", len(snap.pools), "models", len(snap.models))
+}
+
+func (s *Server) setReadiness(st healthpb.HealthCheckResponse_ServingStatus) {
+	for _, svc := range []string{HealthReadiness, HealthExtProc, ""} {
+		s.health.SetServingStatus(svc, st)
+	}
+}
+
+// HoldReadiness keeps the readiness health services NOT_SERVING, whatever
+// the state, until ReleaseReadiness: a replica that restarts must not take
+// Envoy's streams before it serves what it should (internal/ready). Call
+// it before Run.
+func (s *Server) HoldReadiness() {
+	s.readyMu.Lock()
+	defer s.readyMu.Unlock()
+	s.held.Store(true)
+	s.setReadiness(healthpb.HealthCheckResponse_NOT_SERVING)
+}
+
+// ReleaseReadiness ends HoldReadiness: readiness follows the state again
+// (a draining picker stays NOT_SERVING).
+func (s *Server) ReleaseReadiness() {
+	s.held.Store(false)
+	s.updateReadiness()
 }
 
 // Drain reports the picker NOT_SERVING on every health service, so Envoy
 // stops opening streams to it (its health checks see it at once), while
 // the streams already open go on. A replica drains before it stops.
 func (s *Server) Drain() {
+	s.readyMu.Lock()
+	defer s.readyMu.Unlock()
 	s.draining.Store(true)
-	for _, svc := range []string{HealthReadiness, HealthExtProc, ""} {
-		s.health.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
-	}
+	s.setReadiness(healthpb.HealthCheckResponse_NOT_SERVING)
 }
 
 // ActiveStreams returns the ext_proc streams open now (one per request in
@@ -332,6 +406,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	defer s.active.Add(-1)
 	ctx := srv.Context()
 	st := s.newStream(ctx)
+	defer s.freeStream(st)
 	defer st.finish()
 	defer st.release()
 	for {

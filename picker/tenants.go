@@ -15,11 +15,35 @@ import (
 	"github.com/switchyard/switchyard/registry"
 )
 
-// This file is the picker's side of tenants (picker/tenant owns keys and
-// budgets): authenticating a request's headers, the model and budget
-// checks of the decision, the rate-limit headers of every answer, and the
-// usage read from the response, settled and recorded when the request
-// ends. Requests are only touched when the configuration has tenants.
+// tenantStage is the picker's side of tenants (picker/tenant owns keys
+// and budgets), in the chain only when the configuration has tenants:
+// authenticating a request's headers, the model and budget checks of the
+// decision, the rate-limit headers of every answer, and the usage read
+// from the response, settled and recorded (Options.Usage) when the
+// request ends. Its per-request state is request.ten; a request it did
+// not authenticate (tenants came with a reload) it leaves alone.
+type tenantStage struct {
+	tab   *tenant.Table
+	usage tenant.Recorder
+}
+
+var (
+	_ requestHeadersStage  = (*tenantStage)(nil)
+	_ resolvedStage        = (*tenantStage)(nil)
+	_ modelsStage          = (*tenantStage)(nil)
+	_ replyStage           = (*tenantStage)(nil)
+	_ responseHeadersStage = (*tenantStage)(nil)
+	_ responseBodyStage    = (*tenantStage)(nil)
+	_ releasedStage        = (*tenantStage)(nil)
+)
+
+// tenantStageFor is in the chain when the state has tenants.
+func tenantStageFor(s *Server, snap *snapshot, _ *poolView) any {
+	if snap.tenants != nil {
+		return &tenantStage{tab: snap.tenants, usage: s.opts.Usage}
+	}
+	return nil
+}
 
 // usageDocBytes bounds the response document (or stream event) kept to
 // read its usage; a larger JSON document is read from its tail.
@@ -53,35 +77,55 @@ type tenantReq struct {
 	skip, done bool
 }
 
-// authenticate runs when the request headers arrive: with tenants
-// configured, it finds the request's tenant from its API key (401
-// without a known one), marks the key headers for removal (the client's
-// key never reaches a model server) and sets st.tenant and
-// st.tenantPriority. Without tenants it does nothing.
-func (st *stream) authenticate(send sendFunc) (bool, error) {
-	tab := st.s.snap.Load().tenants
-	if tab == nil {
-		return false, nil
-	}
+// requestHeaders authenticates: it finds the request's tenant from its
+// API key (401 without a known one), marks the key headers for removal
+// (the client's key never reaches a model server) and sets r.tenant.
+func (ts *tenantStage) requestHeaders(r *request) reply {
 	var c tenant.Credentials
-	for _, hv := range st.headers {
-		if k := strings.ToLower(hv.GetKey()); c.Add(k, headerBytes(hv)) && !containsStr(st.remove, k) {
-			st.remove = append(st.remove, k)
+	for _, hv := range r.headers {
+		if k := strings.ToLower(hv.GetKey()); c.Add(k, headerBytes(hv)) && !containsStr(r.remove, k) {
+			r.remove = append(r.remove, k)
 		}
 	}
 	key, err := c.Key()
 	var t *tenant.Tenant
 	if err == nil {
-		if t = tab.Authenticate(key); t == nil {
+		if t = ts.tab.Authenticate(key); t == nil {
 			err = tenant.ErrUnknownKey
 		}
 	}
 	if err != nil {
-		return st.reject(401, err.Error(), send)
+		return reply{code: 401, msg: err.Error()}
 	}
-	st.ten = &tenantReq{tab: tab, t: t}
-	st.tenant, st.tenantPriority = t.Name, t.Priority
-	return false, nil
+	r.ten = tenantReq{tab: ts.tab, t: t}
+	r.tenant = t.Name
+	return reply{}
+}
+
+// resolved is the tenant's part of the decision (tenantAdmit); the
+// tenant's priority, if it has one, is the request's default.
+func (ts *tenantStage) resolved(r *request) reply {
+	if r.ten.t == nil {
+		return reply{}
+	}
+	if code, msg := r.tenantAdmit(r.snap, &r.upstream); code != 0 {
+		return reply{code: code, msg: msg}
+	}
+	if p := r.ten.t.Priority; p != nil {
+		r.priority = *p
+	}
+	return reply{}
+}
+
+// listModels narrows the picker's model list to the models the tenant
+// may use; listing is not accounted.
+func (ts *tenantStage) listModels(r *request, ids []string) []string {
+	tr := &r.ten
+	if tr.t == nil {
+		return ids
+	}
+	tr.skip = true
+	return slices.DeleteFunc(ids, func(id string) bool { return !tr.t.Allows(id) })
 }
 
 func containsStr(xs []string, s string) bool {
@@ -105,9 +149,9 @@ func containsStr(xs []string, s string) bool {
 // reads it ("stream": "true" streams, "max_tokens": "5" caps). A request
 // picked again (after waiting in an admission queue) gets its body
 // rewritten again but is reserved once.
-func (st *stream) tenantAdmit(snap *snapshot, body *[]byte) (int, string) {
-	tr := st.ten
-	model := st.clientModel
+func (r *request) tenantAdmit(snap *snapshot, body *[]byte) (int, string) {
+	tr := &r.ten
+	model := r.clientModel
 	tr.label = tr.labelFor(snap, model)
 	if model != "" && !tr.t.Allows(model) {
 		if tr.tab.Hide {
@@ -119,15 +163,15 @@ func (st *stream) tenantAdmit(snap *snapshot, body *[]byte) (int, string) {
 	if len(*body) > 0 {
 		gen = openai.ParseGeneration(*body)
 		tr.estimate = openai.EstimateTokens(*body)
-		if gen.Stream && !gen.IncludeUsage && usagePath(string(st.path)) {
+		if gen.Stream && !gen.IncludeUsage && usagePath(string(r.path)) {
 			*body = openai.WithIncludeUsage(*body, gen)
-			st.bodyRewritten, tr.strip = true, true
+			r.bodyRewritten, tr.strip = true, true
 		}
 	}
 	if tr.admitted {
 		return 0, ""
 	}
-	path := string(st.path)
+	path := string(r.path)
 	out, capped := gen.OutputCap(path)
 	if !capped && openai.Generates(path) {
 		if out = tr.t.Limits.AssumedMaxTokens; out <= 0 {
@@ -165,15 +209,21 @@ func usagePath(path string) bool {
 	return path == "/v1/chat/completions" || path == "/v1/completions"
 }
 
-// replyHeaders adds the tenant's rate-limit headers (and retry-after
-// after a 429) to a local reply.
-func (st *stream) replyHeaders(r *extprocv3.ProcessingResponse, code int) {
-	tr := st.ten
-	if tr == nil {
+// replied adds the tenant's rate-limit headers (and retry-after after a
+// 429) to a local reply. A request for a model nobody declared, answered
+// 404 before any pool is chosen, has its usage filed under the name's
+// label.
+func (ts *tenantStage) replied(r *request, rep reply, resp *extprocv3.ProcessingResponse) {
+	tr := &r.ten
+	if tr.t == nil {
 		return
 	}
+	if r.missing {
+		tr.label = tr.labelFor(r.snap, r.clientModel)
+	}
+	code := rep.code
 	tr.errored, tr.status = true, code
-	ir := r.GetImmediateResponse()
+	ir := resp.GetImmediateResponse()
 	if ir == nil {
 		return
 	}
@@ -208,30 +258,15 @@ func appendRateHeaders(set []*corev3.HeaderValueOption, tr *tenantReq) []*corev3
 	return set
 }
 
-// upstreamKey sets the pool's own API key on the request going upstream,
-// in place of the client's (removed by authenticate).
-func (st *stream) upstreamKey(d *decisionBlock) {
-	key := st.pool.upstreamKey
-	if key == "" {
-		return
-	}
-	for i, k := range d.hm.RemoveHeaders {
-		if k == "authorization" {
-			// Set below; removing it as well would leave Envoy's order of
-			// operations to decide.
-			d.hm.RemoveHeaders = append(d.hm.RemoveHeaders[:i:i], d.hm.RemoveHeaders[i+1:]...)
-			break
-		}
-	}
-	d.hm.SetHeaders = append(d.hm.SetHeaders, setHeader("authorization", "Bearer "+key))
-}
-
-// tenantResponseHeaders notes the response status, adds the rate-limit
+// responseHeaders notes the response status, adds the rate-limit
 // headers and, for JSON and event-stream bodies that are not compressed,
 // starts reading the usage (dropping content-length when the usage chunk
 // is removed).
-func (st *stream) tenantResponseHeaders(h *extprocv3.HttpHeaders, r *extprocv3.ProcessingResponse) {
-	tr := st.ten
+func (ts *tenantStage) responseHeaders(r *request, h *extprocv3.HttpHeaders, resp *extprocv3.ProcessingResponse) {
+	tr := &r.ten
+	if tr.t == nil {
+		return
+	}
 	ct, encoded := "", false
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		switch strings.ToLower(hv.GetKey()) {
@@ -244,13 +279,13 @@ func (st *stream) tenantResponseHeaders(h *extprocv3.HttpHeaders, r *extprocv3.P
 			encoded = v != "" && !strings.EqualFold(v, "identity")
 		}
 	}
-	cr := r.GetResponseHeaders().GetResponse()
+	cr := resp.GetResponseHeaders().GetResponse()
 	if cr.HeaderMutation == nil {
 		cr.HeaderMutation = &extprocv3.HeaderMutation{}
 	}
 	hm := cr.HeaderMutation
 	hm.SetHeaders = appendRateHeaders(hm.SetHeaders, tr)
-	if h.GetEndOfStream() || st.respMode == modeNone || encoded || tr.status >= 300 {
+	if h.GetEndOfStream() || !r.respBody || encoded || tr.status >= 300 {
 		return
 	}
 	if kind := openai.KindOf(ct); kind != openai.Passthrough {
@@ -261,32 +296,33 @@ func (st *stream) tenantResponseHeaders(h *extprocv3.HttpHeaders, r *extprocv3.P
 	}
 }
 
-// responseFilter runs a response body chunk through the model rewriter
-// and the usage tap; changed reports whether either may have altered it.
-// At the end of the body the request is settled first, so what was
-// counted is recorded before the response completes.
-func (st *stream) responseFilter(data []byte, eos bool) (out []byte, changed bool) {
+// responseBody runs a response body chunk through the usage tap. At the
+// end of the body the request is settled first, so what was counted is
+// recorded before the response completes.
+func (ts *tenantStage) responseBody(r *request, data []byte, eos bool) (out []byte, changed bool) {
+	tr := &r.ten
 	out = data
-	if st.rw != nil {
-		out, changed = st.rw.Write(out, eos), true
-	}
-	if st.ten != nil && st.ten.tap != nil {
-		out, changed = st.ten.tap.Write(out, eos), true
+	if tr.tap != nil {
+		out, changed = tr.tap.Write(out, eos), true
 	}
 	if eos {
-		st.finishTenant()
+		ts.finish(r)
 	}
 	return out, changed
 }
 
-// finishTenant settles the request's reservation with what it used and
+// released settles the request if its response did not (it ended
+// without one, or was answered locally).
+func (ts *tenantStage) released(r *request) { ts.finish(r) }
+
+// finish settles the request's reservation with what it used and
 // records its usage, once. Used tokens are the response's usage (cached
 // prompt tokens left out unless the tenant counts them); a successful
 // response without usage is charged its prompt estimate, a failed or
 // locally answered one nothing.
-func (st *stream) finishTenant() {
-	tr := st.ten
-	if tr == nil || tr.done || tr.skip {
+func (ts *tenantStage) finish(r *request) {
+	tr := &r.ten
+	if tr.t == nil || tr.done || tr.skip {
 		return
 	}
 	tr.done = true
@@ -319,8 +355,8 @@ func (st *stream) finishTenant() {
 	if found {
 		rec.PromptTokens, rec.CachedTokens, rec.CompletionTokens = u.Prompt, u.Cached, u.Completion
 	}
-	if r := st.s.opts.Usage; r != nil {
-		r.Record(rec)
+	if ts.usage != nil {
+		ts.usage.Record(rec)
 	}
 }
 

@@ -331,7 +331,7 @@ func TestTenantAdmitOncePerRequest(t *testing.T) {
 	snap := h.srv.snap.Load()
 	tn := snap.tenants.Tenant("team-a")
 	st := h.srv.newStream(context.Background())
-	st.ten = &tenantReq{tab: snap.tenants, t: tn}
+	st.ten = tenantReq{tab: snap.tenants, t: tn}
 	st.clientModel, st.path = "llama", []byte("/v1/completions")
 	orig := []byte(`{"model":"llama","prompt":"hi","stream":true,"max_tokens":100}`)
 	for i := range 2 {
@@ -364,7 +364,7 @@ func TestTenantReadsLaxJSONAsTheEngine(t *testing.T) {
 		{"/v1/chat/completions", `{"model":"llama","messages":[],"stream":1,"max_tokens":5.0,"max_completion_tokens":"7","n":2}`, 14},
 	} {
 		st := h.srv.newStream(context.Background())
-		st.ten = &tenantReq{tab: snap.tenants, t: tn}
+		st.ten = tenantReq{tab: snap.tenants, t: tn}
 		st.clientModel, st.path = "llama", []byte(tc.path)
 		before := tn.Used(time.Now())["tokens_per_minute"]
 		body := []byte(tc.body)
@@ -399,7 +399,7 @@ func TestTenantReservesAssumedMaxTokens(t *testing.T) {
 		snap := h.srv.snap.Load()
 		tn := snap.tenants.Tenant("team-a")
 		st := h.srv.newStream(context.Background())
-		st.ten = &tenantReq{tab: snap.tenants, t: tn}
+		st.ten = tenantReq{tab: snap.tenants, t: tn}
 		st.clientModel, st.path = "llama", []byte(tc.path)
 		body := []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}]}`)
 		if code, msg := st.tenantAdmit(snap, &body); code != 0 {

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
 	"github.com/switchyard/switchyard/picker/peers"
 	"github.com/switchyard/switchyard/picker/sched"
 )
@@ -18,21 +20,34 @@ import (
 type prefillWork struct {
 	load   *sched.Load
 	tokens int64
-	done   atomic.Bool
-	timer  *time.Timer
+	// inFlight: the work is also a request in flight on load
+	// (InFlightRequests), as a split request's prefill on its prefill
+	// server is (pd.go).
+	inFlight bool
+	done     atomic.Bool
+	timer    *time.Timer
 }
 
 // startPrefill counts tokens of prefill work on load; with expire > 0 the
 // work ends by itself after expire.
 func startPrefill(load *sched.Load, tokens int64, d time.Duration, now time.Time, expire time.Duration) *prefillWork {
 	w := &prefillWork{load: load, tokens: tokens}
-	load.StartPrefill(tokens, d, now)
+	w.start(d, now, expire)
+	return w
+}
+
+// start counts w on its endpoint (predicted to take d from now); with
+// expire > 0 it ends by itself after expire.
+func (w *prefillWork) start(d time.Duration, now time.Time, expire time.Duration) {
+	if w.inFlight {
+		w.load.InFlightRequests.Add(1)
+	}
+	w.load.StartPrefill(w.tokens, d, now)
 	if expire > 0 {
 		// The timer's callback must not read w.timer: it may fire before
 		// the assignment below is visible to it.
 		w.timer = time.AfterFunc(expire, func() { w.end() })
 	}
-	return w
 }
 
 // finish takes the work off its endpoint and stops its timer; it reports
@@ -54,11 +69,36 @@ func (w *prefillWork) end() bool {
 		return false
 	}
 	w.load.EndPrefill(w.tokens)
+	if w.inFlight {
+		w.load.InFlightRequests.Add(-1)
+	}
 	return true
 }
 
-// ttftState is a stream's TTFT accounting, kept when the pool's profile
-// predicts TTFT.
+// ttftStage is the TTFT accounting of a pool whose profile predicts TTFT
+// (in that pool's chain only): a pick's predicted prefill work counts on
+// its endpoint until the first token, the first token teaches the
+// endpoint's model, and the request's end its hold time. Its per-request
+// state is request.ttft.
+type ttftStage struct{}
+
+var (
+	_ pickedStage          = ttftStage{}
+	_ servedStage          = ttftStage{}
+	_ responseHeadersStage = ttftStage{}
+	_ responseBodyStage    = ttftStage{}
+	_ releasedStage        = ttftStage{}
+)
+
+// ttftStageFor is in the chain of a pool whose profile predicts TTFT.
+func ttftStageFor(_ *Server, _ *snapshot, pv *poolView) any {
+	if pv != nil && pv.predictor != nil {
+		return ttftStage{}
+	}
+	return nil
+}
+
+// ttftState is a request's TTFT accounting.
 type ttftState struct {
 	on       bool
 	pred     sched.Prediction
@@ -68,22 +108,33 @@ type ttftState struct {
 	answered bool // response headers came
 }
 
-// trackTTFT starts the accounting of a pick: its predicted prefill work
-// counts on the primary until the first token.
-func (st *stream) trackTTFT(e *sched.Endpoint, pred sched.Prediction, at time.Time, streamed bool) {
+// picked starts the accounting of a pick: its predicted prefill work
+// counts on the primary until the first token. A split request's prefill
+// is not the primary's (the P/D stage, before this one, counts it on its
+// prefill server), and its first token does not measure the primary.
+func (ttftStage) picked(r *request, o *pickOutcome) {
+	if r.pd.split {
+		return
+	}
+	if pred, ok := o.sc.Prediction(r.primary.Address); ok {
+		r.trackTTFT(r.primary, pred, o.req.Now, o.streamed)
+	}
+}
+
+func (r *request) trackTTFT(e *sched.Endpoint, pred sched.Prediction, at time.Time, streamed bool) {
 	var expire time.Duration
 	if !streamed {
 		// The first bytes of a whole JSON answer come at its end.
 		expire = pred.Total
 	}
-	st.ttft = ttftState{on: true, pred: pred, predOK: true, pickedAt: at, work: startPrefill(e.Load, pred.Uncached, pred.Prefill, at, expire)}
+	r.ttft = ttftState{on: true, pred: pred, predOK: true, pickedAt: at, work: startPrefill(e.Load, pred.Uncached, pred.Prefill, at, expire)}
 }
 
-// moveTTFT follows a fallback: the work moves to the endpoint that serves,
+// served follows a fallback: the work moves to the endpoint that serves,
 // whose prediction was not made (nothing is learned from this request).
-func (st *stream) moveTTFT(e *sched.Endpoint) {
-	t := &st.ttft
-	if !t.on {
+func (ttftStage) served(r *request, _ string, moved bool) {
+	t, e := &r.ttft, r.primary
+	if !moved || !t.on {
 		return
 	}
 	t.predOK = false
@@ -93,41 +144,43 @@ func (st *stream) moveTTFT(e *sched.Endpoint) {
 	}
 }
 
-// ttftHeaders notes that the response headers came.
-func (st *stream) ttftHeaders() {
-	if t := &st.ttft; t.on {
+// responseHeaders notes that the response headers came.
+func (ttftStage) responseHeaders(r *request, _ *extprocv3.HttpHeaders, _ *extprocv3.ProcessingResponse) {
+	if t := &r.ttft; t.on {
 		t.answered = true
 	}
 }
 
-// ttftBody is called after each response body message has been noted by
-// the router's latency measurement (st.obs.lat, latency.go), which says
-// whether the response is a successful event stream and when its first
-// bytes came: those are the first token, observed against the prediction.
-func (st *stream) ttftBody() {
-	t, lat := &st.ttft, &st.obs.lat
+// responseBody sees each response body message once the router's latency
+// measurement (r.lat, latency.go) has noted it, which says whether the
+// response is a successful event stream and when its first bytes came:
+// those are the first token, observed against the prediction.
+func (ttftStage) responseBody(r *request, data []byte, _ bool) ([]byte, bool) {
+	t, lat := &r.ttft, &r.lat
 	if !t.on || lat.first.IsZero() || !t.work.finish() {
-		return
+		return data, false
 	}
-	if lat.sse && lat.status/100 == 2 && t.predOK && st.primary != nil {
+	if lat.sse && lat.status/100 == 2 && t.predOK && r.primary != nil {
 		ttft := lat.first.Sub(t.pickedAt)
-		st.primary.Load.ObserveTTFT(sched.Observation{Predicted: t.pred, TTFT: ttft, At: lat.first})
-		if st.s.debug {
-			st.s.log.Debug("first token", "pool", poolName(st.pool), "endpoint", st.primary.Address,
+		r.primary.Load.ObserveTTFT(sched.Observation{Predicted: t.pred, TTFT: ttft, At: lat.first})
+		if r.s.debug {
+			r.s.log.Debug("first token", "pool", poolName(r.pool), "endpoint", r.primary.Address,
 				"ttft_ms", float64(ttft)/1e6, "predicted_ms", float64(t.pred.Total)/1e6, "prediction", t.pred.String())
 		}
 	}
+	return data, false
 }
 
-// ttftRelease ends the accounting with the stream.
-func (st *stream) ttftRelease() {
-	t := &st.ttft
+// released ends the accounting with the request, once.
+func (ttftStage) released(r *request) {
+	t := &r.ttft
 	if !t.on {
 		return
 	}
+	t.on = false
 	t.work.finish()
-	if t.answered && st.primary != nil {
-		st.primary.Load.ObserveHold(time.Since(t.pickedAt))
+	if t.answered && r.primary != nil {
+		r.primary.Load.ObserveHold(time.Since(t.pickedAt))
 	}
 }
 

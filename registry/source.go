@@ -76,8 +76,9 @@ type Reloader interface {
 // cannot be placed (their pool is not declared) or that an earlier source
 // already supplied are dropped and reported in warnings. Merge copies
 // everything it keeps, so the result shares no memory with the updates
-// except the pools' Scheduling, Consul, Guard, Admission and Disaggregation
-// blocks and the models' Disaggregation blocks (which both sides treat as
+// except the pools' Scheduling, Consul, Guard, Admission, Disaggregation
+// and KVEvents blocks, the models' Disaggregation blocks and the endpoints'
+// KVEvents (which both sides treat as
 // read-only).
 func Merge(updates []Update) (s *State, warnings []string, err error) {
 	s = Empty()

@@ -86,6 +86,32 @@ type Endpoint struct {
 	// (RoleBoth when unset); it matters only in a pool with a
 	// Disaggregation policy. A decode endpoint's Address is its sidecar's.
 	Role Role
+	// KVEvents, when non-nil, overrides the pool's KVEvents for this
+	// endpoint (Consul meta kv_events_port, an endpoint block's kv_events).
+	KVEvents *KVEvents
+}
+
+// KVEvents says a server publishes its KV-cache events (vLLM
+// --kv-events-config with the zmq publisher): the picker subscribes to
+// them and routes by what each server's cache holds exactly, instead of
+// estimating it. Ports are on the endpoint's own IP.
+type KVEvents struct {
+	// Port is the ZMQ PUB port (vLLM's "endpoint": "tcp://*:PORT").
+	Port int
+	// ReplayPort is the ZMQ ROUTER replay port ("replay_endpoint"); 0
+	// when the server has none (missed events then cannot be recovered).
+	ReplayPort int
+	// Topic is the subscription prefix ("topic"); "" receives every topic.
+	Topic string
+}
+
+// EffectiveKVEvents returns the endpoint's KV-events settings in pool p
+// (its own, else the pool's), or nil when it publishes none.
+func (e *Endpoint) EffectiveKVEvents(p *Pool) *KVEvents {
+	if e.KVEvents != nil {
+		return e.KVEvents
+	}
+	return p.KVEvents
 }
 
 // Pool is a set of interchangeable model servers behind one Envoy cluster.
@@ -118,6 +144,9 @@ type Pool struct {
 	// between prefill and decode servers (see Role); nil: whole requests,
 	// endpoint roles ignored.
 	Disaggregation *Disaggregation
+	// KVEvents, when non-nil, says the pool's servers publish KV-cache
+	// events (an endpoint may override it); nil: none do.
+	KVEvents *KVEvents
 }
 
 // Admission configures a pool's admission queue: when every eligible
@@ -205,6 +234,9 @@ type Scheduling struct {
 	Picker string
 	// ScrapeIntervalMS is the metrics scrape interval (0 = default).
 	ScrapeIntervalMS int
+	// IdleScrapeIntervalMS is the scrape interval of an endpoint the
+	// picker sends nothing (0 = default, 20x the scrape interval).
+	IdleScrapeIntervalMS int
 	// Saturation thresholds; zero means the picker's default.
 	QueueThreshold int
 	KVThreshold    float64

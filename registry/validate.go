@@ -23,6 +23,7 @@ var (
 	ErrBadAdmission       = errors.New("bad admission")
 	ErrBadLimit           = errors.New("bad limit")
 	ErrUnknownModel       = errors.New("unknown model")
+	ErrBadKVEvents        = errors.New("bad kv_events")
 )
 
 // Object kinds named by ValidationError.Kind.
@@ -213,6 +214,11 @@ func Validate(s *State, rules SchedulingRules) error {
 		if a := p.Admission; a != nil {
 			validateAdmission(name, p.DeclRange, a, add)
 		}
+		if kv := p.KVEvents; kv != nil {
+			for _, pr := range CheckKVEvents(kv, p.Engine) {
+				add(KindPool, name, "kv_events"+pr.Field, p.DeclRange, ErrBadKVEvents, "%s", pr.Msg)
+			}
+		}
 		seen := map[string]bool{}
 		for _, ep := range p.Endpoints {
 			canon, err := CanonicalAddress(ep.Address, true)
@@ -228,6 +234,11 @@ func Validate(s *State, rules SchedulingRules) error {
 			if ep.MetricsPath != "" {
 				if err := CheckMetricsPath(ep.MetricsPath); err != nil {
 					errs = append(errs, &ValidationError{Kind: KindEndpoint, Name: ep.Address, Pool: name, Field: "metrics_path", Where: p.DeclRange, Err: ErrBadMetricsPath, Msg: err.Error()})
+				}
+			}
+			if kv := ep.KVEvents; kv != nil {
+				for _, pr := range CheckKVEvents(kv, p.Engine) {
+					errs = append(errs, &ValidationError{Kind: KindEndpoint, Name: ep.Address, Pool: name, Field: "kv_events" + pr.Field, Where: p.DeclRange, Err: ErrBadKVEvents, Msg: pr.Msg})
 				}
 			}
 		}
@@ -317,6 +328,31 @@ func Validate(s *State, rules SchedulingRules) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// KVEventsEngines are the engines whose KV-cache events (and /tokenize
+// endpoint, which matching requests to their blocks needs) the picker
+// knows.
+var KVEventsEngines = []Engine{EngineVLLM}
+
+// CheckKVEvents judges a kv_events block of a pool on engine: its ports
+// and the engine. Each Problem's Field is "" (the block) or ".port",
+// ".replay_port".
+func CheckKVEvents(kv *KVEvents, engine Engine) []Problem {
+	var out []Problem
+	if !slices.Contains(KVEventsEngines, engine) {
+		out = append(out, Problem{Msg: fmt.Sprintf("KV-cache events need engine %s; the pool's engine is %q", quoteList(KVEventsEngines), engine)})
+	}
+	if kv.Port < 1 || kv.Port > 65535 {
+		out = append(out, Problem{Field: ".port", Msg: fmt.Sprintf("port %d is not in 1-65535 (vLLM's kv-events-config endpoint, tcp://*:PORT)", kv.Port)})
+	}
+	switch {
+	case kv.ReplayPort < 0 || kv.ReplayPort > 65535:
+		out = append(out, Problem{Field: ".replay_port", Msg: fmt.Sprintf("replay_port %d is not in 1-65535 (0 or absent: no replay socket)", kv.ReplayPort)})
+	case kv.ReplayPort != 0 && kv.ReplayPort == kv.Port:
+		out = append(out, Problem{Field: ".replay_port", Msg: fmt.Sprintf("replay_port %d is the event port too; vLLM binds them separately", kv.ReplayPort)})
+	}
+	return out
 }
 
 func validateAdmission(pool, where string, a *Admission,

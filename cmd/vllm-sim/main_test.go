@@ -300,6 +300,32 @@ func TestPrefixCachingOverHTTP(t *testing.T) {
 	}
 }
 
+// /tokenize answers the token ids a chat or completion request is
+// computed with (a second identical chat request is cached up to them).
+func TestTokenizeMatchesGeneration(t *testing.T) {
+	s := startSim(t, "-time-scale", "5")
+	msgs := []map[string]string{{"role": "system", "content": words("sys", 100)}, {"role": "user", "content": "hello there"}}
+	r := s.post(t, "/tokenize", map[string]any{"model": baseModel, "messages": msgs})
+	var tok struct {
+		Count  int      `json:"count"`
+		Tokens []uint32 `json:"tokens"`
+	}
+	if err := json.Unmarshal([]byte(r.body), &tok); r.code != 200 || err != nil || tok.Count != len(tok.Tokens) || tok.Count == 0 {
+		t.Fatalf("tokenize: %d %s (%v)", r.code, r.body, err)
+	}
+	var c completion
+	for range 2 {
+		r = s.post(t, "/v1/chat/completions", map[string]any{"model": baseModel, "max_tokens": 1, "messages": msgs})
+		c = decode(t, r.body)
+	}
+	if c.Usage.PromptTokens != tok.Count || c.Usage.PromptTokensDetails.CachedTokens != (tok.Count-1)/16*16 {
+		t.Fatalf("usage %+v, tokenize count %d", c.Usage, tok.Count)
+	}
+	if r := s.post(t, "/tokenize", map[string]any{"model": "nope", "prompt": "x"}); r.code != 404 {
+		t.Fatalf("unknown model: %d", r.code)
+	}
+}
+
 func TestQueueKVAndPreemptionMetrics(t *testing.T) {
 	s := startSim(t, "-time-scale", "10", "-max-num-seqs", "4", "-num-gpu-blocks", "40", "-enable-prefix-caching=false")
 	var wg sync.WaitGroup
@@ -575,6 +601,10 @@ func TestFlagErrors(t *testing.T) {
 		{"-max-num-seqs", "0"},
 		{"-lora-modules", "=path"},
 		{"-bogus"},
+		{"-kv-events-replay-port", "5558"},
+		{"-kv-events-port", "5557", "-kv-events-format", "json"},
+		{"-kv-events-port", "70000"},
+		{"-fleet", "3", "-kv-events-port", "65534"},
 	} {
 		p := testutil.StartNoCleanup(t, "vllm-sim", bin, append([]string{"-port", "0"}, args...)...)
 		select {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,6 +49,10 @@ type server struct {
 	exit         func(code int)
 	nextID       atomic.Uint64
 	inferenceNum atomic.Int64
+	// metricsDelay is waited before each /metrics answer; scrapes counts
+	// them.
+	metricsDelay time.Duration
+	scrapes      atomic.Int64
 
 	mu    sync.Mutex
 	rng   *rand.Rand
@@ -69,6 +73,8 @@ func (s *server) routes() http.Handler {
 	if s.pd.enabled {
 		mux.HandleFunc("POST "+kvPullPath, s.handlePull)
 	}
+	mux.HandleFunc("POST /tokenize", s.handleTokenize)
+	mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("x-served-by", s.servedBy)
 		// Echo the picker's destination list, so tests can check that
@@ -91,18 +97,53 @@ func (s *server) routes() http.Handler {
 	})
 }
 
+// handleTokenize is vLLM's POST /tokenize: the token ids a completion
+// prompt or a chat conversation becomes, exactly as generate computes
+// them.
+func (s *server) handleTokenize(w http.ResponseWriter, r *http.Request) {
+	var req genRequest
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	modelName := req.Model
+	if modelName == "" {
+		modelName = s.served[0]
+	}
+	if _, ok := s.resolveModel(modelName); !ok {
+		writeErrorParam(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", modelName), "model")
+		return
+	}
+	toks, err := s.promptTokens(&req, req.Messages != nil)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if toks == nil {
+		toks = []uint32{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"count": len(toks), "max_model_len": s.eng.Config().MaxModelLen, "tokens": toks, "token_strs": nil})
+}
+
+// handleResetPrefixCache is vLLM's dev-mode POST /reset_prefix_cache.
+func (s *server) handleResetPrefixCache(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]bool{"success": s.eng.ResetPrefixCache()})
+}
+
 func (s *server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
 func (s *server) handleMetrics(w http.ResponseWriter, _ *http.Request) {
-	var buf bytes.Buffer
-	if err := s.eng.WriteMetrics(&buf); err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
-		return
+	s.scrapes.Add(1)
+	if s.metricsDelay > 0 {
+		// A stand-in for the time real vLLM's API server spends making its
+		// page (CPU there; a wait here, so a fleet costs nothing).
+		time.Sleep(s.metricsDelay)
 	}
+	page := s.eng.MetricsPage()
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	_, _ = w.Write(buf.Bytes())
+	w.Header().Set("Content-Length", strconv.Itoa(len(page)))
+	_, _ = w.Write(page)
 }
 
 func (s *server) handleModels(w http.ResponseWriter, _ *http.Request) {
@@ -285,20 +326,10 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, http.StatusBadRequest, "vllm-sim supports only n=1")
 		return
 	}
-	var text string
-	var toks []uint32
-	var err error
-	if chat {
-		text, err = renderMessages(req.Messages)
-	} else {
-		text, toks, err = parsePrompt(req.Prompt)
-	}
+	toks, err := s.promptTokens(&req, chat)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
-	}
-	if toks == nil {
-		toks = sim.Tokenize(text)
 	}
 	maxTokens := s.defaultMax
 	if req.MaxTokens != nil {
@@ -379,6 +410,26 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 			return
 		}
 	}
+}
+
+// promptTokens is the token ids of a request's prompt: the rendered
+// conversation's, or the completion prompt's.
+func (s *server) promptTokens(req *genRequest, chat bool) ([]uint32, error) {
+	var text string
+	var toks []uint32
+	var err error
+	if chat {
+		text, err = renderMessages(req.Messages)
+	} else {
+		text, toks, err = parsePrompt(req.Prompt)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if toks == nil {
+		toks = sim.Tokenize(text)
+	}
+	return toks, nil
 }
 
 func (s *server) stream(w http.ResponseWriter, r *http.Request, h *sim.Handle, rs response, includeUsage bool) {

@@ -75,14 +75,27 @@ var (
 	mTLSExpiry      = desc("switchyard_tls_certificate_expiry_timestamp_seconds", "When the serving certificate expires (Unix time).")
 	mTLSReloads     = desc("switchyard_tls_certificate_reloads_total", "Serving certificate or client CA replacements since start (file rotation, Consul renewal).")
 	// Latency the router measures from the response stream (2xx responses).
-	mObjTTFT       = desc("inference_objective_request_ttft_seconds", "Time from the request reaching the picker to the first response body bytes, per declared model and target, as the router measures it.", "model_name", "target_model_name")
-	mObjTPOT       = desc("inference_objective_request_tpot_seconds", "Time per output token after the first, of streamed responses, per declared model and target, as the router measures it.", "model_name", "target_model_name")
-	mObjDuration   = desc("inference_objective_request_duration_seconds", "Time from the request reaching the picker to the end of its response, per declared model and target.", "model_name", "target_model_name")
-	mObjNTPOT      = desc("inference_objective_normalized_time_per_output_token_seconds", "Whole request time divided by its output tokens, per declared model and target.", "model_name", "target_model_name")
-	mEpTTFT        = desc("switchyard_endpoint_ttft_seconds", "Time to first token of the responses the endpoint served, as the router measures it.", "pool", "endpoint")
-	mEpTPOT        = desc("switchyard_endpoint_tpot_seconds", "Time per output token of the streamed responses the endpoint served, as the router measures it.", "pool", "endpoint")
-	mEpDuration    = desc("switchyard_endpoint_request_duration_seconds", "Whole request time of the responses the endpoint served, as the router measures it.", "pool", "endpoint")
-	mDecisionRecs  = desc("switchyard_decision_records_total", "Decision records made (sampled requests).")
+	mObjTTFT      = desc("inference_objective_request_ttft_seconds", "Time from the request reaching the picker to the first response body bytes, per declared model and target, as the router measures it.", "model_name", "target_model_name")
+	mObjTPOT      = desc("inference_objective_request_tpot_seconds", "Time per output token after the first, of streamed responses, per declared model and target, as the router measures it.", "model_name", "target_model_name")
+	mObjDuration  = desc("inference_objective_request_duration_seconds", "Time from the request reaching the picker to the end of its response, per declared model and target.", "model_name", "target_model_name")
+	mObjNTPOT     = desc("inference_objective_normalized_time_per_output_token_seconds", "Whole request time divided by its output tokens, per declared model and target.", "model_name", "target_model_name")
+	mEpTTFT       = desc("switchyard_endpoint_ttft_seconds", "Time to first token of the responses the endpoint served, as the router measures it.", "pool", "endpoint")
+	mEpTPOT       = desc("switchyard_endpoint_tpot_seconds", "Time per output token of the streamed responses the endpoint served, as the router measures it.", "pool", "endpoint")
+	mEpDuration   = desc("switchyard_endpoint_request_duration_seconds", "Whole request time of the responses the endpoint served, as the router measures it.", "pool", "endpoint")
+	mDecisionRecs = desc("switchyard_decision_records_total", "Decision records made (sampled requests).")
+	// KV-cache events (pools that declare kv_events).
+	mKVExact       = desc("switchyard_kv_events_exact", "1 while the endpoint's KV-cache events are synced and the picker routes by its exact cache; 0 while the estimating prefix index stands in (connecting, partial, disconnected).", "pool", "endpoint")
+	mKVConnected   = desc("switchyard_kv_events_connected", "1 while the endpoint's KV-event stream is connected.", "pool", "endpoint")
+	mKVBlocks      = desc("switchyard_kv_events_blocks", "Blocks the endpoint's events say its cache holds, by medium.", "pool", "endpoint", "medium")
+	mKVBatches     = desc("switchyard_kv_events_batches_total", "Event batches applied.", "pool", "endpoint")
+	mKVGaps        = desc("switchyard_kv_events_gaps_total", "Sequence gaps seen (missed batches), recovered through the replay socket unless counted as lost.", "pool", "endpoint")
+	mKVReplayed    = desc("switchyard_kv_events_replayed_batches_total", "Batches received from the replay socket.", "pool", "endpoint")
+	mKVLost        = desc("switchyard_kv_events_lost_total", "Times batches were lost beyond replay (the view was dropped and turned partial).", "pool", "endpoint")
+	mKVRestarts    = desc("switchyard_kv_events_engine_restarts_total", "Engine restarts noticed (the old engine's blocks dropped).", "pool", "endpoint")
+	mKVPredicted   = desc("switchyard_kv_events_predictions_total", "Exact predictions of a request's cached tokens checked against what the server reported, by result: agree, over (predicted more), under.", "pool", "endpoint", "result")
+	mKVTokenize    = desc("switchyard_kv_tokenize_requests_total", "Prompts tokenized for the exact prefix index, by result: hit (cache), call (a server's /tokenize), failure.", "pool", "result")
+	mKVTokSecs     = desc("switchyard_kv_tokenize_seconds_total", "Time spent in /tokenize calls.", "pool")
+	mPDDecisions   = desc("switchyard_pd_decisions_total", "Prefill/decode decisions of a disaggregated pool's completions and chat requests, by decision: split, or why the request went whole to its decode server (short-prompt, below-threshold, no-prefill-server, prefill-saturated, decode-role, off).", "pool", "decision")
 	mDecisionDrops = desc("switchyard_decision_records_file_dropped_total", "Decision records the JSON-lines file missed because its writer fell behind.")
 )
 
@@ -93,7 +106,8 @@ var allDescs = []*prometheus.Desc{mBuild, mRegVersion, mConfigError, mPoolReady,
 	mPrefixSize, mPrefixBytes, mPrefixPrompt, mPrefixMatched, mPoolSaturated, mGuardHeld, mGuardStarts, mNodeUnreach,
 	mReplicas, mPeerSharing, mPeerDropped, mPeerLag, mPeerPicks, mTLSRejected, mTLSExpiry, mTLSReloads,
 	mFCSaturation, mFCQueueSize, mFCQueueBytes, mFCQueueWait, mAdmDispatched, mAdmRejected, mAdmCancelled,
-	mObjTTFT, mObjTPOT, mObjDuration, mObjNTPOT, mEpTTFT, mEpTPOT, mEpDuration, mDecisionRecs, mDecisionDrops}
+	mObjTTFT, mObjTPOT, mObjDuration, mObjNTPOT, mEpTTFT, mEpTPOT, mEpDuration, mDecisionRecs, mDecisionDrops,
+	mKVExact, mKVConnected, mKVBlocks, mKVBatches, mKVGaps, mKVReplayed, mKVLost, mKVRestarts, mKVPredicted, mKVTokenize, mKVTokSecs, mPDDecisions}
 
 // tlsZeroReasons are the rejection reasons exported as 0 before any
 // happens, so alerts on rate() see the counter from the start.
@@ -149,6 +163,28 @@ func collect(r *Report, now time.Time, ch chan<- prometheus.Metric) {
 			gauge(mEpInFlightTok, float64(e.InFlightTokens), p.Name, e.Address)
 			counter(mEpPicked, float64(e.Picked), p.Name, e.Address)
 			counter(mEpServed, float64(e.Served), p.Name, e.Address)
+			if kv := e.KVEvents; kv != nil {
+				gauge(mKVExact, boolf(kv.Exact), p.Name, e.Address)
+				gauge(mKVConnected, boolf(kv.Connected), p.Name, e.Address)
+				gauge(mKVBlocks, float64(kv.Blocks), p.Name, e.Address, "GPU")
+				for m, n := range kv.Media {
+					gauge(mKVBlocks, float64(n), p.Name, e.Address, m)
+				}
+				counter(mKVBatches, float64(kv.Batches), p.Name, e.Address)
+				counter(mKVGaps, float64(kv.Gaps), p.Name, e.Address)
+				counter(mKVReplayed, float64(kv.Replayed), p.Name, e.Address)
+				counter(mKVLost, float64(kv.Lost), p.Name, e.Address)
+				counter(mKVRestarts, float64(kv.Restarts), p.Name, e.Address)
+				counter(mKVPredicted, float64(kv.PredictionsAgreed), p.Name, e.Address, "agree")
+				counter(mKVPredicted, float64(kv.PredictionsOver), p.Name, e.Address, "over")
+				counter(mKVPredicted, float64(kv.PredictionsUnder), p.Name, e.Address, "under")
+			}
+		}
+		if tok := p.KVTokenize; tok != nil {
+			counter(mKVTokenize, float64(tok.Hits), p.Name, "hit")
+			counter(mKVTokenize, float64(tok.Calls-tok.Failures), p.Name, "call")
+			counter(mKVTokenize, float64(tok.Failures), p.Name, "failure")
+			counter(mKVTokSecs, tok.CallSeconds, p.Name)
 		}
 		gauge(mPoolReady, float64(ready), p.Name)
 		if scraped > 0 {
@@ -180,6 +216,9 @@ func collect(r *Report, now time.Time, ch chan<- prometheus.Metric) {
 		}
 		if q := p.Queue; q != nil {
 			collectQueue(q, gauge, counter, ch)
+		}
+		for d, n := range p.PDDecisions {
+			counter(mPDDecisions, float64(n), p.Name, d)
 		}
 	}
 
@@ -233,12 +272,14 @@ func collect(r *Report, now time.Time, ch chan<- prometheus.Metric) {
 
 	gauge(mReplicas, float64(max(len(r.Replicas), 1)))
 	counter(mPeerPicks, float64(pk.PeerPicks))
+	// Every peer label is the replica's one name (Report.Replicas' ID).
 	for _, p := range r.Peers {
-		gauge(mPeerSharing, boolf(p.Connected), p.Address)
-		counter(mPeerDropped, float64(p.Dropped), p.Address)
+		name := peerName(r.Replicas, p.Address, p.ID)
+		gauge(mPeerSharing, boolf(p.Connected), name)
+		counter(mPeerDropped, float64(p.Dropped), name)
 	}
 	for _, in := range r.Inbound {
-		gauge(mPeerLag, in.Lag.Seconds(), in.From)
+		gauge(mPeerLag, in.Lag.Seconds(), peerName(r.Replicas, in.Address, in.From))
 	}
 
 	counter(mXDSSnapshots, float64(r.XDS.Snapshots))

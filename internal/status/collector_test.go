@@ -90,13 +90,25 @@ func TestCollectorReadsTheReport(t *testing.T) {
 		{"node unreachable, still a member", "switchyard_discovery_node_unreachable_endpoints", map[string]string{"pool": "llama"}, 1},
 		{"guard activations", "switchyard_discovery_guard_activations_total", map[string]string{"pool": "llama"}, 2},
 		{"replicas", "switchyard_replicas", nil, 3},
-		{"peer sharing by address", "switchyard_replica_sharing", map[string]string{"peer": "10.0.1.2:9002"}, 1},
-		{"lag by announced ID, joined or not", "switchyard_replica_lag_seconds", map[string]string{"peer": "sy-3"}, 0.002},
+		{"sharing, under the replica's name", "switchyard_replica_sharing", map[string]string{"peer": "sy-2"}, 1},
+		{"dropped, under the replica's name", "switchyard_replica_events_dropped_total", map[string]string{"peer": "sy-2"}, 1},
+		{"a static peer's sharing under the ID it announced", "switchyard_replica_sharing", map[string]string{"peer": "sy-3"}, 0},
+		{"its lag under the same name", "switchyard_replica_lag_seconds", map[string]string{"peer": "sy-3"}, 0.002},
+		{"lag of a replica in no list, by its ID", "switchyard_replica_lag_seconds", map[string]string{"peer": "sy-9"}, 0.003},
 		{"TLS rejections", "switchyard_tls_rejected_connections_total", map[string]string{"server": "xds", "reason": "expired"}, 2},
 		{"TLS reasons start at 0", "switchyard_tls_rejected_connections_total", map[string]string{"server": "extproc", "reason": "unknown_ca"}, 0},
 		{"decisions", "inference_extension_scheduler_e2e_duration_seconds", nil, 100},
 		{"prefix index", "inference_extension_prefix_indexer_size", pool, 12},
 		{"Consul up", "switchyard_consul_up", map[string]string{"service": "vllm", "passing_only": "true"}, 1},
+		{"exact KV view", "switchyard_kv_events_exact", map[string]string{"endpoint": "10.0.0.1:8000"}, 1},
+		{"partial KV view: estimated", "switchyard_kv_events_exact", map[string]string{"endpoint": "10.0.0.2:8000"}, 0},
+		{"KV blocks on the GPU", "switchyard_kv_events_blocks", map[string]string{"endpoint": "10.0.0.1:8000", "medium": "GPU"}, 120},
+		{"KV blocks offloaded", "switchyard_kv_events_blocks", map[string]string{"endpoint": "10.0.0.1:8000", "medium": "CPU"}, 7},
+		{"KV restarts", "switchyard_kv_events_engine_restarts_total", map[string]string{"endpoint": "10.0.0.1:8000"}, 1},
+		{"KV losses", "switchyard_kv_events_lost_total", map[string]string{"endpoint": "10.0.0.2:8000"}, 1},
+		{"predictions checked", "switchyard_kv_events_predictions_total", map[string]string{"endpoint": "10.0.0.1:8000", "result": "agree"}, 95},
+		{"tokenize calls", "switchyard_kv_tokenize_requests_total", map[string]string{"pool": "llama", "result": "call"}, 10},
+		{"tokenize hits", "switchyard_kv_tokenize_requests_total", map[string]string{"pool": "llama", "result": "hit"}, 30},
 	}
 	for _, c := range checks {
 		got, ok := value(t, mfs, c.name, c.labels)
@@ -112,6 +124,9 @@ func TestCollectorReadsTheReport(t *testing.T) {
 		{"inference_pool_average_queue_size", map[string]string{"name": "empty"}},                     // nothing scraped
 		{"switchyard_endpoint_healthy", map[string]string{"pool": "gone"}},                            // not in the state
 		{"switchyard_consul_last_success_timestamp_seconds", map[string]string{"service": "switchyard"}},
+		{"switchyard_replica_sharing", map[string]string{"peer": "10.0.1.3:9002"}}, // named, not by address
+		{"switchyard_replica_sharing", map[string]string{"peer": "10.0.1.2:9002"}},
+		{"switchyard_kv_events_exact", map[string]string{"endpoint": "10.0.0.3:8000"}}, // no events declared
 	} {
 		if v, ok := value(t, mfs, absent.name, absent.labels); ok {
 			t.Errorf("%s%v = %v, want no sample", absent.name, absent.labels, v)

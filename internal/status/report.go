@@ -29,6 +29,9 @@ type Report struct {
 	Version string    `json:"version"`
 	// RegistryVersion is the version of the registry state in force.
 	RegistryVersion uint64 `json:"registry_version"`
+	// Ready is what /readyz answers; NotReady says why not.
+	Ready    bool   `json:"ready"`
+	NotReady string `json:"not_ready,omitempty"`
 	// ConfigError is the latest refresh error of any source, or of the
 	// merge (the last good configuration stays in force); "" when none.
 	ConfigError string  `json:"config_error,omitempty"`
@@ -109,6 +112,14 @@ type Pool struct {
 	// SaturatedShare is the share of ready endpoints over a threshold;
 	// set only when the Report was read with the picker's observations.
 	SaturatedShare *float64 `json:"-"`
+	// KVTokenize is the pool's tokenization for the exact prefix index
+	// (nil when none of its servers publishes KV events).
+	KVTokenize *KVTokenize `json:"kv_tokenize,omitempty"`
+	// PDDecisions counts a disaggregated pool's prefill/decode decisions
+	// by decision ("split", or why a request went whole); nil for other
+	// pools, and unless the Report was read with the picker's
+	// observations.
+	PDDecisions map[string]int64 `json:"pd_decisions,omitempty"`
 }
 
 // Admission is one pool's admission queue: its bounds, what waits now
@@ -196,10 +207,42 @@ type Endpoint struct {
 	// TTFT is the learned time-to-first-token model, for pools on the
 	// predicted-ttft profile once a pick has been accounted there.
 	TTFT *TTFT `json:"ttft,omitempty"`
+	// KVEvents is the endpoint's KV-cache event stream, when its pool
+	// declares one.
+	KVEvents *KVEvents `json:"kv_events,omitempty"`
+	// Scrape says how fresh the picker's view of the endpoint is and how
+	// it is read; absent before the first scrape attempt.
+	Scrape *Scrape `json:"scrape,omitempty"`
 
 	// ScrapedAt is when the latest successful scrape finished (zero if
 	// none yet).
 	ScrapedAt time.Time `json:"-"`
+}
+
+// Scrape is how the picker reads an endpoint's metrics page and how old
+// what it knows is.
+type Scrape struct {
+	// AgeMS is the age of the latest successful scrape (absent if none).
+	AgeMS *float64 `json:"age_ms,omitempty"`
+	// Stale: older than max_age_ms (scrapes failing or late, or never
+	// succeeded); the picker then counts the endpoint's load as unknown.
+	Stale    bool    `json:"stale"`
+	MaxAgeMS float64 `json:"max_age_ms"`
+	// IntervalMS is the time planned until the next scrape: the pool's
+	// scrape_interval while the endpoint gets traffic, its
+	// idle_scrape_interval while not, longer when the engine budget or
+	// failures say so.
+	IntervalMS float64 `json:"interval_ms"`
+	// CostMS is how long the endpoint takes to answer a scrape (what the
+	// engine budget is reckoned from); absent until measured.
+	CostMS float64 `json:"cost_ms,omitempty"`
+	// PageBytes is the size of the latest page read.
+	PageBytes int `json:"page_bytes,omitempty"`
+	// NameFilter says whether the server honours the name[] filter
+	// (honoured, ignored, rejected; absent while unknown).
+	NameFilter string `json:"name_filter,omitempty"`
+	// From names the replica whose scrape this is (absent: this one's).
+	From string `json:"from,omitempty"`
 }
 
 // Ready reports whether the endpoint can take requests: healthy and not
@@ -219,6 +262,47 @@ type TTFT struct {
 	Compared          int64   `json:"compared"`
 	MeanErrorMS       float64 `json:"mean_error_ms"`
 	MeanAbsoluteError float64 `json:"mean_absolute_error_ms"`
+}
+
+// KVEvents is an endpoint's KV-cache event stream: whether its view is
+// exact (the picker routes by the server's own cache; otherwise the
+// estimating prefix index stands in) and what the stream did.
+type KVEvents struct {
+	// State: "connecting", "synced" (exact), "partial" (the view began
+	// after the server had cached blocks, or lost events beyond replay)
+	// or "disconnected".
+	State     string `json:"state"`
+	Exact     bool   `json:"exact"`
+	Connected bool   `json:"connected"`
+	LastSeq   int64  `json:"last_seq"`
+	// Blocks in the server's GPU cache; Media counts other media.
+	Blocks int            `json:"blocks"`
+	Media  map[string]int `json:"media,omitempty"`
+	// Counters since start.
+	Batches      int64 `json:"batches"`
+	Gaps         int64 `json:"gaps"`
+	Replayed     int64 `json:"replayed"`
+	Lost         int64 `json:"lost"`
+	Restarts     int64 `json:"restarts"`
+	DecodeErrors int64 `json:"decode_errors"`
+	Orphans      int64 `json:"orphans"`
+	// Predictions checked against the cached tokens the server reported:
+	// equal, over, under.
+	PredictionsAgreed int64      `json:"predictions_agreed"`
+	PredictionsOver   int64      `json:"predictions_over"`
+	PredictionsUnder  int64      `json:"predictions_under"`
+	LastMessage       *time.Time `json:"last_message,omitempty"`
+	LastError         string     `json:"last_error,omitempty"`
+}
+
+// KVTokenize is a pool's request tokenization for the exact prefix index
+// (the servers' /tokenize, cached).
+type KVTokenize struct {
+	Hits         int64   `json:"cache_hits"`
+	Calls        int64   `json:"calls"`
+	Failures     int64   `json:"failures"`
+	CallSeconds  float64 `json:"call_seconds"`
+	CachedTokens int     `json:"cached_tokens"`
 }
 
 // Model is one model name a request may use.

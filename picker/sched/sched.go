@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/switchyard/switchyard/picker/metrics"
+	"github.com/switchyard/switchyard/registry"
 )
 
 // Load holds an endpoint's live counters. One Load exists per pool+address
@@ -39,6 +40,11 @@ type Load struct {
 	// the TTFT scorer keep them; see StartPrefill).
 	PrefillRequests atomic.Int64
 	PrefillTokens   atomic.Int64
+	// PrefillFailed is when (Unix ns) a split request's prefill on the
+	// endpoint last failed, as the decode server's sidecar reported it (0:
+	// never); the picker chooses the endpoint for prefills again once a
+	// later scrape of it succeeds.
+	PrefillFailed atomic.Int64
 	// prefillUntil (Unix nanoseconds) is when the prefill work counted
 	// in PrefillRequests is predicted to be done.
 	prefillUntil atomic.Int64
@@ -70,6 +76,16 @@ type scrapeMark struct {
 	at       time.Time
 	inFlight int64
 }
+
+// Demand reports what the picker sent the endpoint: every pick so far and
+// the requests in flight (its own, and other replicas' when they share
+// picks). It makes Load a metrics.Demand: the scraper reads an endpoint
+// that gets traffic at its interval, an idle one rarely.
+func (l *Load) Demand() (sent, inFlight int64) {
+	return l.Picked.Load(), l.InFlightRequests.Load()
+}
+
+var _ metrics.Demand = (*Load)(nil)
 
 // MarkScrape records, for the successful scrape s about to be published,
 // the requests in flight now, so that what was sent and what finished
@@ -123,6 +139,10 @@ type Endpoint struct {
 	// Models the endpoint advertises; empty means it serves the whole pool.
 	Models   []string
 	Draining bool
+	// Role is the endpoint's part in a disaggregated pool (RoleBoth in
+	// every other pool): RoleFilter keeps clients' requests off prefill
+	// servers.
+	Role registry.Role
 	// Load is shared across snapshots (never nil).
 	Load *Load
 	// Metrics is the endpoint's scraped load; nil when it is not scraped
@@ -175,6 +195,22 @@ func (e *Endpoint) fresh(now time.Time) *metrics.Snapshot {
 	return s
 }
 
+// isFresh reports whether snapshot s counts as fresh at now (Freshness).
+func isFresh(s *metrics.Snapshot, now time.Time) bool {
+	return !s.Failing && s.Fresh(now)
+}
+
+// freshAt returns eps[i]'s snapshot if it is fresh at the decision's
+// time, else nil. While Rank runs, eps being its candidates, the answer
+// comes from the snapshots it looked up once for the whole decision (the
+// scorers ask again and again over a thousand endpoints).
+func (req *Request) freshAt(eps []*Endpoint, i int) *metrics.Snapshot {
+	if sc := req.scratch; sc != nil && sc.memoOK && len(eps) == len(sc.memo) && &eps[0] == sc.memoOf {
+		return sc.memo[i]
+	}
+	return eps[i].fresh(req.Now)
+}
+
 // Serves reports whether the endpoint advertises model (or advertises
 // nothing, meaning it serves everything in its pool).
 func (e *Endpoint) Serves(model string) bool {
@@ -218,6 +254,10 @@ type Request struct {
 	// BlockTokens is the KV block size (tokens) Hashes were cut with;
 	// 0 means prefix.DefaultBlockTokens.
 	BlockTokens int
+	// Cache, when set, is the request's exact view of the candidates' KV
+	// caches (see CacheView); the prefix and TTFT scorers consult it first
+	// and the estimating index (Hashes) for candidates it does not know.
+	Cache CacheView
 	// Session is the session-affinity key (the session header's value);
 	// empty means none.
 	Session string
@@ -232,6 +272,20 @@ type Request struct {
 	Record bool
 
 	scratch *Scratch
+}
+
+// CacheView is a request's exact view of what the candidates hold in
+// their KV caches, prepared for it before scheduling from the servers'
+// own KV-cache events (picker/kvevents.Query implements it).
+type CacheView interface {
+	// CachedTokens sets tokens[i] to how many of the request's prompt
+	// tokens addrs[i] holds in its KV cache (what the server will report
+	// as cached), and exact[i] to whether that is known from the server's
+	// events; where it is not, the caller estimates. tokens and exact are
+	// at least as long as addrs.
+	CachedTokens(addrs []string, tokens []int, exact []bool)
+	// Tokens is the prompt's length in the engine's tokens.
+	Tokens() int
 }
 
 // Filter narrows the candidate set. It must return a prefix-reusing subslice
@@ -306,10 +360,19 @@ type Scratch struct {
 	matched   []int
 	names     []string
 	matchedOK bool
-	per       [][]float64
+	// From Request.Cache, by the candidate order in names: exact cached
+	// tokens, and whether each is exact.
+	cached []int
+	exact  []bool
+	per    [][]float64
 	// The TTFT scorer's predictions, by the candidate order in names.
 	preds   []Prediction
 	predsOK bool
+	// memo holds each candidate's fresh snapshot (nil: none) while Rank
+	// runs on the candidates starting at memoOf (see freshAt).
+	memo   []*metrics.Snapshot
+	memoOf **Endpoint
+	memoOK bool
 	// What Record keeps (see Breakdown).
 	rec recorded
 }
@@ -324,6 +387,21 @@ func (sc *Scratch) PrefixMatch(addr string) (int, bool) {
 	for i, n := range sc.names {
 		if n == addr {
 			return sc.matched[i], true
+		}
+	}
+	return 0, false
+}
+
+// CachedTokens returns how many prompt tokens the last Rank's request
+// view (Request.Cache) says endpoint addr holds; ok is false when that is
+// not known exactly (no view, addr not exact there, or not a candidate).
+func (sc *Scratch) CachedTokens(addr string) (tokens int, ok bool) {
+	if !sc.matchedOK {
+		return 0, false
+	}
+	for i, n := range sc.names {
+		if n == addr && i < len(sc.exact) && sc.exact[i] {
+			return sc.cached[i], true
 		}
 	}
 	return 0, false
@@ -382,7 +460,19 @@ func (p *Profile) Rank(req *Request, cands []*Endpoint, n int, sc *Scratch) []*E
 	}
 	req.scratch = sc
 	sc.matchedOK, sc.predsOK = false, false
-	defer func() { req.scratch = nil }()
+	if cap(sc.memo) < len(cands) {
+		sc.memo = make([]*metrics.Snapshot, len(cands))
+	}
+	sc.memo = sc.memo[:len(cands)]
+	for i, e := range cands {
+		sc.memo[i] = e.fresh(req.Now)
+	}
+	sc.memoOf, sc.memoOK = &cands[0], true
+	defer func() {
+		req.scratch = nil
+		sc.memoOK, sc.memoOf = false, nil
+		clear(sc.memo) // keep no snapshot alive
+	}()
 	sc.scores = grow(sc.scores, len(cands))
 	sc.tmp = grow(sc.tmp, len(cands))
 	clear(sc.scores)

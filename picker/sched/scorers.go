@@ -24,8 +24,12 @@ const (
 // (in flight beyond scraped running + waiting). Without fresh metrics it is
 // the in-flight count.
 func queueLoad(e *Endpoint, now time.Time) float64 {
+	return queueLoadOf(e, e.fresh(now))
+}
+
+// queueLoadOf is queueLoad given e's fresh snapshot (nil: none).
+func queueLoadOf(e *Endpoint, s *metrics.Snapshot) float64 {
 	inflight := e.Load.InFlightRequests.Load()
-	s := e.fresh(now)
 	if s == nil {
 		return float64(inflight)
 	}
@@ -74,6 +78,20 @@ func waitingIfSent(e *Endpoint, s *metrics.Snapshot, now time.Time) (n float64, 
 		held-- // the probe
 	}
 	return float64(max(held+1-b, 0)), true
+}
+
+// QueueIfSent is how many requests would wait in e's server queue if one
+// more were sent now, as the saturation rule counts them (Thresholds):
+// from a fresh scrape and what the picker sent and saw finish since, and
+// for an endpoint never scraped 0 (it is not judged); with its freshness,
+// so that a caller can leave out endpoints whose scrapes fail.
+func (e *Endpoint) QueueIfSent(now time.Time) (float64, Freshness) {
+	f, s := e.Freshness(now)
+	if f != Fresh {
+		return 0, f
+	}
+	n, _ := waitingIfSent(e, s, now)
+	return n, f
 }
 
 // staleWaitingIfSent is waitingIfSent for an endpoint whose metrics are
@@ -149,7 +167,7 @@ func (queueScorer) Name() string { return "queue" }
 // Score implements Scorer.
 func (queueScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	for i, e := range eps {
-		scores[i] = queueLoad(e, req.Now)
+		scores[i] = queueLoadOf(e, req.freshAt(eps, i))
 	}
 	lowerIsBetter(scores[:len(eps)], queueSpan)
 }
@@ -163,9 +181,9 @@ func (runningScorer) Name() string { return "running" }
 
 // Score implements Scorer.
 func (runningScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
-	for i, e := range eps {
+	for i := range eps {
 		scores[i] = math.NaN()
-		if s := e.fresh(req.Now); s != nil {
+		if s := req.freshAt(eps, i); s != nil {
 			scores[i] = float64(s.Running)
 		}
 	}
@@ -190,9 +208,9 @@ func (kvCacheScorer) Name() string { return "kv-cache" }
 // Score implements Scorer.
 func (kvCacheScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	known, sum := 0, 0.0
-	for i, e := range eps {
+	for i := range eps {
 		scores[i] = math.NaN()
-		if s := e.fresh(req.Now); s != nil {
+		if s := req.freshAt(eps, i); s != nil {
 			scores[i] = min(max((1-s.KVUsage)/(1-kvKnee), 0), 1)
 			known++
 			sum += scores[i]
@@ -254,7 +272,7 @@ type loadGuard struct {
 var DefaultLoadGuard = loadGuard{Queue: 8, Tokens: 32768}
 
 // factors writes each candidate's affinity multiplier in [0,1] into out.
-func (g loadGuard) factors(now time.Time, eps []*Endpoint, out []float64) {
+func (g loadGuard) factors(req *Request, eps []*Endpoint, out []float64) {
 	if g.Queue <= 0 && g.Tokens <= 0 {
 		for i := range eps {
 			out[i] = 1
@@ -263,7 +281,7 @@ func (g loadGuard) factors(now time.Time, eps []*Endpoint, out []float64) {
 	}
 	qlo, tlo := math.Inf(1), int64(math.MaxInt64)
 	for i, e := range eps {
-		out[i] = queueLoad(e, now)
+		out[i] = queueLoadOf(e, req.freshAt(eps, i))
 		qlo = min(qlo, out[i])
 		tlo = min(tlo, e.Load.InFlightTokens.Load())
 	}
@@ -298,11 +316,14 @@ type prefixScorer struct {
 // matchPrefixes records, for each of eps in order, how many of the
 // request's leading blocks idx believes it holds (all 0 without an index or
 // hashes), in the request's scratch (a throwaway one when it has none), so
-// PrefixMatch can report them; it returns the counts.
+// PrefixMatch can report them; it returns the counts. Where the request's
+// exact view (Request.Cache) knows a candidate, the count is its cached
+// tokens in blocks of BlockTokens, and cachedTokens reports them.
 func (req *Request) matchPrefixes(idx *prefix.Index, eps []*Endpoint) []int {
 	sc := req.scratch
 	if sc == nil {
 		sc = new(Scratch)
+		req.scratch = sc // outside Rank (tests, Predict): the request's own
 	}
 	sc.names = sc.names[:0]
 	for _, e := range eps {
@@ -317,8 +338,42 @@ func (req *Request) matchPrefixes(idx *prefix.Index, eps []*Endpoint) []int {
 	} else {
 		clear(m)
 	}
+	sc.cached, sc.exact = sc.cached[:0], sc.exact[:0]
+	if req.Cache != nil {
+		if cap(sc.cached) < len(eps) {
+			sc.cached, sc.exact = make([]int, len(eps)), make([]bool, len(eps))
+		}
+		sc.cached, sc.exact = sc.cached[:len(eps)], sc.exact[:len(eps)]
+		req.Cache.CachedTokens(sc.names, sc.cached, sc.exact)
+		bt := req.BlockTokens
+		if bt <= 0 {
+			bt = prefix.DefaultBlockTokens
+		}
+		for i, ok := range sc.exact {
+			if ok {
+				m[i] = sc.cached[i] / bt
+			}
+		}
+	}
 	sc.matchedOK = true
 	return m
+}
+
+// cachedTokens is what the last matchPrefixes believes candidate i holds
+// of the prompt, in tokens, and how much of the prompt that is (0..1):
+// exact where Request.Cache knows it, else the estimate (m[i] blocks).
+func (req *Request) cachedTokens(i int, m []int) (tokens int64, share float64) {
+	if sc := req.scratch; sc != nil && i < len(sc.exact) && sc.exact[i] {
+		return int64(sc.cached[i]), float64(sc.cached[i]) / float64(max(req.Cache.Tokens(), 1))
+	}
+	bt := int64(req.BlockTokens)
+	if bt <= 0 {
+		bt = prefix.DefaultBlockTokens
+	}
+	if len(req.Hashes) > 0 {
+		share = float64(m[i]) / float64(len(req.Hashes))
+	}
+	return int64(m[i]) * bt, share
 }
 
 // Name implements Scorer.
@@ -326,21 +381,22 @@ func (*prefixScorer) Name() string { return "prefix" }
 
 // Score implements Scorer.
 func (p *prefixScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
-	if p.Index == nil || len(req.Hashes) == 0 {
+	if (p.Index == nil || len(req.Hashes) == 0) && req.Cache == nil {
 		return // all zero: no preference
 	}
 	m := req.matchPrefixes(p.Index, eps)
 	any := false
-	for _, n := range m {
-		any = any || n > 0
+	for i := range m {
+		_, share := req.cachedTokens(i, m)
+		any = any || share > 0
 	}
 	if !any {
 		return
 	}
-	p.Guard.factors(req.Now, eps, scores)
-	n := float64(len(req.Hashes))
+	p.Guard.factors(req, eps, scores)
 	for i := range eps {
-		scores[i] *= float64(m[i]) / n
+		_, share := req.cachedTokens(i, m)
+		scores[i] *= share
 	}
 }
 
@@ -349,13 +405,20 @@ func (p *prefixScorer) Picked(req *Request, primary *Endpoint) {
 	if p.Index == nil || len(req.Hashes) == 0 {
 		return
 	}
-	if s := primary.Snapshot(); s != nil && s.NumBlocks > 0 {
-		if old := primary.Load.cacheBlocks.Load(); old != int64(s.NumBlocks) &&
-			primary.Load.cacheBlocks.CompareAndSwap(old, int64(s.NumBlocks)) {
-			p.Index.SetCapacity(primary.Address, s.NumBlocks)
+	LearnPrefix(p.Index, primary, req.Hashes)
+}
+
+// LearnPrefix records in idx that e holds the prompt blocks hashes, after
+// sizing e's LRU from its scraped KV block count when that changed: what
+// a server computed or received is in its cache.
+func LearnPrefix(idx *prefix.Index, e *Endpoint, hashes []uint64) {
+	if s := e.Snapshot(); s != nil && s.NumBlocks > 0 {
+		if old := e.Load.cacheBlocks.Load(); old != int64(s.NumBlocks) &&
+			e.Load.cacheBlocks.CompareAndSwap(old, int64(s.NumBlocks)) {
+			idx.SetCapacity(e.Address, s.NumBlocks)
 		}
 	}
-	p.Index.Add(primary.Address, req.Hashes)
+	idx.Add(e.Address, hashes)
 }
 
 // LoRA affinity levels.
@@ -380,8 +443,9 @@ func target(req *Request) string {
 func isAdapter(req *Request, eps []*Endpoint) bool {
 	t := target(req)
 	for _, e := range eps {
-		if s := e.fresh(req.Now); s != nil && s.MaxLoras > 0 &&
-			(slices.Contains(s.RunningAdapters, t) || slices.Contains(s.WaitingAdapters, t)) {
+		// Freshness last: most servers run no adapters at all.
+		if s := e.Snapshot(); s != nil && s.MaxLoras > 0 &&
+			(slices.Contains(s.RunningAdapters, t) || slices.Contains(s.WaitingAdapters, t)) && isFresh(s, req.Now) {
 			return true
 		}
 	}
@@ -392,7 +456,11 @@ func isAdapter(req *Request, eps []*Endpoint) bool {
 // adapter slot 0.5, otherwise (only waiting, or every slot taken by other
 // adapters) 0; -1 without fresh LoRA metrics.
 func loraAffinity(req *Request, e *Endpoint) float64 {
-	s := e.fresh(req.Now)
+	return loraAffinityOf(req, e.fresh(req.Now))
+}
+
+// loraAffinityOf is loraAffinity given the endpoint's fresh snapshot.
+func loraAffinityOf(req *Request, s *metrics.Snapshot) float64 {
 	if s == nil || s.MaxLoras <= 0 {
 		return loraUnknown
 	}
@@ -422,9 +490,9 @@ func (loraScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		return
 	}
 	known, sum := 0, 0.0
-	for i, e := range eps {
+	for i := range eps {
 		scores[i] = math.NaN()
-		if a := loraAffinity(req, e); a != loraUnknown {
+		if a := loraAffinityOf(req, req.freshAt(eps, i)); a != loraUnknown {
 			scores[i] = a
 			known++
 			sum += a
@@ -461,10 +529,10 @@ func (s *sessionScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		}
 		if s.Guard.Queue > 0 {
 			lo := math.Inf(1)
-			for _, o := range eps {
-				lo = min(lo, queueLoad(o, req.Now))
+			for j, o := range eps {
+				lo = min(lo, queueLoadOf(o, req.freshAt(eps, j)))
 			}
-			if queueLoad(e, req.Now)-lo >= s.Guard.Queue {
+			if queueLoadOf(e, req.freshAt(eps, i))-lo >= s.Guard.Queue {
 				return // overloaded: let load decide
 			}
 		}

@@ -352,11 +352,15 @@ func poolPrior(preds []Prediction) (pr ttftPrior, ok bool) {
 }
 
 // predict estimates the request's TTFT on e, given how many leading
-// prompt blocks e is believed to hold and whether the request's adapter
+// prompt tokens e is believed to hold and whether the request's adapter
 // must be loaded (1) or wait for a slot (2) there. An endpoint that is
 // not measured yet takes pool as its prior when given (poolPrior).
-func predict(req *Request, e *Endpoint, matched int, lora loraNeed, pool *ttftPrior) Prediction {
-	s := e.fresh(req.Now)
+func predict(req *Request, e *Endpoint, cached int64, lora loraNeed, pool *ttftPrior) Prediction {
+	return predictWith(req, e, e.fresh(req.Now), cached, lora, pool)
+}
+
+// predictWith is predict given e's fresh snapshot s (nil: none).
+func predictWith(req *Request, e *Endpoint, s *metrics.Snapshot, cached int64, lora loraNeed, pool *ttftPrior) Prediction {
 	st := e.Load.ttft.fit.Load()
 	pr := prior(s)
 	known := measured(s, st)
@@ -364,15 +368,11 @@ func predict(req *Request, e *Endpoint, matched int, lora loraNeed, pool *ttftPr
 		pr = *pool
 	}
 	base, per := st.solve(pr)
-	bt := int64(req.BlockTokens)
-	if bt <= 0 {
-		bt = prefix.DefaultBlockTokens
-	}
 	p := Prediction{Tokens: req.Tokens, PerToken: per, measured: known}
 	if st != nil {
 		p.Observed = st.n
 	}
-	p.Uncached = max(req.Tokens-int64(matched)*bt, 0)
+	p.Uncached = max(req.Tokens-cached, 0)
 	p.Queued = e.Load.queuedPrefill(req.Now)
 	p.Ahead = int64(p.Queued.Seconds() / per)
 	hold := holdTime(s, st)
@@ -545,9 +545,9 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		sc = new(Scratch)
 	}
 	adapter := isAdapter(req, eps)
-	need := func(e *Endpoint) loraNeed {
+	need := func(i int) loraNeed {
 		if adapter {
-			switch loraAffinity(req, e) {
+			switch loraAffinityOf(req, req.freshAt(eps, i)) {
 			case loraFreeSlot:
 				return loraLoad
 			case loraNoSlot:
@@ -562,7 +562,8 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	sc.preds = sc.preds[:len(eps)]
 	unmeasured := 0
 	for i, e := range eps {
-		sc.preds[i] = predict(req, e, m[i], need(e), nil)
+		cached, _ := req.cachedTokens(i, m)
+		sc.preds[i] = predictWith(req, e, req.freshAt(eps, i), cached, need(i), nil)
 		if !sc.preds[i].measured {
 			unmeasured++
 		}
@@ -573,7 +574,8 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		if pool, ok := poolPrior(sc.preds); ok {
 			for i, e := range eps {
 				if !sc.preds[i].measured {
-					sc.preds[i] = predict(req, e, m[i], need(e), &pool)
+					cached, _ := req.cachedTokens(i, m)
+					sc.preds[i] = predictWith(req, e, req.freshAt(eps, i), cached, need(i), &pool)
 				}
 			}
 		}
@@ -612,7 +614,11 @@ func (t *TTFTScorer) Predict(req *Request, e *Endpoint) Prediction {
 	if req.Now.IsZero() {
 		req.Now = time.Now()
 	}
-	return predict(req, e, m[0], loraNone, nil)
+	bt := int64(req.BlockTokens)
+	if bt <= 0 {
+		bt = prefix.DefaultBlockTokens
+	}
+	return predict(req, e, int64(m[0])*bt, loraNone, nil)
 }
 
 // Prediction returns the TTFT scorer's prediction for addr in the last

@@ -42,7 +42,7 @@ func TestPredictFromScrapedPerf(t *testing.T) {
 	}
 
 	// 125 of the prompt's blocks (2,000 tokens) cached: 1,000 to compute.
-	if p := predict(req, idle, 125, loraNone, nil); p.Uncached != 1000 {
+	if p := predict(req, idle, 125*16, loraNone, nil); p.Uncached != 1000 {
 		t.Errorf("uncached %d, want 1000", p.Uncached)
 	} else {
 		near(t, "prefill with a cache hit", p.Prefill, 50*time.Millisecond, time.Microsecond)

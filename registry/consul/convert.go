@@ -1,6 +1,7 @@
 package consul
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -28,6 +29,14 @@ const (
 	// decode or both (llm-d's prefill-decode is read as both). An unknown
 	// value leaves the instance out.
 	MetaRole = "role"
+	// MetaKVEventsPort says the instance publishes its KV-cache events on
+	// this ZMQ PUB port (vLLM --kv-events-config endpoint tcp://*:PORT);
+	// MetaKVEventsReplayPort is its replay socket's port and
+	// MetaKVEventsTopic its topic. They override the pool's kv_events
+	// block for the instance.
+	MetaKVEventsPort       = "kv_events_port"
+	MetaKVEventsReplayPort = "kv_events_replay_port"
+	MetaKVEventsTopic      = "kv_events_topic"
 )
 
 // convert turns the instances one health query returned into the endpoints
@@ -50,7 +59,10 @@ const (
 //     scrapes, which reach the server directly, decide whether it serves.
 //   - meta "engine", when set, must equal engine; meta "models" fills
 //     Models (trimmed, de-duplicated, sorted); meta "metrics_path" must pass
-//     registry.CheckMetricsPath, else it is ignored.
+//     registry.CheckMetricsPath, else it is ignored; meta "kv_events_port"
+//     (with "kv_events_replay_port" and "kv_events_topic") sets the
+//     instance's KV-events stream, ignored when registry.CheckKVEvents
+//     refuses it.
 //   - two instances on the same address: the one with the smaller
 //     node/service ID wins.
 //
@@ -110,6 +122,11 @@ func convert(entries []*api.ServiceEntry, sel registry.ConsulSelector, engine re
 				ep.MetricsPath = mp
 			}
 		}
+		if kv, err := parseKVEvents(meta, engine); err != nil {
+			warn("meta %s ignored: %v", MetaKVEventsPort, err)
+		} else {
+			ep.KVEvents = kv
+		}
 		cands = append(cands, cand{ep: ep, key: id})
 	}
 	sort.Slice(cands, func(i, j int) bool {
@@ -154,6 +171,29 @@ func unreachableNode(checks api.HealthChecks) (own string, ok bool) {
 		return "", false
 	}
 	return rest.AggregatedStatus(), true
+}
+
+// parseKVEvents reads an instance's KV-events meta: nil without
+// kv_events_port.
+func parseKVEvents(meta map[string]string, engine registry.Engine) (*registry.KVEvents, error) {
+	port := strings.TrimSpace(meta[MetaKVEventsPort])
+	if port == "" {
+		return nil, nil
+	}
+	kv := &registry.KVEvents{Topic: meta[MetaKVEventsTopic]}
+	var err error
+	if kv.Port, err = strconv.Atoi(port); err != nil {
+		return nil, fmt.Errorf("%s %q is not a port number", MetaKVEventsPort, port)
+	}
+	if rp := strings.TrimSpace(meta[MetaKVEventsReplayPort]); rp != "" {
+		if kv.ReplayPort, err = strconv.Atoi(rp); err != nil {
+			return nil, fmt.Errorf("%s %q is not a port number", MetaKVEventsReplayPort, rp)
+		}
+	}
+	if probs := registry.CheckKVEvents(kv, engine); len(probs) > 0 {
+		return nil, errors.New(probs[0].Msg)
+	}
+	return kv, nil
 }
 
 // instanceID names an instance in messages: "node/service-id".

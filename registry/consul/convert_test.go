@@ -163,6 +163,25 @@ func TestConvert(t *testing.T) {
 			warnings: []string{`instance n1/b: meta metrics_path ignored: bad metrics_path "metrics"`},
 		},
 		{
+			desc:   "meta: kv_events ports and topic; bad ones ignored with a warning",
+			engine: registry.EngineVLLM,
+			entries: []*api.ServiceEntry{
+				inst("n1", "a", "", "10.0.0.1", 8000, map[string]string{MetaKVEventsPort: "5557", MetaKVEventsReplayPort: " 5558 ", MetaKVEventsTopic: "kv@a"}, api.HealthPassing),
+				inst("n1", "b", "", "10.0.0.2", 8000, map[string]string{MetaKVEventsPort: "5557"}, api.HealthPassing),
+				inst("n1", "c", "", "10.0.0.3", 8000, map[string]string{MetaKVEventsPort: "zmq"}, api.HealthPassing),
+				inst("n1", "d", "", "10.0.0.4", 8000, map[string]string{MetaKVEventsPort: "5557", MetaKVEventsReplayPort: "5557"}, api.HealthPassing),
+			},
+			want: []registry.Endpoint{
+				{Address: "10.0.0.1:8000", Source: SourceName, KVEvents: &registry.KVEvents{Port: 5557, ReplayPort: 5558, Topic: "kv@a"}},
+				{Address: "10.0.0.2:8000", Source: SourceName, KVEvents: &registry.KVEvents{Port: 5557}},
+				ep("10.0.0.3:8000"), ep("10.0.0.4:8000"),
+			},
+			warnings: []string{
+				`instance n1/c: meta kv_events_port ignored: kv_events_port "zmq" is not a port number`,
+				`instance n1/d: meta kv_events_port ignored: replay_port 5557 is the event port too`,
+			},
+		},
+		{
 			desc:   "meta engine must match the pool's engine",
 			engine: registry.EngineSGLang,
 			entries: []*api.ServiceEntry{

@@ -110,7 +110,16 @@ var (
 		hcl.BlockHeaderSchema{Type: "endpoint", LabelNames: []string{"address"}},
 		hcl.BlockHeaderSchema{Type: "consul"},
 		hcl.BlockHeaderSchema{Type: "disaggregation"},
+		hcl.BlockHeaderSchema{Type: "kv_events"},
 	)
+
+	// kvEventsBody is a pool's (or an endpoint's) kv_events block: the
+	// servers publish their KV-cache events (vLLM --kv-events-config).
+	kvEventsBody = newBody([]attr[*registry.KVEvents]{
+		intAttr("port", func(k *registry.KVEvents, v int) { k.Port = v }).required(),
+		intAttr("replay_port", func(k *registry.KVEvents, v int) { k.ReplayPort = v }),
+		strAttr("topic", func(k *registry.KVEvents, v string) { k.Topic = v }),
+	})
 
 	// disaggregationBody is a pool's or model's disaggregation block: when
 	// a request's prefill runs on a prefill server.
@@ -159,6 +168,7 @@ var (
 		strAttr("profile", func(s *registry.Scheduling, v string) { s.Profile = v }),
 		strAttr("picker", func(s *registry.Scheduling, v string) { s.Picker = v }),
 		durationAttr("scrape_interval", func(s *registry.Scheduling, ms int) { s.ScrapeIntervalMS = ms }),
+		durationAttr("idle_scrape_interval", func(s *registry.Scheduling, ms int) { s.IdleScrapeIntervalMS = ms }),
 		boolAttr("adapters_on_demand", func(s *registry.Scheduling, v bool) { s.AdaptersOnDemand = v }),
 		intAttr("queue_threshold", func(s *registry.Scheduling, v int) { s.QueueThreshold = v }),
 		numAttr("kv_threshold", func(s *registry.Scheduling, v float64) { s.KVThreshold = v }),
@@ -188,7 +198,7 @@ var (
 		strAttr("metrics_path", func(e *registry.Endpoint, v string) { e.MetricsPath = v }),
 		listAttr("models", func(e *registry.Endpoint, v []string) { e.Models = v }),
 		strAttr("role", func(e *registry.Endpoint, v string) { e.Role, _ = registry.ParseRole(v) }, roleName),
-	})
+	}, hcl.BlockHeaderSchema{Type: "kv_events"})
 
 	modelBody = newBody([]attr[*registry.Model]{
 		strAttr("pool", func(m *registry.Model, v string) { m.Pool = v }).required(),
@@ -531,13 +541,21 @@ func (d *decoder) pool(b *hcl.Block) {
 	d.endpointAt[name] = map[string]hcl.Range{}
 	content := decodeBody(d, b.Body, poolBody, obj.at(""), p)
 	d.upstreamKey(p)
-	var schedAt, consulAt, admissionAt, disaggAt *hcl.Range
+	var schedAt, consulAt, admissionAt, disaggAt, kvAt *hcl.Range
 	for _, sb := range content.Blocks {
 		switch sb.Type {
 		case "disaggregation":
 			if g := d.disaggregationBlock(obj, fmt.Sprintf("Pool %q", name), sb, &disaggAt); g != nil {
 				p.Disaggregation = g
 			}
+		case "kv_events":
+			if kvAt != nil {
+				d.errorAt(obj.with("kv_events"), sb.DefRange, "Duplicate kv_events block",
+					fmt.Sprintf("Pool %q already has a kv_events block at %s.", name, pos(*kvAt)))
+				continue
+			}
+			kvAt = sb.DefRange.Ptr()
+			p.KVEvents = d.kvEvents(obj, sb)
 		case "admission":
 			if admissionAt != nil {
 				d.errorAt(obj.with("admission"), sb.DefRange, "Duplicate admission block",
@@ -627,8 +645,25 @@ func (d *decoder) address(obj loc, r hcl.Range, s string, endpoint bool) (string
 func (d *decoder) endpointBlock(p *registry.Pool, pool loc, b *hcl.Block) {
 	var ep registry.Endpoint
 	canon, _ := registry.CanonicalAddress(b.Labels[0], true)
-	decodeBody(d, b.Body, endpointBody, loc{kind: registry.KindEndpoint, name: canon, pool: p.Name}.at(""), &ep)
+	obj := loc{kind: registry.KindEndpoint, name: canon, pool: p.Name}
+	content := decodeBody(d, b.Body, endpointBody, obj.at(""), &ep)
+	for i, kb := range content.Blocks {
+		if i > 0 {
+			d.errorAt(obj.with("kv_events"), kb.DefRange, "Duplicate kv_events block",
+				fmt.Sprintf("Endpoint %s already has a kv_events block at %s.", b.Labels[0], pos(content.Blocks[0].DefRange)))
+			continue
+		}
+		ep.KVEvents = d.kvEvents(obj, kb)
+	}
 	d.endpoint(p, pool.with("endpoints"), b.LabelRanges[0], b.Labels[0], ep)
+}
+
+// kvEvents decodes a kv_events block of the pool or endpoint obj.
+func (d *decoder) kvEvents(obj loc, b *hcl.Block) *registry.KVEvents {
+	kv := &registry.KVEvents{}
+	d.ranges[obj.with("kv_events")] = b.DefRange
+	decodeBody(d, b.Body, kvEventsBody, obj.at("kv_events."), kv)
+	return kv
 }
 
 // scorers decodes scheduling.scorers, a map of scorer name to weight.

@@ -285,6 +285,8 @@ func summaryFor(ve *registry.ValidationError) string {
 		return "Invalid limit"
 	case errors.Is(ve, registry.ErrUnknownModel):
 		return "Unknown model"
+	case errors.Is(ve, registry.ErrBadKVEvents):
+		return "Invalid kv_events"
 	default:
 		return "Invalid configuration"
 	}

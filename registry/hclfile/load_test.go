@@ -166,6 +166,7 @@ func TestLoadErrors(t *testing.T) {
 		{"durations.hcl", []string{
 			`3:23: Invalid duration: scrape_interval "fast" is not a duration`,
 			`9:23: Invalid duration: scrape_interval "100us" must be at least 1ms`,
+			`15:28: Invalid duration: idle_scrape_interval "rarely" is not a duration`,
 		}},
 		{"unknown.hcl", []string{
 			`2:3: Unsupported argument: An argument named "endpoint" is not expected here. Did you mean "endpoints"?`,
@@ -204,6 +205,14 @@ func TestLoadErrors(t *testing.T) {
 			`7:24: Invalid admission: priority_min and priority_max bound a priority header; name it with priority_header`,
 			`9:24: Invalid flow_header: "x tenant" is not a valid HTTP header name`,
 			`11:3: Duplicate admission block: Pool "llama" already has an admission block at testdata/bad/admission.hcl:2:3`,
+		}},
+		{"kv_events.hcl", []string{
+			`4:19: Invalid kv_events: Port 70000 is not in 1-65535`,
+			`5:19: Invalid kv_events: replay_port 70000 is not in 1-65535`,
+			`7:3: Duplicate kv_events block: Pool "llama" already has a kv_events block at testdata/bad/kv_events.hcl:3:3`,
+			`9:17: Missing required argument: The argument "port" is required`,
+			`14:21: Invalid kv_events: replay_port 5557 is the event port too`,
+			`20:3: Invalid kv_events: KV-cache events need engine "vllm"; the pool's engine is "trtllm-serve"`,
 		}},
 		{"consul_agent.hcl", []string{
 			`2:16: Invalid Consul address: "consul.internal" is not a Consul HTTP address`,
@@ -505,5 +514,60 @@ replicas {
 	}
 	if want := []string{"10.0.0.5:9002", "10.0.0.6:9002", "[2001:db8::1]:9002"}; !slices.Equal(got, want) {
 		t.Fatalf("replicas %v, want %v", got, want)
+	}
+}
+
+// A pool's kv_events block reaches its state; an endpoint block may
+// override it.
+func TestLoadKVEvents(t *testing.T) {
+	t.Parallel()
+	src := `
+listener "l" { address = "127.0.0.1:8080" }
+pool "chat" {
+  endpoints = ["127.0.0.1:8001"]
+  kv_events {
+    port        = 5557
+    replay_port = 5558
+    topic       = "kv@"
+  }
+  endpoint "127.0.0.1:8002" {
+    kv_events { port = 6557 }
+  }
+}
+pool "plain" { endpoints = ["127.0.0.1:9001"] }
+`
+	cfg, diags := Parse([]Input{{Name: "a.hcl", Src: []byte(src)}}, sched.Rules)
+	if diags.HasErrors() {
+		t.Fatalf("diagnostics = %s", FormatDiagnostics(diags))
+	}
+	chat := cfg.State.Pools["chat"]
+	if got, want := chat.KVEvents, (registry.KVEvents{Port: 5557, ReplayPort: 5558, Topic: "kv@"}); got == nil || *got != want {
+		t.Errorf("pool kv_events = %+v, want %+v", got, want)
+	}
+	eps := map[string]registry.Endpoint{}
+	for _, ep := range chat.Endpoints {
+		eps[ep.Address] = ep
+	}
+	if e := eps["127.0.0.1:8001"]; e.KVEvents != nil || *e.EffectiveKVEvents(chat) != *chat.KVEvents {
+		t.Errorf("8001 kv_events = %+v", e.KVEvents)
+	}
+	if e := eps["127.0.0.1:8002"]; e.KVEvents == nil || *e.EffectiveKVEvents(chat) != (registry.KVEvents{Port: 6557}) {
+		t.Errorf("8002 kv_events = %+v", e.KVEvents)
+	}
+	if p := cfg.State.Pools["plain"]; p.KVEvents != nil || p.Endpoints[0].EffectiveKVEvents(p) != nil {
+		t.Errorf("plain pool has kv_events %+v", p.KVEvents)
+	}
+}
+
+// idle_scrape_interval reads like scrape_interval.
+func TestIdleScrapeInterval(t *testing.T) {
+	t.Parallel()
+	cfg, diags := Parse([]Input{{Name: "a.hcl", Src: []byte("pool \"p\" {\n  scheduling {\n    scrape_interval = \"100ms\"\n    idle_scrape_interval = \"5s\"\n  }\n}\n")}}, sched.Rules)
+	if diags.HasErrors() {
+		t.Fatal(FormatDiagnostics(diags))
+	}
+	sc := cfg.State.Pools["p"].Scheduling
+	if sc == nil || sc.ScrapeIntervalMS != 100 || sc.IdleScrapeIntervalMS != 5000 {
+		t.Fatalf("scheduling %+v", sc)
 	}
 }

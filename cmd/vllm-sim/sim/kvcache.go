@@ -14,32 +14,88 @@ type block struct {
 	// free-queue links; a block is in the free queue iff ref == 0.
 	prev, next *block
 	inFree     bool
+	// aheadFresh: in the free queue ahead of the never-used blocks.
+	aheadFresh bool
 }
 
-// kvCache manages the GPU KV blocks: a free queue in LRU order (evicted from
-// the head, freed blocks appended at the tail) and, with prefix caching, a
-// map from chained block hash to the block holding that content. A block
-// with ref 0 that is still cached can be reused by a later request with the
-// same prefix until it is evicted.
+// kvCache manages the GPU KV blocks as vLLM's block pool does: a free
+// queue in eviction order (taken from the head; freed cached blocks are
+// appended at the tail, freed blocks without a hash put at the head, to
+// be reused first) and, with prefix caching, a map from chained block
+// hash to the blocks holding that content (vLLM does not deduplicate:
+// two requests that compute one prefix at once cache it twice; lookups
+// take the first). A block with ref 0 that is still cached can be reused
+// by a later request with the same prefix until it is evicted. With
+// events on, every change to the cached set is recorded as vLLM
+// publishes it (see KVEvent).
+//
+// Blocks are allocated when first used: the never-used ones (fresh)
+// stand in the free queue, in id order, where they would in a queue built
+// up front (behind the blocks pushed to its head, ahead of those appended
+// at its tail), so an idle engine with a large cache costs no memory (a
+// fleet of simulators in one process stays small).
 type kvCache struct {
 	blockSize     int
 	prefixCaching bool
-	blocks        []block
-	head, tail    *block // free queue
-	numFree       int
-	byHash        map[uint64]*block
+	total         int
+	fresh         int     // blocks never used yet
+	slab          []block // where the next fresh block is allocated
+	head, tail    *block  // free queue of used blocks
+	ahead         int     // queued blocks ahead of the fresh ones (at the head)
+	numFree       int     // fresh plus queued
+	byHash        map[uint64][]*block
+	// events, when non-nil, collects the KV events of the current step.
+	events *[]KVEvent
 }
 
-func newKVCache(numBlocks, blockSize int, prefixCaching bool) *kvCache {
+// slabBlocks is how many blocks are allocated at a time.
+const slabBlocks = 1024
+
+// KVEventKind is the type of a KVEvent.
+type KVEventKind uint8
+
+// The KV events vLLM publishes.
+const (
+	// KVStored: a run of full blocks entered the prefix cache.
+	KVStored KVEventKind = iota + 1
+	// KVRemoved: a cached block was evicted.
+	KVRemoved
+	// KVCleared: the prefix cache was reset.
+	KVCleared
+)
+
+// KVEvent is one change to the cached blocks, as vLLM's BlockStored,
+// BlockRemoved and AllBlocksCleared describe it.
+type KVEvent struct {
+	Kind KVEventKind
+	// Hashes are the blocks' chained hashes; Parent the hash of the block
+	// the stored run follows (HasParent false for a prompt's first).
+	Hashes    []uint64
+	Parent    uint64
+	HasParent bool
+	// Tokens are the stored blocks' tokens; LoRA the adapter they were
+	// computed with ("" the base model).
+	Tokens []uint32
+	LoRA   string
+}
+
+func (c *kvCache) emit(ev KVEvent) {
+	if c.events != nil {
+		*c.events = append(*c.events, ev)
+	}
+}
+
+func newKVCache(numBlocks, blockSize int, prefixCaching, events bool) *kvCache {
 	c := &kvCache{
 		blockSize:     blockSize,
 		prefixCaching: prefixCaching,
-		blocks:        make([]block, numBlocks),
-		byHash:        make(map[uint64]*block),
+		total:         numBlocks,
+		fresh:         numBlocks,
+		numFree:       numBlocks,
+		byHash:        make(map[uint64][]*block),
 	}
-	for i := range c.blocks {
-		c.blocks[i].id = i
-		c.pushFree(&c.blocks[i])
+	if events {
+		c.events = new([]KVEvent)
 	}
 	return c
 }
@@ -56,6 +112,24 @@ func (c *kvCache) pushFree(b *block) {
 	c.numFree++
 }
 
+// pushFreeFront puts b at the head of the free queue: reused first,
+// before any never-used block.
+func (c *kvCache) pushFreeFront(b *block) {
+	b.inFree = true
+	if c.fresh > 0 {
+		b.aheadFresh = true
+		c.ahead++
+	}
+	b.prev, b.next = nil, c.head
+	if c.head != nil {
+		c.head.prev = b
+	} else {
+		c.tail = b
+	}
+	c.head = b
+	c.numFree++
+}
+
 func (c *kvCache) removeFree(b *block) {
 	if b.prev != nil {
 		b.prev.next = b.next
@@ -67,30 +141,75 @@ func (c *kvCache) removeFree(b *block) {
 	} else {
 		c.tail = b.prev
 	}
+	if b.aheadFresh {
+		b.aheadFresh = false
+		c.ahead--
+	}
 	b.prev, b.next, b.inFree = nil, nil, false
 	c.numFree--
 }
 
 // popFree takes the least recently freed block, evicting its cached content.
 func (c *kvCache) popFree() *block {
+	if c.fresh > 0 && c.ahead == 0 {
+		if len(c.slab) == cap(c.slab) {
+			// A new slab; blocks of the old ones stay where they are.
+			c.slab = make([]block, 0, min(slabBlocks, c.fresh))
+		}
+		c.slab = append(c.slab, block{id: c.total - c.fresh, ref: 1})
+		c.fresh--
+		c.numFree--
+		return &c.slab[len(c.slab)-1]
+	}
 	b := c.head
 	c.removeFree(b)
 	if b.cached {
-		if c.byHash[b.hash] == b {
-			delete(c.byHash, b.hash)
-		}
-		b.cached = false
+		c.uncache(b)
+		c.emit(KVEvent{Kind: KVRemoved, Hashes: []uint64{b.hash}})
 	}
 	b.ref = 1
 	return b
 }
 
+// uncache removes b from the hash map.
+func (c *kvCache) uncache(b *block) {
+	list := c.byHash[b.hash]
+	for i, o := range list {
+		if o == b {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(c.byHash, b.hash)
+	} else {
+		c.byHash[b.hash] = list
+	}
+	b.cached = false
+}
+
+// reset drops every cached hash, as vLLM's reset_prefix_cache: it fails
+// (false) while any block is in use.
+func (c *kvCache) reset() bool {
+	if c.numFree != c.total {
+		return false
+	}
+	for _, list := range c.byHash {
+		for _, b := range list {
+			b.cached = false
+		}
+	}
+	clear(c.byHash)
+	c.emit(KVEvent{Kind: KVCleared})
+	return true
+}
+
 // usage is the fraction of blocks not in the free queue.
 func (c *kvCache) usage() float64 {
-	if len(c.blocks) == 0 {
+	if c.total == 0 {
 		return 0
 	}
-	return 1 - float64(c.numFree)/float64(len(c.blocks))
+	return 1 - float64(c.numFree)/float64(c.total)
 }
 
 // blocksFor is the number of blocks needed to hold n tokens.
@@ -145,11 +264,11 @@ func (c *kvCache) lookup(s *seq) []*block {
 	maxBlocks := (len(s.tokens) - 1) / c.blockSize
 	var hits []*block
 	for i := 0; i < maxBlocks && i < len(s.hashes); i++ {
-		b, ok := c.byHash[s.hashes[i]]
-		if !ok {
+		list := c.byHash[s.hashes[i]]
+		if len(list) == 0 {
 			break
 		}
-		hits = append(hits, b)
+		hits = append(hits, list[0])
 	}
 	return hits
 }
@@ -209,32 +328,54 @@ func (c *kvCache) commit(s *seq) {
 		return
 	}
 	c.extendHashes(s)
+	ev := KVEvent{Kind: KVStored, LoRA: s.lora}
+	if s.numCachedBlocks > 0 {
+		ev.Parent, ev.HasParent = s.hashes[s.numCachedBlocks-1], true
+	}
 	for i := s.numCachedBlocks; i < full; i++ {
 		b := s.blocks[i]
-		h := s.hashes[i]
-		if _, dup := c.byHash[h]; !dup && !b.cached {
-			b.hash, b.cached = h, true
-			c.byHash[h] = b
+		if b.cached {
+			continue
 		}
+		h := s.hashes[i]
+		b.hash, b.cached = h, true
+		c.byHash[h] = append(c.byHash[h], b)
+		ev.Hashes = append(ev.Hashes, h)
+	}
+	if len(ev.Hashes) > 0 && c.events != nil {
+		ev.Tokens = append([]uint32(nil), s.tokens[s.numCachedBlocks*c.blockSize:full*c.blockSize]...)
+		c.emit(ev)
 	}
 	s.numCachedBlocks = full
 }
 
 // release returns s's blocks, last block first so a request's tail is
-// evicted before its (more shareable) head.
+// evicted before its (more shareable) head; blocks without a hash go to
+// the head of the queue, reused before any cached block (vLLM's
+// free_blocks).
 func (c *kvCache) release(s *seq) {
 	c.releaseBlocks(s.blocks)
 	s.blocks = s.blocks[:0]
 	s.numCachedBlocks = 0
 }
 
-// releaseBlocks drops one reference to each block, last block first.
+// releaseBlocks drops one reference to each block, last block first; a
+// block freed without a hash goes to the head of the free queue.
 func (c *kvCache) releaseBlocks(blocks []*block) {
+	var uncached []*block
 	for i := len(blocks) - 1; i >= 0; i-- {
 		b := blocks[i]
 		b.ref--
-		if b.ref == 0 {
-			c.pushFree(b)
+		if b.ref != 0 {
+			continue
 		}
+		if b.cached {
+			c.pushFree(b)
+		} else {
+			uncached = append(uncached, b)
+		}
+	}
+	for i := len(uncached) - 1; i >= 0; i-- {
+		c.pushFreeFront(uncached[i])
 	}
 }

@@ -1,0 +1,543 @@
+package kvevents
+
+import (
+	"math/bits"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// MaxServers is how many servers one Index tracks; more are left to the
+// estimating index.
+const MaxServers = 256
+
+const (
+	shardBits = 6
+	numShards = 1 << shardBits
+	words     = MaxServers / 64
+)
+
+// holders is the set of server ids whose cache holds a block key.
+type holders [words]uint64
+
+func (h *holders) empty() bool {
+	for _, w := range h {
+		if w != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+type shard struct {
+	mu sync.RWMutex
+	m  map[uint64]holders
+	_  [40]byte // keep neighbouring shards' locks on separate cache lines
+}
+
+// Index is the exact residency of a pool's servers' KV caches, as their
+// events tell it: which block keys (see AppendKeys) each server holds in
+// its GPU cache, and per medium how many blocks. One subscriber per
+// server feeds it (Apply, Clear); requests read it (Match, Query) without
+// waiting for writers of other keys. All methods are safe for concurrent
+// use.
+type Index struct {
+	mu      sync.Mutex // serialises server creation and removal
+	table   atomic.Pointer[serverTable]
+	freeIDs []uint16
+	nextID  int
+	shards  [numShards]shard
+}
+
+type serverTable struct {
+	byName map[string]*Server
+	byID   []*Server // nil where free
+}
+
+// NewIndex returns an empty Index.
+func NewIndex() *Index {
+	x := &Index{}
+	for i := range x.shards {
+		x.shards[i].m = map[uint64]holders{}
+	}
+	x.table.Store(&serverTable{byName: map[string]*Server{}})
+	return x
+}
+
+func (x *Index) shardOf(k uint64) *shard { return &x.shards[k>>(64-shardBits)] }
+
+func (x *Index) setHolder(k uint64, id uint16) {
+	s := x.shardOf(k)
+	s.mu.Lock()
+	h := s.m[k]
+	h[id/64] |= 1 << (id % 64)
+	s.m[k] = h
+	s.mu.Unlock()
+}
+
+func (x *Index) clearHolder(k uint64, id uint16) {
+	s := x.shardOf(k)
+	s.mu.Lock()
+	if h, ok := s.m[k]; ok {
+		h[id/64] &^= 1 << (id % 64)
+		if h.empty() {
+			delete(s.m, k)
+		} else {
+			s.m[k] = h
+		}
+	}
+	s.mu.Unlock()
+}
+
+func (x *Index) holdersOf(k uint64) (holders, bool) {
+	s := x.shardOf(k)
+	s.mu.RLock()
+	h, ok := s.m[k]
+	s.mu.RUnlock()
+	return h, ok
+}
+
+// Server returns the server called name, creating it if needed; nil when
+// the Index already tracks MaxServers servers.
+func (x *Index) Server(name string) *Server {
+	if s := x.table.Load().byName[name]; s != nil {
+		return s
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	old := x.table.Load()
+	if s := old.byName[name]; s != nil {
+		return s
+	}
+	var id uint16
+	switch {
+	case len(x.freeIDs) > 0:
+		id = x.freeIDs[len(x.freeIDs)-1]
+		x.freeIDs = x.freeIDs[:len(x.freeIDs)-1]
+	case x.nextID < MaxServers:
+		id = uint16(x.nextID)
+		x.nextID++
+	default:
+		return nil
+	}
+	s := newServer(x, name, id)
+	next := &serverTable{byName: make(map[string]*Server, len(old.byName)+1), byID: make([]*Server, max(len(old.byID), int(id)+1))}
+	for k, v := range old.byName {
+		next.byName[k] = v
+	}
+	copy(next.byID, old.byID)
+	next.byName[name] = s
+	next.byID[id] = s
+	x.table.Store(next)
+	return s
+}
+
+// Lookup returns the server called name, or nil.
+func (x *Index) Lookup(name string) *Server { return x.table.Load().byName[name] }
+
+// Remove forgets the server called name and everything it held.
+func (x *Index) Remove(name string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	old := x.table.Load()
+	s := old.byName[name]
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.clearLocked()
+	s.removed = true
+	s.mu.Unlock()
+	next := &serverTable{byName: make(map[string]*Server, len(old.byName)), byID: append([]*Server(nil), old.byID...)}
+	for k, v := range old.byName {
+		if k != name {
+			next.byName[k] = v
+		}
+	}
+	next.byID[s.id] = nil
+	x.table.Store(next)
+	x.freeIDs = append(x.freeIDs, s.id)
+}
+
+// Servers returns the tracked servers' names, sorted.
+func (x *Index) Servers() []string {
+	t := x.table.Load()
+	out := make([]string, 0, len(t.byName))
+	for n := range t.byName {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// State says whether a server's view can be trusted.
+type State int32
+
+// Server states.
+const (
+	// Connecting: no events received yet; nothing is known.
+	Connecting State = iota
+	// Synced: every event since the view began was applied and the view
+	// began with the engine's cache (its first event, a reset, or a full
+	// replay): the view is exact.
+	Synced
+	// Partial: events flow, but the view began after the engine had
+	// already cached blocks (started late, or events were lost beyond
+	// replay); blocks cached before then are unknown.
+	Partial
+	// Disconnected: the event stream is down; the engine may have
+	// changed (restarted) meanwhile.
+	Disconnected
+)
+
+func (s State) String() string {
+	switch s {
+	case Connecting:
+		return "connecting"
+	case Synced:
+		return "synced"
+	case Partial:
+		return "partial"
+	case Disconnected:
+		return "disconnected"
+	}
+	return "unknown"
+}
+
+// Server is one engine's view in an Index. Its subscriber is its only
+// writer.
+type Server struct {
+	x    *Index
+	name string
+	id   uint16
+
+	state atomic.Int32
+	// blockSize is the engine's KV block size in tokens (0 until its first
+	// full-block BlockStored).
+	blockSize atomic.Int32
+
+	// Predictions checked against what the server reported (Observe).
+	agreed, over, under atomic.Int64
+
+	mu      sync.Mutex
+	removed bool
+	// gpu maps the engine's hash of each block in its own cache to the
+	// router's key for it.
+	gpu map[uint64]blockRec
+	// keyRefs counts, per key, the matchable GPU blocks holding it (vLLM
+	// may hold copies of one block); the key's holder bit is set while it
+	// is positive.
+	keyRefs map[uint64]int32
+	// other counts the blocks of other media (CPU offload, storage), per
+	// medium and engine hash; they are tracked, not matched.
+	other map[string]map[uint64]int32
+	stats ServerStats
+}
+
+// blockRec is one engine block in the GPU cache.
+type blockRec struct {
+	key    uint64
+	copies int32
+	// matchable: the key is the block's real key (its parent chain was
+	// known and it is a full block of the main KV group).
+	matchable bool
+}
+
+// ServerStats counts what a server's events did to its view.
+type ServerStats struct {
+	// Blocks is the GPU blocks held (distinct engine hashes); Matchable
+	// how many of them have a known key; Keys the distinct keys.
+	Blocks, Matchable, Keys int
+	// Media counts blocks of other media by medium.
+	Media map[string]int
+	// Stored, Removed and Cleared count applied events; Batches applied
+	// batches.
+	Stored, Removed, Cleared, Batches int64
+	// Orphans counts stored blocks whose parent was unknown (events were
+	// missed before the view began); UnknownRemoved removals of blocks the
+	// view never saw stored.
+	Orphans, UnknownRemoved int64
+	// LastEvent is when the latest batch was applied.
+	LastEvent time.Time
+	// Agreed, Over and Under count the predictions checked against the
+	// cached tokens the server then reported (Index.Observe): equal, more
+	// than it had, less.
+	Agreed, Over, Under int64
+}
+
+func newServer(x *Index, name string, id uint16) *Server {
+	return &Server{x: x, name: name, id: id, gpu: map[uint64]blockRec{}, keyRefs: map[uint64]int32{}, other: map[string]map[uint64]int32{}}
+}
+
+// Name is the server's name in its Index.
+func (s *Server) Name() string { return s.name }
+
+// State returns the server's state.
+func (s *Server) State() State { return State(s.state.Load()) }
+
+// SetState sets the server's state.
+func (s *Server) SetState(st State) { s.state.Store(int32(st)) }
+
+// BlockSize is the engine's KV block size in tokens, 0 while unknown.
+func (s *Server) BlockSize() int { return int(s.blockSize.Load()) }
+
+// Stats returns the server's counters.
+func (s *Server) Stats() ServerStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stats
+	st.Blocks, st.Keys = len(s.gpu), len(s.keyRefs)
+	st.Agreed, st.Over, st.Under = s.agreed.Load(), s.over.Load(), s.under.Load()
+	st.Media = map[string]int{}
+	for m, blocks := range s.other {
+		if len(blocks) > 0 {
+			st.Media[m] = len(blocks)
+		}
+	}
+	return st
+}
+
+// Clear drops everything the server holds (an engine reset or restart).
+func (s *Server) Clear() {
+	s.mu.Lock()
+	s.clearLocked()
+	s.mu.Unlock()
+}
+
+func (s *Server) clearLocked() {
+	if s.removed {
+		return
+	}
+	for k := range s.keyRefs {
+		s.x.clearHolder(k, s.id)
+	}
+	clear(s.keyRefs)
+	clear(s.gpu)
+	clear(s.other)
+	s.stats.Matchable = 0
+}
+
+// Apply applies one batch of the server's events, in order.
+func (s *Server) Apply(b *Batch, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.removed {
+		return
+	}
+	for i := range b.Events {
+		e := &b.Events[i]
+		switch e.Kind {
+		case BlockStored:
+			s.stats.Stored++
+			s.stored(e)
+		case BlockRemoved:
+			s.stats.Removed++
+			s.removedEv(e)
+		case AllBlocksCleared:
+			s.stats.Cleared++
+			s.clearLocked()
+		}
+	}
+	s.stats.Batches++
+	s.stats.LastEvent = now
+}
+
+// stored applies a BlockStored. s.mu is held.
+func (s *Server) stored(e *Event) {
+	if !e.IsGPU() {
+		m := s.other[e.Medium]
+		if m == nil {
+			m = map[uint64]int32{}
+			s.other[e.Medium] = m
+		}
+		for _, h := range e.Hashes {
+			m[h]++
+		}
+		return
+	}
+	nb, bs := len(e.Hashes), e.BlockSize
+	if nb == 0 {
+		return
+	}
+	cur := int(s.blockSize.Load())
+	if bs > cur {
+		s.blockSize.Store(int32(bs))
+		cur = bs
+	}
+	// Keys are known when the run starts a prompt or its parent is a
+	// known block, and its tokens are whole blocks of the engine's size
+	// (a smaller block_size is a partial-block entry, which full-block
+	// lookups never use) in the main KV group. vLLM leaves skipped blocks
+	// (null or masked ones) out of block_hashes but not out of token_ids,
+	// always at the run's start, so hashes align with the run's last
+	// blocks.
+	parent, known := rootKey, true
+	if e.HasParent {
+		rec, ok := s.gpu[e.Parent]
+		parent, known = rec.key, ok && rec.matchable
+		if !ok {
+			s.stats.Orphans += int64(nb)
+		}
+	}
+	total := 0
+	if bs > 0 {
+		total = len(e.Tokens) / bs
+	}
+	known = known && bs == cur && e.Group == 0 && len(e.Tokens)%bs == 0 && total >= nb
+	skip := total - nb
+	legacy := uint64(0)
+	if len(e.Extra) == 0 {
+		legacy = legacyExtra(e)
+	}
+	for i := 0; i < total && known && i < skip; i++ {
+		parent = blockKey(parent, legacy, e.Tokens[i*bs:(i+1)*bs])
+	}
+	for j, h := range e.Hashes {
+		var key uint64
+		if known {
+			x := legacy
+			if len(e.Extra) > 0 {
+				x = e.Extra[j]
+			}
+			i := skip + j
+			key = blockKey(parent, x, e.Tokens[i*bs:(i+1)*bs])
+			parent = key
+		}
+		rec, ok := s.gpu[h]
+		if ok {
+			// Another copy of a cached block (vLLM does not deduplicate
+			// blocks computed at once by two requests).
+			rec.copies++
+			if !rec.matchable && known {
+				rec.key, rec.matchable = key, true
+				s.stats.Matchable++
+				if s.keyRefs[key]++; s.keyRefs[key] == 1 {
+					s.x.setHolder(key, s.id)
+				}
+			}
+			s.gpu[h] = rec
+			continue
+		}
+		s.gpu[h] = blockRec{key: key, copies: 1, matchable: known}
+		if known {
+			s.stats.Matchable++
+			if s.keyRefs[key]++; s.keyRefs[key] == 1 {
+				s.x.setHolder(key, s.id)
+			}
+		}
+	}
+}
+
+// removedEv applies a BlockRemoved. s.mu is held.
+func (s *Server) removedEv(e *Event) {
+	if !e.IsGPU() {
+		m := s.other[e.Medium]
+		for _, h := range e.Hashes {
+			if m[h] > 1 {
+				m[h]--
+			} else if _, ok := m[h]; ok {
+				delete(m, h)
+			} else {
+				s.stats.UnknownRemoved++
+			}
+		}
+		return
+	}
+	for _, h := range e.Hashes {
+		rec, ok := s.gpu[h]
+		if !ok {
+			s.stats.UnknownRemoved++
+			continue
+		}
+		if rec.copies > 1 {
+			rec.copies--
+			s.gpu[h] = rec
+			continue
+		}
+		delete(s.gpu, h)
+		if rec.matchable {
+			s.stats.Matchable--
+			if s.keyRefs[rec.key]--; s.keyRefs[rec.key] <= 0 {
+				delete(s.keyRefs, rec.key)
+				s.x.clearHolder(rec.key, s.id)
+			}
+		}
+	}
+}
+
+// Observe checks an exact prediction against what the server then
+// reported: predicted is the cached tokens a Query said addr held
+// (Scratch.CachedTokens of the chosen server), actual the response's
+// usage.prompt_tokens_details.cached_tokens. The counts (ServerStats
+// Agreed, Over, Under) show how exact the view is in production; a race
+// between a prediction and an eviction in flight is the usual miss.
+func (x *Index) Observe(addr string, predicted, actual int) {
+	s := x.Lookup(addr)
+	switch {
+	case s == nil:
+	case predicted == actual:
+		s.agreed.Add(1)
+	case predicted > actual:
+		s.over.Add(1)
+	default:
+		s.under.Add(1)
+	}
+}
+
+// Holds reports whether the server's GPU cache holds a block with key k.
+func (s *Server) Holds(k uint64) bool {
+	h, ok := s.x.holdersOf(k)
+	return ok && h[s.id/64]&(1<<(s.id%64)) != 0
+}
+
+// matchInto sets out[i] to how many leading keys servers[i] holds (its
+// longest cached prefix, in blocks); nil servers get 0. It walks the
+// chain once, intersecting the set of servers still matching with each
+// key's holders.
+func (x *Index) matchInto(keys []uint64, servers []*Server, out []int) {
+	clear(out[:len(servers)])
+	if len(keys) == 0 {
+		return
+	}
+	var want holders
+	for _, s := range servers {
+		if s != nil {
+			want[s.id/64] |= 1 << (s.id % 64)
+		}
+	}
+	active := want
+	n := 0
+	for ; n < len(keys); n++ {
+		h, ok := x.holdersOf(keys[n])
+		if !ok {
+			break
+		}
+		next, alive := holders{}, false
+		for w := range active {
+			next[w] = active[w] & h[w]
+			alive = alive || next[w] != 0
+			// Servers that drop out here matched n blocks.
+			for gone := active[w] &^ next[w]; gone != 0; gone &= gone - 1 {
+				setMatched(servers, out, uint16(w*64+bits.TrailingZeros64(gone)), n)
+			}
+		}
+		active = next
+		if !alive {
+			return
+		}
+	}
+	for w := range active {
+		for rest := active[w]; rest != 0; rest &= rest - 1 {
+			setMatched(servers, out, uint16(w*64+bits.TrailingZeros64(rest)), n)
+		}
+	}
+}
+
+func setMatched(servers []*Server, out []int, id uint16, n int) {
+	for i, s := range servers {
+		if s != nil && s.id == id {
+			out[i] = n
+		}
+	}
+}

@@ -1,0 +1,121 @@
+package kvevents
+
+import (
+	"slices"
+	"sync"
+)
+
+// MaxQueryBlocks caps the blocks of a prompt that are keyed and matched
+// (the first 256k tokens with 32-token blocks); longer prompts are
+// matched on that prefix.
+const MaxQueryBlocks = 8192
+
+// Query is one request's prompt as its engines see it: the token ids the
+// engine will compute, keyed by block. It answers, for any servers of its
+// Index, how many of the prompt's tokens each holds in its KV cache: what
+// vLLM will report as usage.prompt_tokens_details.cached_tokens if the
+// request goes there now. Build one with Index.NewQuery per request and
+// Release it when the request is routed; a Query is not safe for
+// concurrent use.
+type Query struct {
+	x      *Index
+	tokens []uint32 // read only: may be shared with the tokenizer's cache
+	extra  func(int) uint64
+	// keys are the prompt's block keys for blockSize (computed on first
+	// use; servers of one pool share a block size).
+	blockSize int
+	keys      []uint64
+	servers   []*Server
+	group     []*Server
+	sizes     []int
+	matched   []int
+}
+
+var queryPool = sync.Pool{New: func() any { return new(Query) }}
+
+// NewQuery returns a Query for a prompt of tokens (which it reads but
+// never changes, and keeps until Release), sent to adapter (the LoRA
+// adapter's name; "" for the base model) with cache salt salt ("" none).
+func (x *Index) NewQuery(tokens []uint32, adapter, salt string) *Query {
+	q := queryPool.Get().(*Query)
+	q.x, q.tokens, q.extra = x, tokens, RequestExtra(adapter, salt)
+	q.blockSize, q.keys = 0, q.keys[:0]
+	return q
+}
+
+// Release returns q to the pool; q must not be used afterwards.
+func (q *Query) Release() {
+	q.x, q.tokens, q.extra = nil, nil, nil
+	clear(q.servers)
+	q.servers = q.servers[:0]
+	queryPool.Put(q)
+}
+
+// Tokens is the prompt's length in tokens.
+func (q *Query) Tokens() int { return len(q.tokens) }
+
+// keysFor returns the prompt's keys for blocks of bs tokens.
+func (q *Query) keysFor(bs int) []uint64 {
+	if q.blockSize != bs {
+		q.blockSize = bs
+		q.keys = AppendKeys(q.keys[:0], q.tokens, bs, MaxQueryBlocks, q.extra)
+	}
+	return q.keys
+}
+
+// CachedTokens sets, for each server address addrs[i], tokens[i] to the
+// number of the prompt's tokens that server holds in its KV cache and
+// exact[i] to whether that is known exactly: the server's events are
+// synced (see State). Where exact[i] is false, tokens[i] is 0 and the
+// caller should fall back to its estimate. Like vLLM, the count is whole
+// blocks and leaves the prompt's last token to be computed. tokens and
+// exact must be at least as long as addrs.
+func (q *Query) CachedTokens(addrs []string, tokens []int, exact []bool) {
+	t := q.x.table.Load()
+	q.servers = q.servers[:0]
+	for i, a := range addrs {
+		tokens[i], exact[i] = 0, false
+		s := t.byName[a]
+		if s == nil || s.State() != Synced {
+			q.servers = append(q.servers, nil)
+			continue
+		}
+		exact[i] = true
+		q.servers = append(q.servers, s)
+	}
+	// Block sizes are read once: a subscriber may learn one meanwhile.
+	q.sizes = q.sizes[:0]
+	for _, s := range q.servers {
+		bs := 0
+		if s != nil {
+			bs = s.BlockSize()
+		}
+		q.sizes = append(q.sizes, bs)
+	}
+	// Servers are matched in groups of one block size (normally one
+	// group: a pool's servers run one configuration).
+	if cap(q.group) < len(q.servers) {
+		q.group = make([]*Server, len(q.servers))
+		q.matched = make([]int, len(q.servers))
+	}
+	group, m := q.group[:len(q.servers)], q.matched[:len(q.servers)]
+	defer clear(group)
+	for i, bs := range q.sizes {
+		if bs <= 0 || slices.Contains(q.sizes[:i], bs) {
+			continue // unknown, nothing stored yet (nothing cached), or done
+		}
+		for j, o := range q.servers {
+			group[j] = nil
+			if q.sizes[j] == bs {
+				group[j] = o
+			}
+		}
+		q.x.matchInto(q.keysFor(bs), group, m)
+		limit := max(len(q.tokens)-1, 0) / bs
+		for j, o := range group {
+			if o != nil {
+				tokens[j] = min(m[j], limit) * bs
+			}
+		}
+	}
+}
