@@ -1236,12 +1236,12 @@ func (m *multihost) faultPartitionModelFromConsul(t *testing.T) {
 
 	heal := m.route(t, "del", rules)
 	healed = true
+	routed := m.converge(t, heal, "model host back in Consul")
 	ld.wait(t, 20)
 	requests, failed := ld.finish(cut)
 	if len(failed) > 0 {
 		t.Errorf("%d requests failed while a model host was cut from Consul only: %+v", len(failed), failed)
 	}
-	routed := m.converge(t, heal, "model host back in Consul")
 	var passing time.Duration
 	testutil.Eventually(t, 2*time.Minute, "Consul passes "+victim+" again", func() error {
 		serf, svc, err := m.nodeHealth(m.controls[0], victim)
