@@ -489,6 +489,9 @@ type Stats struct {
 	ResponseBodies int64
 	// PeerPicks counts picks the other replicas shared with this one.
 	PeerPicks int64
+	// PeerReadings counts the scrape readings other replicas shared that
+	// this one published (-share-scrapes).
+	PeerReadings int64
 	// Rejected counts local replies by HTTP status.
 	Rejected  map[int]int64
 	Endpoints []EndpointStats // sorted by pool, address
@@ -505,6 +508,7 @@ func (s *Server) Stats() Stats {
 		FallbackServed: s.stats.fallbackServed.Load(),
 		ResponseBodies: s.stats.responseBodies.Load(),
 		PeerPicks:      s.stats.peerPicks.Load(),
+		PeerReadings:   s.stats.peerReadings.Load(),
 		Rejected:       map[int]int64{},
 	}
 	for i, code := range rejectCodes {
