@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/switchyard/switchyard/internal/contract"
+	pdwire "github.com/switchyard/switchyard/internal/pd"
 	"github.com/switchyard/switchyard/picker/decisions"
 	"github.com/switchyard/switchyard/picker/kvevents"
 	"github.com/switchyard/switchyard/picker/metrics"
@@ -92,6 +93,9 @@ type Options struct {
 	// KVEvents tunes the subscribers to the KV-cache events of servers
 	// whose pool (or endpoint) declares them (see KVEvents).
 	KVEvents kvevents.Options
+	// PDSigner, when set, signs the prefill server the P/D stage names
+	// (x-switchyard-prefiller-sig), for sidecars that require it.
+	PDSigner *pdwire.Signer
 }
 
 func (o Options) withDefaults() Options {

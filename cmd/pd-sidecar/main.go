@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/switchyard/switchyard/internal/pd"
+	healthprobe "github.com/switchyard/switchyard/internal/probe"
 	"github.com/switchyard/switchyard/internal/pd/sidecar"
 	"github.com/switchyard/switchyard/registry"
 	"github.com/switchyard/switchyard/registry/consul"
@@ -41,11 +42,20 @@ import (
 func main() {
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "pd-sidecar:", err)
+		var pf probeFailed
+		if errors.As(err, &pf) {
+			os.Exit(1)
+		}
 		os.Exit(2)
 	}
 }
 
+// probeFailed is a -probe that got no 2xx answer (exit status 1, where a
+// command-line error is 2).
+type probeFailed struct{ error }
+
 type options struct {
+	probe               string
 	listen, decoder     string
 	prefillers          string
 	config, pool        string
@@ -73,11 +83,15 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.prefillTimeout, "prefill-timeout", time.Minute, "longest wait for a prefill; then the decode server prefills itself")
 	fs.DurationVar(&o.shutdownGracePeriod, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.probe, "probe", "", "instead of serving, GET this `URL` (e.g. http://127.0.0.1:8000/health) and exit 0 on a 2xx answer, 1 otherwise: the container image's health check")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if o.probe != "" {
+		return o, nil
 	}
 	if (o.config == "") != (o.pool == "") {
 		return nil, errors.New("-config and -pool go together")
@@ -215,6 +229,12 @@ func run(args []string) error {
 			return nil
 		}
 		return err
+	}
+	if o.probe != "" {
+		if err := healthprobe.Check(context.Background(), o.probe, healthprobe.Options{}); err != nil {
+			return probeFailed{err}
+		}
+		return nil
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {

@@ -521,11 +521,12 @@ type infResp struct {
 	destination string
 	body        []byte
 	// Parsed answer: every "model" value seen (one per JSON body or SSE
-	// chunk), token events, usage.completion_tokens, and whether the SSE
-	// stream ended with [DONE].
+	// chunk), token events, usage.completion_tokens and prompt_tokens,
+	// and whether the SSE stream ended with [DONE].
 	models     []string
 	tokens     int
 	completion int
+	prompt     int
 	done       bool
 	elapsed    time.Duration
 }
@@ -599,6 +600,7 @@ func sendTo(c *http.Client, base string, r infReq, onHeaders func(*infResp)) (*i
 		} `json:"choices"`
 		Usage *struct {
 			CompletionTokens int `json:"completion_tokens"`
+			PromptTokens     int `json:"prompt_tokens"`
 		} `json:"usage"`
 	}
 	take := func(b []byte) error {
@@ -614,7 +616,7 @@ func sendTo(c *http.Client, base string, r infReq, onHeaders func(*infResp)) (*i
 			}
 		}
 		if c.Usage != nil {
-			out.completion = c.Usage.CompletionTokens
+			out.completion, out.prompt = c.Usage.CompletionTokens, c.Usage.PromptTokens
 		}
 		return nil
 	}

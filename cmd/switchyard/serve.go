@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/switchyard/switchyard/internal/adminauth"
 	"github.com/switchyard/switchyard/internal/drain"
 	"github.com/switchyard/switchyard/internal/mtls"
+	"github.com/switchyard/switchyard/internal/pd"
 	"github.com/switchyard/switchyard/internal/persist"
 	"github.com/switchyard/switchyard/internal/ready"
 	adminstatus "github.com/switchyard/switchyard/internal/status"
@@ -62,6 +64,7 @@ type serveFlags struct {
 	debugAddr        string
 	logLevel         string
 	logFormat        string
+	pdSigningKeyFile string
 	tls              tlsFlags
 	obs              obsFlags
 }
@@ -83,6 +86,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.debugAddr, "debug-addr", "", "`address` (loopback) of an HTTP server with Go's profiles at /debug/pprof/ (CPU, heap, goroutines; unauthenticated); empty: none")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log `format`: text or json")
+	fs.StringVar(&f.pdSigningKeyFile, "pd-signing-key-file", "", "`file` holding the key (at least 16 bytes) that signs the prefill server the picker names to a disaggregated pool's pd-sidecars (x-switchyard-prefiller-sig); give the sidecars the same file as -signing-key-file")
 	f.tls.register(fs)
 	f.obs.register(fs)
 }
@@ -259,7 +263,13 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	_ = a.manager.AddSource(hclfile.SourceName, a.files)
 	_ = a.manager.AddSource(consul.SourceName, a.consul)
 	a.usage = tenantusage.New(a.store, logger.With("component", "usage"))
-	a.picker = picker.New(a.pub, picker.Options{Usage: a.usage, Tracer: obs.tracer, Decisions: obs.decisions}, logger.With("component", "picker"))
+	signer, err := pdSigner(f.pdSigningKeyFile)
+	if err != nil {
+		a.close()
+		return nil, err
+	}
+	a.picker = picker.New(a.pub, picker.Options{Usage: a.usage, Tracer: obs.tracer, Decisions: obs.decisions, PDSigner: signer},
+		logger.With("component", "picker"))
 	a.history = adminstatus.NewHistory(a.picker, 0, 0)
 	// The picker's scrape results are the registry's health input: xDS
 	// and the discovery guard read endpoint health from published states.
@@ -488,4 +498,21 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	default:
 		return nil, fmt.Errorf("bad -log-format %q: want text or json", format)
 	}
+}
+
+// pdSigner reads the P/D signing key file (nil without one): its content,
+// trimmed of surrounding white space, as pd-sidecar reads it.
+func pdSigner(path string) (*pd.Signer, error) {
+	if path == "" {
+		return nil, nil
+	}
+	key, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("-pd-signing-key-file: %w", err)
+	}
+	s, err := pd.NewSigner([]byte(strings.TrimSpace(string(key))))
+	if err != nil {
+		return nil, fmt.Errorf("-pd-signing-key-file %s: %w", path, err)
+	}
+	return s, nil
 }

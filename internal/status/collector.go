@@ -95,6 +95,7 @@ var (
 	mKVPredicted   = desc("switchyard_kv_events_predictions_total", "Exact predictions of a request's cached tokens checked against what the server reported, by result: agree, over (predicted more), under.", "pool", "endpoint", "result")
 	mKVTokenize    = desc("switchyard_kv_tokenize_requests_total", "Prompts tokenized for the exact prefix index, by result: hit (cache), call (a server's /tokenize), failure.", "pool", "result")
 	mKVTokSecs     = desc("switchyard_kv_tokenize_seconds_total", "Time spent in /tokenize calls.", "pool")
+	mPDDecisions   = desc("switchyard_pd_decisions_total", "Prefill/decode decisions of a disaggregated pool's completions and chat requests, by decision: split, or why the request went whole to its decode server (short-prompt, below-threshold, no-prefill-server, prefill-saturated, decode-role, off).", "pool", "decision")
 	mDecisionDrops = desc("switchyard_decision_records_file_dropped_total", "Decision records the JSON-lines file missed because its writer fell behind.")
 )
 
@@ -106,7 +107,7 @@ var allDescs = []*prometheus.Desc{mBuild, mRegVersion, mConfigError, mPoolReady,
 	mReplicas, mPeerSharing, mPeerDropped, mPeerLag, mPeerPicks, mPeerReadings, mTLSRejected, mTLSExpiry, mTLSReloads,
 	mFCSaturation, mFCQueueSize, mFCQueueBytes, mFCQueueWait, mAdmDispatched, mAdmRejected, mAdmCancelled,
 	mObjTTFT, mObjTPOT, mObjDuration, mObjNTPOT, mEpTTFT, mEpTPOT, mEpDuration, mDecisionRecs, mDecisionDrops,
-	mKVExact, mKVConnected, mKVBlocks, mKVBatches, mKVGaps, mKVReplayed, mKVLost, mKVRestarts, mKVPredicted, mKVTokenize, mKVTokSecs}
+	mKVExact, mKVConnected, mKVBlocks, mKVBatches, mKVGaps, mKVReplayed, mKVLost, mKVRestarts, mKVPredicted, mKVTokenize, mKVTokSecs, mPDDecisions}
 
 // tlsZeroReasons are the rejection reasons exported as 0 before any
 // happens, so alerts on rate() see the counter from the start.
@@ -208,6 +209,9 @@ func collect(r *Report, now time.Time, ch chan<- prometheus.Metric) {
 		}
 		if q := p.Queue; q != nil {
 			collectQueue(q, gauge, counter, ch)
+		}
+		for d, n := range p.PDDecisions {
+			counter(mPDDecisions, float64(n), p.Name, d)
 		}
 	}
 

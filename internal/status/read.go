@@ -319,10 +319,12 @@ func pools(in *inputs) []Pool {
 	}
 	prefix := map[string]*Prefix{}
 	share := map[string]*float64{}
+	pd := map[string]map[string]int64{}
 	if in.observed != nil {
 		for _, p := range in.observed.Pools {
 			prefix[p.Name] = &Prefix{Entries: p.PrefixEntries, Bytes: p.PrefixBytes, PromptBlocks: p.PromptBlocks, MatchedBlocks: p.MatchedBlocks}
 			share[p.Name] = &p.SaturatedShare
+			pd[p.Name] = p.PDDecisions
 		}
 	}
 	queues := map[string]*admission.Stats{}
@@ -350,7 +352,7 @@ func pools(in *inputs) []Pool {
 		pool := Pool{Name: name, Engine: string(p.Engine), FailureMode: string(p.FailureMode), KVTokenize: tok,
 			Saturated: in.saturated[name], Guard: guards[name], Endpoints: eps,
 			GuardActivations: in.registry.GuardActivations[name], Prefix: prefix[name],
-			Queue: queues[name], SaturatedShare: share[name]}
+			Queue: queues[name], SaturatedShare: share[name], PDDecisions: pd[name]}
 		if q := queues[name]; q != nil && !q.Config.Disabled {
 			pool.Admission = admissionOf(q)
 		}

@@ -115,6 +115,11 @@ type Pool struct {
 	// KVTokenize is the pool's tokenization for the exact prefix index
 	// (nil when none of its servers publishes KV events).
 	KVTokenize *KVTokenize `json:"kv_tokenize,omitempty"`
+	// PDDecisions counts a disaggregated pool's prefill/decode decisions
+	// by decision ("split", or why a request went whole); nil for other
+	// pools, and unless the Report was read with the picker's
+	// observations.
+	PDDecisions map[string]int64 `json:"pd_decisions,omitempty"`
 }
 
 // Admission is one pool's admission queue: its bounds, what waits now

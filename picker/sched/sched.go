@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/switchyard/switchyard/picker/metrics"
+	"github.com/switchyard/switchyard/registry"
 )
 
 // Load holds an endpoint's live counters. One Load exists per pool+address
@@ -41,6 +42,11 @@ type Load struct {
 	// the TTFT scorer keep them; see StartPrefill).
 	PrefillRequests atomic.Int64
 	PrefillTokens   atomic.Int64
+	// PrefillFailed is when (Unix ns) a split request's prefill on the
+	// endpoint last failed, as the decode server's sidecar reported it (0:
+	// never); the picker chooses the endpoint for prefills again once a
+	// later scrape of it succeeds.
+	PrefillFailed atomic.Int64
 	// prefillUntil (Unix nanoseconds) is when the prefill work counted
 	// in PrefillRequests is predicted to be done.
 	prefillUntil atomic.Int64
@@ -135,6 +141,10 @@ type Endpoint struct {
 	// Models the endpoint advertises; empty means it serves the whole pool.
 	Models   []string
 	Draining bool
+	// Role is the endpoint's part in a disaggregated pool (RoleBoth in
+	// every other pool): RoleFilter keeps clients' requests off prefill
+	// servers.
+	Role registry.Role
 	// Load is shared across snapshots (never nil).
 	Load *Load
 	// Metrics is the endpoint's scraped load; nil when it is not scraped

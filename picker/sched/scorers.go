@@ -80,6 +80,20 @@ func waitingIfSent(e *Endpoint, s *metrics.Snapshot, now time.Time) (n float64, 
 	return float64(max(held+1-b, 0)), true
 }
 
+// QueueIfSent is how many requests would wait in e's server queue if one
+// more were sent now, as the saturation rule counts them (Thresholds):
+// from a fresh scrape and what the picker sent and saw finish since, and
+// for an endpoint never scraped 0 (it is not judged); with its freshness,
+// so that a caller can leave out endpoints whose scrapes fail.
+func (e *Endpoint) QueueIfSent(now time.Time) (float64, Freshness) {
+	f, s := e.Freshness(now)
+	if f != Fresh {
+		return 0, f
+	}
+	n, _ := waitingIfSent(e, s, now)
+	return n, f
+}
+
 // staleWaitingIfSent is waitingIfSent for an endpoint whose metrics are
 // stale: what the picker itself sent and saw finish since the last good
 // scrape (its values and mark are kept while scrapes fail), against the
@@ -391,13 +405,20 @@ func (p *prefixScorer) Picked(req *Request, primary *Endpoint) {
 	if p.Index == nil || len(req.Hashes) == 0 {
 		return
 	}
-	if s := primary.Snapshot(); s != nil && s.NumBlocks > 0 {
-		if old := primary.Load.cacheBlocks.Load(); old != int64(s.NumBlocks) &&
-			primary.Load.cacheBlocks.CompareAndSwap(old, int64(s.NumBlocks)) {
-			p.Index.SetCapacity(primary.Address, s.NumBlocks)
+	LearnPrefix(p.Index, primary, req.Hashes)
+}
+
+// LearnPrefix records in idx that e holds the prompt blocks hashes, after
+// sizing e's LRU from its scraped KV block count when that changed: what
+// a server computed or received is in its cache.
+func LearnPrefix(idx *prefix.Index, e *Endpoint, hashes []uint64) {
+	if s := e.Snapshot(); s != nil && s.NumBlocks > 0 {
+		if old := e.Load.cacheBlocks.Load(); old != int64(s.NumBlocks) &&
+			e.Load.cacheBlocks.CompareAndSwap(old, int64(s.NumBlocks)) {
+			idx.SetCapacity(e.Address, s.NumBlocks)
 		}
 	}
-	p.Index.Add(primary.Address, req.Hashes)
+	idx.Add(e.Address, hashes)
 }
 
 // LoRA affinity levels.

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/switchyard/switchyard/internal/contract"
+	"github.com/switchyard/switchyard/internal/pd"
 	"github.com/switchyard/switchyard/registry"
 )
 
@@ -46,7 +47,17 @@ const (
 	// its own model's pool when the picker is unavailable.
 	ModelNamespace = contract.ModelNamespace
 	ModelKey       = contract.ModelKey
+	// PDNamespace is the dynamic metadata of the picker's prefill/decode
+	// decision, kept for access logs.
+	PDNamespace = contract.PDNamespace
 )
+
+// StrippedRequestHeaders are the request headers Envoy removes from every
+// request before the picker sees it: the prefill/decode routing headers a
+// decode server's sidecar acts on (pd.ClientHeaders). The picker sets
+// them itself; a request that bypasses it (a fail_open pool while the
+// picker is down) must not carry a client's.
+var StrippedRequestHeaders = pd.ClientHeaders
 
 // Sentinel errors returned (wrapped, joined) by Build and Validate.
 var (
@@ -440,7 +451,8 @@ const PickerUnavailableRoute = "picker-unavailable"
 // metrics scrapes fail (Endpoint.ScrapeFailing, the registry's health
 // input) are left out of EDS, except that a pool whose every non-draining
 // endpoint fails keeps them all: a picker that cannot scrape metrics must
-// not black-hole a pool. Errors are joined; on error the returned Config
+// not black-hole a pool. A disaggregated pool's prefill servers are left
+// out of EDS altogether: only the decode servers' sidecars contact them. Errors are joined; on error the returned Config
 // must not be used.
 func Build(s *registry.State, o Options) (*Config, error) {
 	o = o.WithDefaults()
@@ -536,6 +548,12 @@ func Build(s *registry.State, o Options) (*Config, error) {
 				cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("pool %q endpoint %q is not in canonical form %q; picks of it will not match", name, ep.Address, a.String()))
 			}
 			if ep.Draining {
+				continue
+			}
+			if p.Disaggregation != nil && !ep.Role.Decodes() {
+				// A prefill server takes prefills from the sidecars, never
+				// a client's request: not even a fail-open pool's
+				// balancer may send it one.
 				continue
 			}
 			if ep.ScrapeFailing {

@@ -15,6 +15,7 @@ import (
 	xdsmatcherv3 "github.com/cncf/xds/go/xds/type/matcher/v3"
 	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	mutationrulesv3 "github.com/envoyproxy/go-control-plane/envoy/config/common/mutation_rules/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -25,6 +26,7 @@ import (
 	matchingv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/matching/v3"
 	skipv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/matcher/action/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	jsonmetav3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/json_to_metadata/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -500,13 +502,32 @@ func (t *translation) extProc(p ir.Picker, l ir.Listener) *extprocv3.ExternalPro
 		StatusOnError:     &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable},
 		MetadataOptions: &extprocv3.MetadataOptions{
 			ForwardingNamespaces: &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{ir.LBNamespace, ir.SubsetHintNamespace}},
-			ReceivingNamespaces:  &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{ir.LBNamespace}},
+			ReceivingNamespaces:  &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{ir.LBNamespace, ir.PDNamespace}},
 		},
 	}
 }
 
-// modelFilterName names the listener's second filter: json_to_metadata,
-// run only for requests the picker did not process.
+// stripFilterName names the listener's first filter: header_mutation,
+// removing ir.StrippedRequestHeaders before the picker runs.
+const stripFilterName = "switchyard.strip_client_headers"
+
+// stripHeaders removes the prefill/decode routing headers from every
+// request, ahead of the picker: the picker sets them for the requests it
+// splits, and a request it does not process (a fail_open pool while it is
+// down) reaches a sidecar without a client's. Unconditional, so editing
+// pools never changes the listener.
+func stripHeaders() *headermutationv3.HeaderMutation {
+	m := &headermutationv3.Mutations{}
+	for _, h := range ir.StrippedRequestHeaders {
+		m.RequestMutations = append(m.RequestMutations, &mutationrulesv3.HeaderMutation{
+			Action: &mutationrulesv3.HeaderMutation_Remove{Remove: h},
+		})
+	}
+	return &headermutationv3.HeaderMutation{Mutations: m}
+}
+
+// modelFilterName names the listener's json_to_metadata filter, run only
+// for requests the picker did not process.
 const modelFilterName = "switchyard.request_model"
 
 // modelFilter reads the request body's top-level "model" into
@@ -594,6 +615,7 @@ func (t *translation) listener(p ir.Picker, l ir.Listener) *listenerv3.Listener 
 		UseRemoteAddress:      wrapperspb.Bool(true),
 		InternalAddressConfig: &hcmv3.HttpConnectionManager_InternalAddressConfig{},
 		HttpFilters: []*hcmv3.HttpFilter{
+			{Name: stripFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: t.any(stripHeaders())}},
 			{Name: extProcFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: t.any(t.extProc(p, l))}},
 			{Name: modelFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: t.any(t.modelFilter(l))}},
 			{Name: routerFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: t.any(&routerv3.Router{})}},
