@@ -177,8 +177,8 @@ func oneReaderEach(rs []*replicaProc, endpoints []string) (map[string]string, er
 	return readers, nil
 }
 
-// TestE2EReplicasShareScrapes runs one replica, then three with
-// -share-scrapes, on the same simulated fleet: with three each server
+// TestE2EReplicasShareScrapes runs one replica, then three sharing
+// scrapes (the default; the flag is given all the same), on the same simulated fleet: with three each server
 // is read about as often as with one, each by one replica whose readings
 // the others show. When that replica hangs (SIGSTOP: its connections
 // stay open, so only the heartbeats tell), the others show its last
@@ -236,8 +236,14 @@ model "m-a" {
 	})
 	rates3 := sims.scrapeRates(t, window)
 	t.Logf("scrapes per server per second, 3 sharing replicas: total %.1f;%s", sumRates(rates3), fmtRates(rates3))
-	if s1, s3 := sumRates(rates1), sumRates(rates3); s1 == 0 || s3 > 1.3*s1 {
-		t.Errorf("3 sharing replicas read the fleet %.1f times a second, 1 replica %.1f", s3, s1)
+	// One reader per server: at most the interval's rate (three that
+	// each read would make it three times that). The bound leaves room
+	// for a tick that catches up after a late one.
+	perServer := 1.5 * float64(time.Second) / float64(interval)
+	for a, r := range rates3 {
+		if r > perServer || r == 0 {
+			t.Errorf("%s read %.1f times a second by 3 sharing replicas (interval %v, 1 replica: %.1f)", a, r, interval, rates1[a])
+		}
 	}
 	for _, r := range three.replicas {
 		st, err := r.status()
@@ -409,7 +415,9 @@ model "m-a" {
 	}
 	rates2 := sims.scrapeRates(t, window)
 	t.Logf("scrapes per server per second, 2 sharing replicas after %s hung: total %.1f;%s", victim.id, sumRates(rates2), fmtRates(rates2))
-	if s1, s2 := sumRates(rates1), sumRates(rates2); s2 > 1.3*s1 {
-		t.Errorf("2 sharing replicas read the fleet %.1f times a second, 1 replica %.1f", s2, s1)
+	for a, r := range rates2 {
+		if r > perServer || r == 0 {
+			t.Errorf("%s read %.1f times a second by the 2 left (interval %v)", a, r, interval)
+		}
 	}
 }
