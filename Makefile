@@ -34,7 +34,7 @@ export SWITCHYARD_CONSUL := $(CONSUL_BIN)
 # engine.
 export SWITCHYARD_COMPOSE := $(COMPOSE_BIN)
 
-.PHONY: all build test test-vllm test-compose unit race bench bench-routing bench-xds bench-scale run envoy consul chromium tools vllm engine vet fmt tidy-check clean fuzz compose-certs
+.PHONY: all build test test-vllm test-compose test-multihost unit race bench bench-routing bench-xds bench-scale run envoy consul chromium tools vllm engine vet fmt tidy-check clean fuzz compose-certs
 
 all: build
 
@@ -81,6 +81,11 @@ test: tools vllm engine fmt vet tidy-check
 # fault table docs/deployment.md shows.
 test-compose: engine
 	$(DEPLOY) test -count=1 -timeout 30m -run 'TestComposeStack$$' -v . 2>&1
+
+# Only the multi-host deployment (examples/multihost) in a real engine,
+# verbose: it prints the multi-host fault table docs/deployment.md shows.
+test-multihost: engine
+	$(DEPLOY) test -count=1 -timeout 30m -run 'TestMultihost$$' -v . 2>&1
 
 # Only the tests against real vLLM (installing it first).
 test-vllm: envoy vllm

@@ -26,6 +26,12 @@
 // Envoy and survives the faults docs/deployment.md lists, with the failed
 // requests counted.
 //
+// TestMultihost runs the multi-host example (examples/multihost, one
+// compose file per role) as eight hosts: compose projects on Docker
+// networks of their own joined by a router container, so partitions and
+// lost hosts are cut in the router; it counts the failed requests of
+// each fault and the convergence after each heal.
+//
 // The package has no non-test code. It is a Go module of its own
 // (deploy/go.mod, using the repository's module through a replace), so the
 // compose-spec parser and its dependencies stay out of switchyard's go.mod;
@@ -34,4 +40,5 @@
 //	go -C deploy test ./...
 //	go -C deploy test -run TestEnvoyBootstrap -update .   # regenerate the compose bootstrap
 //	make test-compose                                     # the stack in a real engine, verbose
+//	make test-multihost                                   # the multi-host example, verbose
 package deploy

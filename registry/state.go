@@ -68,6 +68,15 @@ type Endpoint struct {
 	// for it to be believable (a restarted Consul agent re-registers its
 	// services with critical checks until they first pass).
 	Held bool
+	// NodeUnreachable is set by a discovery source on an endpoint whose
+	// own health checks last passed but whose checker is unreachable: in
+	// Consul, the node's serfHealth check is critical (a network
+	// partition between the agent and the servers, or a dead host). It is
+	// not Critical: the endpoint stays a member, and the picker's metrics
+	// scrapes, which reach the server directly, decide whether it is
+	// routed to (ScrapeFailing). It is shown so operators see why a
+	// server Consul lists as critical still takes requests.
+	NodeUnreachable bool
 	// ScrapeFailing is set from the health input: the picker's metrics
 	// scrapes of this endpoint are failing. xDS leaves such endpoints out
 	// of EDS unless every endpoint of the pool fails, and the guard stops

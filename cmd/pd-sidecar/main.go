@@ -32,8 +32,8 @@ import (
 	"time"
 
 	"github.com/switchyard/switchyard/internal/pd"
-	healthprobe "github.com/switchyard/switchyard/internal/probe"
 	"github.com/switchyard/switchyard/internal/pd/sidecar"
+	healthprobe "github.com/switchyard/switchyard/internal/probe"
 	"github.com/switchyard/switchyard/registry"
 	"github.com/switchyard/switchyard/registry/consul"
 	"github.com/switchyard/switchyard/registry/hclfile"

@@ -85,6 +85,35 @@ func TestLoad(t *testing.T) {
 	}
 }
 
+// TestLoadDrain: Drain sends nothing more and counts the requests in
+// flight, the slow ones included, where Stop abandons them.
+func TestLoadDrain(t *testing.T) {
+	release := make(chan struct{})
+	var started atomic.Int64
+	l := StartLoad(2, func(ctx context.Context) error {
+		if started.Add(1) <= 2 {
+			return nil
+		}
+		select { // hangs until released, as a request on a vanished host
+		case <-release:
+			return errors.New("timed out")
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	for started.Load() < 4 { // both workers hang now
+		time.Sleep(time.Millisecond)
+	}
+	done := make(chan Result)
+	go func() { done <- l.Drain() }()
+	time.Sleep(10 * time.Millisecond) // Drain waits for them
+	close(release)
+	r := <-done
+	if r.Requests != 4 || len(r.Failures) != 2 || started.Load() != 4 {
+		t.Fatalf("drained %d requests (%d started), %d failed; want the 2 hanging ones counted as failed and none sent after", r.Requests, started.Load(), len(r.Failures))
+	}
+}
+
 // TestOverrideOfTheStack moves the repository's compose stack to another
 // subnet and loopback ports, then loads it the way Compose does (its own
 // files plus the override): every static address, advertised address,

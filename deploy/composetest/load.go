@@ -13,6 +13,9 @@ import (
 type Load struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// draining stops the workers from sending more (Drain).
+	draining chan struct{}
+	drainOne sync.Once
 
 	mu       sync.Mutex
 	changed  chan struct{} // closed and replaced on every finished request
@@ -34,12 +37,17 @@ type Send func(ctx context.Context) error
 // StartLoad starts workers that call send in a loop.
 func StartLoad(workers int, send Send) *Load {
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &Load{cancel: cancel, changed: make(chan struct{})}
+	l := &Load{cancel: cancel, changed: make(chan struct{}), draining: make(chan struct{})}
 	for range workers {
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
 			for ctx.Err() == nil {
+				select {
+				case <-l.draining:
+					return
+				default:
+				}
 				start := time.Now()
 				err := send(ctx)
 				if ctx.Err() != nil {
@@ -94,6 +102,20 @@ type Result struct {
 func (l *Load) Stop() Result {
 	l.cancel()
 	l.wg.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return Result{Requests: l.done, Failures: append([]Failure(nil), l.failures...)}
+}
+
+// Drain stops the workers from sending more requests, waits for the
+// requests in flight to finish (each within its own deadline: send must
+// bound it) and counts them, then returns the result. Unlike Stop it
+// abandons nothing: a request hanging on a host that vanished is counted
+// when its deadline fails it.
+func (l *Load) Drain() Result {
+	l.drainOne.Do(func() { close(l.draining) })
+	l.wg.Wait()
+	l.cancel()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return Result{Requests: l.done, Failures: append([]Failure(nil), l.failures...)}

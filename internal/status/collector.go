@@ -57,6 +57,7 @@ var (
 	mPrefixMatched  = desc("switchyard_prefix_matched_blocks_total", "Of those, blocks the chosen endpoint was believed to hold; matched/prompt is the prefix hit ratio.", "name")
 	mGuardHeld      = desc("switchyard_discovery_guard_held_endpoints", "Endpoints the pool's discovery guard keeps routable although their source reports them failing (too many failed at once).", "pool")
 	mGuardStarts    = desc("switchyard_discovery_guard_activations_total", "Times the pool's discovery guard started holding endpoints.", "pool")
+	mNodeUnreach    = desc("switchyard_discovery_node_unreachable_endpoints", "Endpoints whose own health checks last passed but whose Consul agent is unreachable (the node's serfHealth check is critical); they stay members, judged by their metrics scrapes.", "pool")
 	mReplicas       = desc("switchyard_replicas", "Replicas of the configuration (this one included).")
 	mPeerSharing    = desc("switchyard_replica_sharing", "1 while this replica's picks stream to the peer replica.", "peer")
 	mPeerDropped    = desc("switchyard_replica_events_dropped_total", "Pick events the peer replica's full queue dropped (its stream is then reset).", "peer")
@@ -103,7 +104,7 @@ var allDescs = []*prometheus.Desc{mBuild, mRegVersion, mConfigError, mPoolReady,
 	mEpRunning, mEpKV, mEpHealthy, mEpScrapeAge, mEpInFlight, mEpInFlightTok, mEpPicked, mEpServed,
 	mRequests, mRewrites, mFallback, mLocalReplies, mXDSSnapshots, mXDSFailures, mXDSAcks, mXDSNacks, mXDSStreams,
 	mConsulUp, mConsulInst, mConsulLastSync, mObjRequests, mObjErrors, mObjRunning, mDecision,
-	mPrefixSize, mPrefixBytes, mPrefixPrompt, mPrefixMatched, mPoolSaturated, mGuardHeld, mGuardStarts,
+	mPrefixSize, mPrefixBytes, mPrefixPrompt, mPrefixMatched, mPoolSaturated, mGuardHeld, mGuardStarts, mNodeUnreach,
 	mReplicas, mPeerSharing, mPeerDropped, mPeerLag, mPeerPicks, mPeerReadings, mTLSRejected, mTLSExpiry, mTLSReloads,
 	mFCSaturation, mFCQueueSize, mFCQueueBytes, mFCQueueWait, mAdmDispatched, mAdmRejected, mAdmCancelled,
 	mObjTTFT, mObjTPOT, mObjDuration, mObjNTPOT, mEpTTFT, mEpTPOT, mEpDuration, mDecisionRecs, mDecisionDrops,
@@ -198,6 +199,13 @@ func collect(r *Report, now time.Time, ch chan<- prometheus.Metric) {
 		}
 		gauge(mGuardHeld, float64(held), p.Name)
 		counter(mGuardStarts, float64(p.GuardActivations), p.Name)
+		unreachable := 0
+		for _, e := range p.Endpoints {
+			if e.NodeUnreachable {
+				unreachable++
+			}
+		}
+		gauge(mNodeUnreach, float64(unreachable), p.Name)
 		if x := p.Prefix; x != nil {
 			gauge(mPrefixSize, float64(x.Entries), p.Name)
 			gauge(mPrefixBytes, float64(x.Bytes), p.Name)

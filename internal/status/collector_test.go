@@ -87,6 +87,7 @@ func TestCollectorReadsTheReport(t *testing.T) {
 		{"config error", "switchyard_config_error", nil, 1},
 		{"saturated", "switchyard_pool_saturated", pool, 1},
 		{"guard holds", "switchyard_discovery_guard_held_endpoints", map[string]string{"pool": "llama"}, 1},
+		{"node unreachable, still a member", "switchyard_discovery_node_unreachable_endpoints", map[string]string{"pool": "llama"}, 1},
 		{"guard activations", "switchyard_discovery_guard_activations_total", map[string]string{"pool": "llama"}, 2},
 		{"replicas", "switchyard_replicas", nil, 3},
 		{"sharing, under the replica's name", "switchyard_replica_sharing", map[string]string{"peer": "sy-2"}, 1},

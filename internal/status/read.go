@@ -338,12 +338,13 @@ func pools(in *inputs) []Pool {
 		if eps == nil {
 			eps = []Endpoint{}
 		}
-		held := map[string]bool{}
+		byAddr := map[string]registry.Endpoint{}
 		for _, e := range p.Endpoints {
-			held[e.Address] = e.Held
+			byAddr[e.Address] = e
 		}
 		for i := range eps {
-			eps[i].Held = held[eps[i].Address]
+			e := byAddr[eps[i].Address]
+			eps[i].Held, eps[i].NodeUnreachable = e.Held, e.NodeUnreachable
 		}
 		var tok *KVTokenize
 		if ts, ok := in.kvTokenize[name]; ok {

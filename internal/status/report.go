@@ -171,7 +171,11 @@ type Endpoint struct {
 	Draining bool   `json:"draining"`
 	// Held: its discovery source reports it failing, but the pool's
 	// discovery guard keeps it routable for now.
-	Held             bool  `json:"held,omitempty"`
+	Held bool `json:"held,omitempty"`
+	// NodeUnreachable: its discovery source cannot reach the agent that
+	// checks it (Consul: the node's serfHealth is critical) while its own
+	// checks last passed; it stays routable while its scrapes succeed.
+	NodeUnreachable  bool  `json:"node_unreachable,omitempty"`
 	InFlightRequests int64 `json:"in_flight_requests"`
 	InFlightTokens   int64 `json:"in_flight_tokens"`
 	Picked           int64 `json:"picked"`

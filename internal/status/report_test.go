@@ -40,7 +40,7 @@ func sample() *inputs {
 	st.Pools["llama"] = &registry.Pool{Name: "llama", Engine: registry.EngineVLLM, FailureMode: registry.FailClosed,
 		Endpoints: []registry.Endpoint{
 			{Address: "10.0.0.1:8000"}, {Address: "10.0.0.2:8000"}, {Address: "10.0.0.3:8000", Held: true},
-			{Address: "10.0.0.4:8000", Draining: true}, {Address: "10.0.0.5:8000"},
+			{Address: "10.0.0.4:8000", Draining: true}, {Address: "10.0.0.5:8000", NodeUnreachable: true},
 		}}
 	st.Pools["empty"] = &registry.Pool{Name: "empty", Engine: registry.EngineSGLang, FailureMode: registry.FailOpen}
 	st.Pools["solo"] = &registry.Pool{Name: "solo", Engine: registry.EngineVLLM, FailureMode: registry.FailClosed,
@@ -178,7 +178,7 @@ func TestBuildEndpointHealthAndLoad(t *testing.T) {
 	cases := []struct {
 		desc, addr             string
 		healthy, ready, loaded bool
-		held                   bool
+		held, unreachable      bool
 		models                 []string
 		from                   string
 	}{
@@ -186,12 +186,12 @@ func TestBuildEndpointHealthAndLoad(t *testing.T) {
 		{desc: "its own scrapes failing", addr: "10.0.0.2:8000", loaded: true, models: []string{"m"}, from: "config"},
 		{desc: "withheld by the picker, held by the guard", addr: "10.0.0.3:8000", held: true},
 		{desc: "draining", addr: "10.0.0.4:8000", healthy: true, loaded: true},
-		{desc: "not scraped yet", addr: "10.0.0.5:8000", healthy: true, ready: true},
+		{desc: "not scraped yet, its Consul agent unreachable", addr: "10.0.0.5:8000", healthy: true, ready: true, unreachable: true},
 	}
 	for _, tc := range cases {
 		e := endpoint(t, r, "llama", tc.addr)
-		if e.Healthy != tc.healthy || e.Ready() != tc.ready || e.Held != tc.held {
-			t.Errorf("%s: healthy %v ready %v held %v, want %v %v %v", tc.desc, e.Healthy, e.Ready(), e.Held, tc.healthy, tc.ready, tc.held)
+		if e.Healthy != tc.healthy || e.Ready() != tc.ready || e.Held != tc.held || e.NodeUnreachable != tc.unreachable {
+			t.Errorf("%s: healthy %v ready %v held %v node unreachable %v, want %v %v %v %v", tc.desc, e.Healthy, e.Ready(), e.Held, e.NodeUnreachable, tc.healthy, tc.ready, tc.held, tc.unreachable)
 		}
 		if (e.Waiting != nil) != tc.loaded || (e.Running != nil) != tc.loaded || (e.KVCacheUsage != nil) != tc.loaded || e.ScrapedAt.IsZero() == tc.loaded {
 			t.Errorf("%s: load waiting=%v running=%v kv=%v scraped at %v, want present %v", tc.desc, e.Waiting, e.Running, e.KVCacheUsage, e.ScrapedAt, tc.loaded)

@@ -52,7 +52,11 @@ const (
 //     ones are endpoints marked Critical (and so are warning ones with
 //     sel.PassingOnly), which the registry leaves out unless its discovery
 //     guard holds them (registry.Guard): an instance that is registered but
-//     failing is told apart from one that left.
+//     failing is told apart from one that left. An instance whose only
+//     critical check is its node's serfHealth (Consul cannot reach the
+//     agent: a partition, or a dead host) is judged by its other checks
+//     as last reported, and marked NodeUnreachable: the picker's metrics
+//     scrapes, which reach the server directly, decide whether it serves.
 //   - meta "engine", when set, must equal engine; meta "models" fills
 //     Models (trimmed, de-duplicated, sorted); meta "metrics_path" must pass
 //     registry.CheckMetricsPath, else it is ignored; meta "kv_events_port"
@@ -83,7 +87,15 @@ func convert(entries []*api.ServiceEntry, sel registry.ConsulSelector, engine re
 			continue
 		}
 		ep := registry.Endpoint{Address: addr, Source: SourceName}
-		switch e.Checks.AggregatedStatus() {
+		status := e.Checks.AggregatedStatus()
+		if own, ok := unreachableNode(e.Checks); ok && status == api.HealthCritical {
+			// Consul cannot reach the agent that runs the instance's
+			// checks: their results are stale, not failing. The
+			// instance's own checks decide (as last reported), and the
+			// picker's scrapes judge it from here on.
+			status, ep.NodeUnreachable = own, true
+		}
+		switch status {
 		case api.HealthCritical:
 			ep.Critical = true
 		case api.HealthWarning:
@@ -133,6 +145,32 @@ func convert(entries []*api.ServiceEntry, sel registry.ConsulSelector, engine re
 		eps = append(eps, c.ep)
 	}
 	return eps, warnings
+}
+
+// serfHealthCheck is the ID of the node check Consul's servers keep for
+// every agent from gossip: critical when no member can reach the agent.
+const serfHealthCheck = "serfHealth"
+
+// unreachableNode reports whether checks include a critical serfHealth
+// check, and if so the aggregated status of the other checks (passing
+// when there are none): what the instance's own checks said last, before
+// Consul lost its agent.
+func unreachableNode(checks api.HealthChecks) (own string, ok bool) {
+	var rest api.HealthChecks
+	for _, c := range checks {
+		if c == nil {
+			continue
+		}
+		if c.CheckID == serfHealthCheck && c.ServiceID == "" && c.Status == api.HealthCritical {
+			ok = true
+			continue
+		}
+		rest = append(rest, c)
+	}
+	if !ok {
+		return "", false
+	}
+	return rest.AggregatedStatus(), true
 }
 
 // parseKVEvents reads an instance's KV-events meta: nil without

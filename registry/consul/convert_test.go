@@ -30,6 +30,19 @@ func inst(node, id, nodeAddr, svcAddr string, port int, meta map[string]string, 
 	return e
 }
 
+// nodeDown marks e's node unreachable: its serfHealth check critical, as
+// Consul's servers do when gossip cannot reach the agent.
+func nodeDown(e *api.ServiceEntry) *api.ServiceEntry {
+	checks := api.HealthChecks{{Node: e.Node.Node, CheckID: "serfHealth", Status: api.HealthCritical}}
+	for _, c := range e.Checks {
+		if c.CheckID != "serfHealth" {
+			checks = append(checks, c)
+		}
+	}
+	e.Checks = checks
+	return e
+}
+
 func TestConvert(t *testing.T) {
 	t.Parallel()
 	sel := registry.ConsulSelector{Service: "vllm"}
@@ -98,6 +111,33 @@ func TestConvert(t *testing.T) {
 				inst("n1", "maint", "", "10.0.0.3", 8000, nil, api.HealthMaint),
 			},
 			want: []registry.Endpoint{{Address: "10.0.0.1:8000", Source: SourceName, Critical: true}, ep("10.0.0.2:8000"), {Address: "10.0.0.3:8000", Source: SourceName, Draining: true}},
+		},
+		{
+			desc:    "node unreachable (serfHealth critical): judged by its own checks as last reported",
+			passing: true,
+			entries: []*api.ServiceEntry{
+				nodeDown(inst("n1", "pass", "", "10.0.0.1", 8000, nil, api.HealthPassing)),
+				nodeDown(inst("n2", "crit", "", "10.0.0.2", 8000, nil, api.HealthCritical)),
+				nodeDown(inst("n3", "warn", "", "10.0.0.3", 8000, nil, api.HealthWarning)),
+				nodeDown(inst("n4", "maint", "", "10.0.0.4", 8000, nil, api.HealthMaint)),
+				nodeDown(&api.ServiceEntry{Node: &api.Node{Node: "n5"}, Service: &api.AgentService{ID: "nochecks", Address: "10.0.0.5", Port: 8000}}),
+			},
+			want: []registry.Endpoint{
+				{Address: "10.0.0.1:8000", Source: SourceName, NodeUnreachable: true},
+				{Address: "10.0.0.2:8000", Source: SourceName, Critical: true, NodeUnreachable: true},
+				{Address: "10.0.0.3:8000", Source: SourceName, Critical: true, NodeUnreachable: true},
+				{Address: "10.0.0.4:8000", Source: SourceName, Draining: true},
+				{Address: "10.0.0.5:8000", Source: SourceName, NodeUnreachable: true},
+			},
+		},
+		{
+			desc: "another node check critical is not the node being unreachable",
+			entries: []*api.ServiceEntry{func() *api.ServiceEntry {
+				e := inst("n1", "disk", "", "10.0.0.1", 8000, nil, api.HealthPassing)
+				e.Checks = append(e.Checks, &api.HealthCheck{Node: "n1", CheckID: "disk-full", Status: api.HealthCritical})
+				return e
+			}()},
+			want: []registry.Endpoint{{Address: "10.0.0.1:8000", Source: SourceName, Critical: true}},
 		},
 		{
 			desc:    "health with passing_only: warning is Critical too",

@@ -66,7 +66,11 @@
 // grace period while their metrics scrapes succeed (registry.Guard).
 // Queries never filter on passing, so a failing instance is told apart
 // from a deregistered one; deregistration is never delayed. Without
-// passing_only the rules match Consul DNS.
+// passing_only the rules match Consul DNS, with one exception: when the
+// node's serfHealth is the only critical check (the servers cannot reach
+// the host's agent, whose check results are then stale), the other checks
+// decide as last reported and the endpoint is marked NodeUnreachable; the
+// picker's scrapes, which reach the server directly, judge it from there.
 //
 // # Configuration
 //

@@ -290,7 +290,38 @@ func (t *translation) pickerCluster(p ir.Picker) *clusterv3.Cluster {
 				KeepaliveProbes:   wrapperspb.UInt32(3),
 			},
 		},
+		UpstreamBindConfig: userTimeout(PeerGoneAfter),
 	}
+}
+
+// PeerGoneAfter is the TCP_USER_TIMEOUT of Envoy's connections to the
+// picker (and of the bootstrap's to the xDS servers): a connection whose
+// sent data the peer has not acknowledged for this long is closed.
+//
+// A partition (or a host that lost power) acknowledges nothing: without
+// it, the health-check connection Envoy reuses keeps retransmitting with
+// an exponential backoff, so after the partition heals the picker stays
+// ejected until the next retransmission, seconds later (4-8 s measured
+// after a 25 s partition). With it the connection is dropped and the next
+// health check connects afresh, within one interval of the heal. A picker
+// that is only slow (a GC pause, a stopped or busy process) still has its
+// kernel acknowledge everything, so it is not affected: this tells a dead
+// peer from a slow one, where an HTTP/2 ping timeout would not.
+//
+// The option is Linux's (IPPROTO_TCP 6, TCP_USER_TIMEOUT 18), as are the
+// Envoys switchyard configures.
+const PeerGoneAfter = 3 * time.Second
+
+// userTimeout is a bind config that sets TCP_USER_TIMEOUT on every
+// upstream connection of a cluster, health checks' included.
+func userTimeout(d time.Duration) *corev3.BindConfig {
+	return &corev3.BindConfig{SocketOptions: []*corev3.SocketOption{{
+		Description: "TCP_USER_TIMEOUT: a peer that acknowledges nothing is gone",
+		Level:       6,  // IPPROTO_TCP
+		Name:        18, // TCP_USER_TIMEOUT
+		Value:       &corev3.SocketOption_IntValue{IntValue: d.Milliseconds()},
+		State:       corev3.SocketOption_STATE_PREBIND,
+	}}}
 }
 
 // pickerTLS is the picker cluster's mutual-TLS transport socket, nil for
