@@ -63,6 +63,7 @@ var (
 	mPeerDropped    = desc("switchyard_replica_events_dropped_total", "Pick events the peer replica's full queue dropped (its stream is then reset).", "peer")
 	mPeerLag        = desc("switchyard_replica_lag_seconds", "Age of the latest batch of picks from the peer replica on arrival (replication lag; clocks of both hosts).", "peer")
 	mPeerPicks      = desc("switchyard_replica_peer_picks_total", "Picks the other replicas shared with this one.")
+	mPeerReadings   = desc("switchyard_replica_peer_readings_total", "Scrape readings the other replicas shared that this one published.")
 	mPoolSaturated  = desc("switchyard_pool_saturated", "1 while every eligible endpoint of the pool is over queue_threshold or kv_threshold (requests wait in the admission queue).", "name")
 	mFCSaturation   = desc("inference_extension_flow_control_pool_saturation", "Share (0..1) of the pool's ready endpoints over queue_threshold or kv_threshold.", "inference_pool")
 	mFCQueueSize    = desc("inference_extension_flow_control_queue_size", "Requests waiting in the pool's admission queue, by flow and priority band.", "fairness_id", "priority", "inference_pool")
@@ -104,7 +105,7 @@ var allDescs = []*prometheus.Desc{mBuild, mRegVersion, mConfigError, mPoolReady,
 	mRequests, mRewrites, mFallback, mLocalReplies, mXDSSnapshots, mXDSFailures, mXDSAcks, mXDSNacks, mXDSStreams,
 	mConsulUp, mConsulInst, mConsulLastSync, mObjRequests, mObjErrors, mObjRunning, mDecision,
 	mPrefixSize, mPrefixBytes, mPrefixPrompt, mPrefixMatched, mPoolSaturated, mGuardHeld, mGuardStarts, mNodeUnreach,
-	mReplicas, mPeerSharing, mPeerDropped, mPeerLag, mPeerPicks, mTLSRejected, mTLSExpiry, mTLSReloads,
+	mReplicas, mPeerSharing, mPeerDropped, mPeerLag, mPeerPicks, mPeerReadings, mTLSRejected, mTLSExpiry, mTLSReloads,
 	mFCSaturation, mFCQueueSize, mFCQueueBytes, mFCQueueWait, mAdmDispatched, mAdmRejected, mAdmCancelled,
 	mObjTTFT, mObjTPOT, mObjDuration, mObjNTPOT, mEpTTFT, mEpTPOT, mEpDuration, mDecisionRecs, mDecisionDrops,
 	mKVExact, mKVConnected, mKVBlocks, mKVBatches, mKVGaps, mKVReplayed, mKVLost, mKVRestarts, mKVPredicted, mKVTokenize, mKVTokSecs, mPDDecisions}
@@ -272,6 +273,7 @@ func collect(r *Report, now time.Time, ch chan<- prometheus.Metric) {
 
 	gauge(mReplicas, float64(max(len(r.Replicas), 1)))
 	counter(mPeerPicks, float64(pk.PeerPicks))
+	counter(mPeerReadings, float64(pk.PeerReadings))
 	// Every peer label is the replica's one name (Report.Replicas' ID).
 	for _, p := range r.Peers {
 		name := peerName(r.Replicas, p.Address, p.ID)

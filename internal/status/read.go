@@ -207,7 +207,7 @@ func build(in *inputs) *Report {
 		Ready:           in.ready,
 		NotReady:        in.notReady,
 		Picker: Picker{Requests: ps.Requests, Picked: ps.Picked, Rewritten: ps.Rewritten,
-			FallbackServed: ps.FallbackServed, ResponseBodies: ps.ResponseBodies, PeerPicks: ps.PeerPicks, Rejected: ps.Rejected},
+			FallbackServed: ps.FallbackServed, ResponseBodies: ps.ResponseBodies, PeerPicks: ps.PeerPicks, PeerReadings: ps.PeerReadings, Rejected: ps.Rejected},
 		ReplicaID: in.replicaID,
 		Replicas:  replicas(st.Replicas, in.replicaID, in.pickerAddr, in.mesh, in.nodes, in.peers),
 		Envoys:    []Envoy{},

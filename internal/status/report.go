@@ -331,6 +331,9 @@ type Picker struct {
 	ResponseBodies int64 `json:"response_body_messages"`
 	// PeerPicks counts the picks the other replicas shared with this one.
 	PeerPicks int64 `json:"peer_picks"`
+	// PeerReadings counts the scrape readings the other replicas shared
+	// that this one published.
+	PeerReadings int64 `json:"peer_readings"`
 	// Rejected counts the picker's local replies by HTTP status.
 	Rejected map[int]int64 `json:"rejected"`
 }

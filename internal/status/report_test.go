@@ -60,7 +60,7 @@ func sample() *inputs {
 			Interval: time.Second, MaxAge: 3 * time.Second, Cost: 3300 * time.Microsecond, PageBytes: 48380, Filter: metrics.FilterIgnored}
 	}
 	ps := picker.Stats{
-		Version: 7, Requests: 100, Picked: 90, Rewritten: 5, FallbackServed: 2, ResponseBodies: 40, PeerPicks: 30,
+		Version: 7, Requests: 100, Picked: 90, Rewritten: 5, FallbackServed: 2, ResponseBodies: 40, PeerPicks: 30, PeerReadings: 12,
 		Rejected: map[int]int64{404: 3, 503: 1},
 		Endpoints: []picker.EndpointStats{
 			// Healthy, scraped, models from its server, LoRA state.
