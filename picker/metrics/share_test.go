@@ -484,7 +484,7 @@ func TestSharedScrapesStandInForASilentOwner(t *testing.T) {
 	// unread.
 	since := cut.Add(-100 * time.Millisecond)
 	for _, k := range owned {
-		if g, stall := s.log.maxGap(k.Address, since), s.stall(since); g > 5*interval+stall {
+		if g, stall := s.log.maxGap(k.Address, since), s.stall(since); g > 10*interval+stall {
 			t.Errorf("%s unread for %v (the test process stalled %v)", k.Address, g, stall)
 		}
 	}
@@ -589,13 +589,16 @@ func TestSharedScrapesSplitViews(t *testing.T) {
 				s.mgrs[i].SetReplicas(s.names[i], v)
 			}
 			s.waitFresh("every view fresh")
-			// Every endpoint is read by someone, all the time.
+			// Every endpoint is read by someone, all the time: gaps of
+			// a few intervals beyond the test process's measured stall
+			// are scheduling on a loaded machine; an endpoint nobody
+			// owns stays unread for the whole window.
 			rs := s.readers(500 * time.Millisecond)
 			for _, h := range s.hosts {
 				if len(rs[h]) == 0 {
 					t.Errorf("%s read by nobody", h)
 				}
-				if g, stall := s.log.maxGap(h, from.Add(c.settle)), s.stall(from.Add(c.settle)); g > 5*interval+stall {
+				if g, stall := s.log.maxGap(h, from.Add(c.settle)), s.stall(from.Add(c.settle)); g > 10*interval+stall {
 					t.Errorf("%s unread for %v (the test process stalled %v)", h, g, stall)
 				}
 			}
