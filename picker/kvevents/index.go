@@ -217,8 +217,9 @@ type Server struct {
 	// full-block BlockStored).
 	blockSize atomic.Int32
 
-	// Predictions checked against what the server reported (Observe).
-	agreed, over, under atomic.Int64
+	// Predictions checked against what the server reported (Observe,
+	// ObserveBound).
+	agreed, over, under, bounded atomic.Int64
 
 	mu      sync.Mutex
 	removed bool
@@ -260,10 +261,11 @@ type ServerStats struct {
 	Orphans, UnknownRemoved int64
 	// LastEvent is when the latest batch was applied.
 	LastEvent time.Time
-	// Agreed, Over and Under count the predictions checked against the
-	// cached tokens the server then reported (Index.Observe): equal, more
-	// than it had, less.
-	Agreed, Over, Under int64
+	// Agreed, Over and Under count the exact predictions checked against
+	// the cached tokens the server then reported (Index.Observe): equal,
+	// more than it had, less. Bounded counts lower bounds it met
+	// (ObserveBound; a bound it did not meet counts in Over).
+	Agreed, Over, Under, Bounded int64
 }
 
 func newServer(x *Index, name string, id uint16) *Server {
@@ -288,7 +290,7 @@ func (s *Server) Stats() ServerStats {
 	defer s.mu.Unlock()
 	st := s.stats
 	st.Blocks, st.Keys = len(s.gpu), len(s.keyRefs)
-	st.Agreed, st.Over, st.Under = s.agreed.Load(), s.over.Load(), s.under.Load()
+	st.Agreed, st.Over, st.Under, st.Bounded = s.agreed.Load(), s.over.Load(), s.under.Load(), s.bounded.Load()
 	st.Media = map[string]int{}
 	for m, blocks := range s.other {
 		if len(blocks) > 0 {
@@ -482,6 +484,20 @@ func (x *Index) Observe(addr string, predicted, actual int) {
 		s.over.Add(1)
 	default:
 		s.under.Add(1)
+	}
+}
+
+// ObserveBound checks a lower bound (Query.Bounded) against what the
+// server then reported: met when it reported at least that much, over
+// otherwise.
+func (x *Index) ObserveBound(addr string, predicted, actual int) {
+	s := x.Lookup(addr)
+	switch {
+	case s == nil:
+	case actual >= predicted:
+		s.bounded.Add(1)
+	default:
+		s.over.Add(1)
 	}
 }
 

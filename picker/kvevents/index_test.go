@@ -238,8 +238,45 @@ func TestIndexObserve(t *testing.T) {
 	x.Observe("a", 0, 32)
 	x.Observe("a", 0, 0)
 	x.Observe("gone", 1, 2)
-	if st := x.Lookup("a").Stats(); st.Agreed != 2 || st.Over != 1 || st.Under != 1 {
+	x.ObserveBound("a", 32, 64)
+	x.ObserveBound("a", 32, 32)
+	x.ObserveBound("a", 32, 0)
+	if st := x.Lookup("a").Stats(); st.Agreed != 2 || st.Over != 2 || st.Under != 1 || st.Bounded != 2 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A Query that knows only a stable prefix of the prompt counts what each
+// server holds of it: exactly where the server holds part of the
+// prefix, at least the prefix's full blocks where it holds them all.
+func TestQueryPrefix(t *testing.T) {
+	x := NewIndex()
+	prompt := seqTokens(100, 40) // 10 blocks of 4
+	for i, name := range []string{"a", "b", "c"} {
+		s := x.Server(name)
+		s.SetState(Synced)
+		n := []int{6, 3, 10}[i]
+		apply(s, storeRun(prompt, 4, 0, n, engineHashes(prompt, 4, uint64(i)), ""))
+	}
+	known := prompt[:26] // 6 full blocks and 2 tokens
+	q := x.NewQuery(known, "", "")
+	q.prefix, q.total = true, 60
+	defer q.Release()
+	addrs := []string{"a", "b", "c"}
+	n, ok := make([]int, 3), make([]bool, 3)
+	q.CachedTokens(addrs, n, ok)
+	if !eq(n, []int{24, 12, 24}) || !ok[0] || !ok[1] || !ok[2] {
+		t.Fatalf("cached %v %v, want [24 12 24]", n, ok)
+	}
+	if !q.Bounded(n[0]) || q.Bounded(n[1]) || !q.Bounded(n[2]) || q.Tokens() != 60 || q.Known() != 26 || !q.Prefix() {
+		t.Fatalf("bounded %v %v %v, tokens %d known %d", q.Bounded(n[0]), q.Bounded(n[1]), q.Bounded(n[2]), q.Tokens(), q.Known())
+	}
+	// The same tokens as a whole prompt: the last token is computed.
+	whole := x.NewQuery(prompt[:24], "", "")
+	defer whole.Release()
+	whole.CachedTokens(addrs, n, ok)
+	if !eq(n, []int{20, 12, 20}) || whole.Bounded(n[0]) {
+		t.Fatalf("whole prompt: cached %v", n)
 	}
 }
 

@@ -248,14 +248,16 @@ func (w *workload) next(i int) Prompt {
 	return Prompt{Model: model, Chat: chat, Body: body}
 }
 
-// predict is what the exact index says srv holds of p now (-1: not
-// exact).
+// predict is what the exact index says srv holds of p's whole prompt
+// now (-1: not exact), its tokens asked for and waited for (requests use
+// Prepare, which never waits).
 func predict(t *testing.T, m *Manager, srv string, p Prompt) int {
 	t.Helper()
-	q, err := m.Prepare(context.Background(), "p", []string{srv}, p)
+	tok, err := m.Tokenizer("p").Tokenize(context.Background(), []string{srv}, p)
 	if err != nil {
-		t.Fatalf("prepare: %v", err)
+		t.Fatalf("tokenize: %v", err)
 	}
+	q := m.Index("p").NewQuery(tok.IDs, tok.Adapter, tok.Salt)
 	defer q.Release()
 	n, ok := []int{0}, []bool{false}
 	q.CachedTokens([]string{srv}, n, ok)
