@@ -107,6 +107,7 @@ type request struct {
 	ten        tenantReq         // tenants.go
 	peerID     uint64            // replicas.go: the shared pick (0: none)
 	ttft       ttftState         // ttft.go
+	kv         kvReq             // kvstage.go
 }
 
 // begin starts the request's life once its headers are read: the clock,

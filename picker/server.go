@@ -260,7 +260,7 @@ func (s *Server) Run(ctx context.Context) error {
 			s.mgr = nil
 		}()
 	}
-	kv := kvevents.NewManager(ctx, s.kvOptions(), kvevents.TokenizerOptions{})
+	kv := kvevents.NewManager(ctx, s.kvOptions(), kvevents.TokenizerOptions{Busy: s.kvBusy})
 	s.kv.Store(kv)
 	defer func() {
 		kv.Stop()
