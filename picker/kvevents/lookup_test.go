@@ -258,6 +258,35 @@ func TestLookupDetectsUnstablePrefixes(t *testing.T) {
 	}
 }
 
+// A model whose servers refuse its stable prefixes (conversations that
+// do not end with a user message) is matched by whole prompts only once
+// a few have been refused and none accepted.
+func TestLookupRefusedPrefixes(t *testing.T) {
+	f := newFakeTokenizeServer(t)
+	f.refuseEnd.Store(true)
+	tok := NewTokenizer(TokenizerOptions{VerifyFirst: 1, VerifyEvery: 1 << 30})
+	t.Cleanup(tok.Close)
+	servers := []string{f.addr()}
+	for i := range 4 {
+		_, _ = tok.Lookup(servers, chatPrompt("tiny", [2]string{"system", fmt.Sprint("s", i)}, [2]string{"user", "u"}))
+		testutil.Eventually(t, 10*time.Second, "prefix refused", func() error {
+			if st := tok.Stats(); st.Refused < int64(min(i+1, maxRefused)) {
+				return fmt.Errorf("stats %+v", st)
+			}
+			return nil
+		})
+	}
+	if st := tok.Stats(); !slices.Equal(st.Unstable, []string{"tiny (chat)"}) || st.Refused != maxRefused {
+		t.Fatalf("stats %+v", st)
+	}
+	// Whole prompts (ending with the user's message) are accepted.
+	p := chatPrompt("tiny", [2]string{"system", "s9"}, [2]string{"user", "u"})
+	_, _ = tok.Lookup(servers, p)
+	if got := lookupEventually(t, tok, servers, p); got.Prefix {
+		t.Fatalf("%+v", got)
+	}
+}
+
 func TestSplitArray(t *testing.T) {
 	for in, want := range map[string][]string{
 		`[]`:                            {},

@@ -98,7 +98,7 @@ type TokenizerOptions struct {
 	Busy func(pool, addr string) int
 	// VerifyFirst prompts per model and kind (chat, completions) have
 	// their stable prefix checked against the whole prompt's tokens
-	// (default 16), then one in VerifyEvery (default 64).
+	// (default 4), then one in VerifyEvery (default 64).
 	VerifyFirst, VerifyEvery int
 	// OnUnstable, when set, is told once about a model whose stable
 	// prefixes turned out not to start its prompts' tokens.
@@ -128,7 +128,7 @@ func (o *TokenizerOptions) setDefaults() {
 		o.QueueLength = 256
 	}
 	if o.VerifyFirst <= 0 {
-		o.VerifyFirst = 16
+		o.VerifyFirst = 4
 	}
 	if o.VerifyEvery <= 0 {
 		o.VerifyEvery = 64
@@ -210,11 +210,13 @@ type TokenizerStats struct {
 	Calls, Failures, Dropped int64
 	CallSeconds              float64
 	// Verified stable prefixes were checked against the whole prompt's
-	// tokens; Mismatches were not a prefix of them. Unstable lists the
-	// models ("model (chat)" or "model (completions)") whose prefixes
-	// are not used since.
-	Verified, Mismatches int64
-	Unstable             []string
+	// tokens (a call each); Mismatches were not a prefix of them.
+	// Refused prefixes were refused by the server (400). Unstable lists
+	// the models ("model (chat)" or "model (completions)") whose
+	// prefixes are not used since: a mismatch, or refusals and no
+	// prefix accepted.
+	Verified, Mismatches, Refused int64
+	Unstable                      []string
 	// CachedTokens is the token ids the cache holds.
 	CachedTokens int
 }
@@ -456,7 +458,11 @@ func (t *Tokenizer) post(ctx context.Context, srv string, body []byte) ([]uint32
 		return nil, fmt.Errorf("tokenize on %s: %w", srv, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("tokenize on %s: status %d: %.200s", srv, resp.StatusCode, b)
+		err := fmt.Errorf("tokenize on %s: status %d: %.200s", srv, resp.StatusCode, b)
+		if resp.StatusCode == http.StatusBadRequest {
+			err = &refusedError{err}
+		}
+		return nil, err
 	}
 	var out struct {
 		Tokens []uint32 `json:"tokens"`
@@ -470,6 +476,13 @@ func (t *Tokenizer) post(ctx context.Context, srv string, body []byte) ([]uint32
 	}
 	return out.Tokens, nil
 }
+
+// refusedError is a /tokenize the server refused (400): the prompt
+// itself is not acceptable (a chat template or tokenizer that refuses a
+// conversation ending with that role, say), not the server's state.
+type refusedError struct{ error }
+
+func (e *refusedError) Unwrap() error { return e.error }
 
 // lookup returns the cached ids of key, or nil.
 func (t *Tokenizer) lookup(key uint64) []uint32 {

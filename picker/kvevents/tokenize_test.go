@@ -23,6 +23,9 @@ type fakeTokenizeServer struct {
 	calls      atomic.Int64
 	last       atomic.Pointer[map[string]any]
 	systemLast atomic.Bool
+	// refuseEnd refuses (400) conversations whose last message is not
+	// the user's, as Mistral's own tokenizers do.
+	refuseEnd atomic.Bool
 	// gate, when set, holds every /tokenize until it is closed.
 	gate atomic.Pointer[chan struct{}]
 }
@@ -62,6 +65,12 @@ func newFakeTokenizeServer(t testing.TB) *fakeTokenizeServer {
 			return
 		}
 		f.last.Store(&req)
+		if msgs, ok := req["messages"].([]any); ok && f.refuseEnd.Load() {
+			if last, _ := msgs[len(msgs)-1].(map[string]any); last["role"] != "user" {
+				http.Error(w, `{"error":"Expected last role User"}`, 400)
+				return
+			}
+		}
 		text := ""
 		if p, ok := req["prompt"].(string); ok {
 			text = p

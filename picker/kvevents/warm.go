@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sort"
 	"sync"
@@ -55,8 +56,14 @@ type stabKey struct {
 type stability struct {
 	verified, mismatches int64
 	queued               int64 // verifications waiting
-	unstable             bool
+	// Prefixes the servers tokenized, and refused (400).
+	accepted, refused int64
+	unstable          bool
 }
+
+// maxRefused is how many refused prefixes, with none accepted, make a
+// model's prefixes unused.
+const maxRefused = 3
 
 // engineBudget is one server's share of the background calls.
 type engineBudget struct {
@@ -83,7 +90,7 @@ type warmer struct {
 	lookups  atomic.Int64
 	unstable atomic.Int32 // models with unstable prefixes (fast path: 0)
 
-	dropped, verified, mismatches atomic.Int64
+	dropped, verified, mismatches, refused atomic.Int64
 }
 
 func (w *warmer) init(t *Tokenizer) {
@@ -122,7 +129,7 @@ func (w *warmer) start() {
 }
 
 func (w *warmer) stats(st *TokenizerStats) {
-	st.Dropped, st.Verified, st.Mismatches = w.dropped.Load(), w.verified.Load(), w.mismatches.Load()
+	st.Dropped, st.Verified, st.Mismatches, st.Refused = w.dropped.Load(), w.verified.Load(), w.mismatches.Load(), w.refused.Load()
 	w.mu.Lock()
 	for k, s := range w.stab {
 		if s.unstable {
@@ -135,6 +142,21 @@ func (w *warmer) stats(st *TokenizerStats) {
 	}
 	w.mu.Unlock()
 	sort.Strings(st.Unstable)
+}
+
+// busy reports whether background work is queued or running.
+func (w *warmer) busy() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.pending) > 0 || len(w.models) > 0 || len(w.jobs) > 0 {
+		return true
+	}
+	for _, s := range w.stab {
+		if s.queued > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // stable reports whether p's model may be matched by stable prefixes.
@@ -376,6 +398,7 @@ func (w *warmer) run(j *warmJob) {
 		return
 	case j.key != 0:
 		ids, err := t.call(w.ctx, srv, j.body)
+		w.accepted(j, err)
 		if err != nil {
 			w.finish(j, fetch, true)
 			return
@@ -405,6 +428,44 @@ func (w *warmer) finish(j *warmJob, fetch uint64, failed bool) {
 	w.done(j, fetch, failed)
 }
 
+// accepted records whether a server tokenized a prefix of j's model or
+// refused it (a template or tokenizer that refuses conversations ending
+// with that role): a model whose prefixes are refused, none accepted,
+// is matched by whole prompts only from then on.
+func (w *warmer) accepted(j *warmJob, err error) {
+	var refused *refusedError
+	isRefused := errors.As(err, &refused)
+	if err != nil && !isRefused {
+		return
+	}
+	if isRefused {
+		w.refused.Add(1)
+	}
+	w.mu.Lock()
+	s := w.stabOf(j.model, j.chat)
+	if isRefused {
+		s.refused++
+	} else {
+		s.accepted++
+	}
+	turned := s.refused >= maxRefused && s.accepted == 0 && w.markUnstable(s)
+	w.mu.Unlock()
+	if turned && w.t.opts.OnUnstable != nil {
+		w.t.opts.OnUnstable(j.model, j.chat)
+	}
+}
+
+// markUnstable marks s unstable; it reports whether it was not. w.mu is
+// held.
+func (w *warmer) markUnstable(s *stability) bool {
+	if s.unstable {
+		return false
+	}
+	s.unstable = true
+	w.unstable.Add(1)
+	return true
+}
+
 // check records whether prefix's ids start the whole prompt's: a model
 // whose do not is matched by whole prompts only from then on.
 func (w *warmer) check(j *warmJob, prefix, whole []uint32) {
@@ -413,16 +474,14 @@ func (w *warmer) check(j *warmJob, prefix, whole []uint32) {
 	w.mu.Lock()
 	s := w.stabOf(j.model, j.chat)
 	s.verified++
+	turned := false
 	if !ok {
 		w.mismatches.Add(1)
 		s.mismatches++
-		if !s.unstable {
-			s.unstable = true
-			w.unstable.Add(1)
-		}
+		turned = w.markUnstable(s)
 	}
 	w.mu.Unlock()
-	if !ok && w.t.opts.OnUnstable != nil {
+	if turned && w.t.opts.OnUnstable != nil {
 		w.t.opts.OnUnstable(j.model, j.chat)
 	}
 }
