@@ -67,7 +67,9 @@ func (s *kvServer) start() {
 	cfg := fmt.Sprintf(`{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "ipc://%s", "replay_endpoint": "ipc://%s"}`, s.pub, s.replay)
 	args, env := realvllm.Command(realvllm.Dir(s.t), s.model, s.addr, realvllm.Options{
 		Adapter: vllmAdapter, GPUBlocks: vllmBlocks, BlockSize: vllmBlock, MaxModelLen: vllmMaxLen,
-		Extra: []string{"--kv-events-config", cfg},
+		// Requests may bring their own chat template (the unstable
+		// template subtest).
+		Extra: []string{"--kv-events-config", cfg, "--trust-request-chat-template"},
 	})
 	s.proc = testutil.StartNoCleanupEnv(s.t, "vllm "+s.addr, s.python, env, args...)
 	s.stopped = false
