@@ -20,10 +20,13 @@ import (
 // exact cache view (sched.Request.Cache) from the pool's token cache,
 // never waiting for a server: servers whose view is synced are ranked by
 // what they hold, the others (and requests whose prompt is not known
-// yet) by the estimating prefix index. After the pick it keeps what the
-// view predicted for the primary, and the response's
+// yet) by the estimating prefix index. After the pick the prompt's blocks
+// count as on their way to the primary until its events announce them
+// (kvevents.Query.Routed: requests sharing the prompt follow it instead
+// of scattering while it is computed), and the stage keeps what the view
+// predicted for the primary, which the response's
 // usage.prompt_tokens_details.cached_tokens (JSON answers, and streams
-// that ask for usage) checks it (switchyard_kv_events_predictions_total).
+// that ask for usage) checks (switchyard_kv_events_predictions_total).
 // Its per-request state is request.kv.
 type kvStage struct {
 	kv   *kvevents.Manager
@@ -124,9 +127,12 @@ func (st *kvStage) ranked(r *request, req *sched.Request, sc *sched.Scratch, pri
 		return
 	}
 	if primary != nil {
-		if n, ok := sc.CachedTokens(primary.Address); ok {
+		// A count that leans on requests routed there whose blocks are
+		// not announced yet is a routing hint, not a prediction.
+		if n, ok := sc.CachedTokens(primary.Address); ok && !q.Tentative(primary.Address) {
 			r.kv.addr, r.kv.predicted, r.kv.bound, r.kv.ok = primary.Address, n, q.Bounded(n), true
 		}
+		q.Routed(primary.Address)
 	}
 	req.Cache = nil
 	r.kv.q = nil

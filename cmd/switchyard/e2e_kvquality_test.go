@@ -261,6 +261,23 @@ func kvTable(t *testing.T, f *fleet, model string, targets []kvTarget, arms []kv
 	return out, b.String()
 }
 
+// envArms reads SWITCHYARD_QUALITY_ARMS and _SCENARIOS, when set.
+func envArms(arms []kvArm, scenarios []bool) ([]kvArm, []bool) {
+	if v := os.Getenv("SWITCHYARD_QUALITY_ARMS"); v != "" {
+		arms = nil
+		for _, a := range strings.Split(v, ",") {
+			arms = append(arms, kvArm(strings.TrimSpace(a)))
+		}
+	}
+	if v := os.Getenv("SWITCHYARD_QUALITY_SCENARIOS"); v != "" {
+		scenarios = nil
+		for _, s := range strings.Split(v, ",") {
+			scenarios = append(scenarios, strings.TrimSpace(s) == "second")
+		}
+	}
+	return arms, scenarios
+}
+
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
 		return v
@@ -281,29 +298,35 @@ func kvCompare(t *testing.T, res map[bool]map[kvArm]kvQuality, slack float64) {
 }
 
 // TestE2EKVQuality runs the comparison against a simulated fleet
-// (vllm-sim publishing KV events, caches of 400 16-token blocks: about
-// six of the 32 groups' system prompts each). By default a short run of
-// precise against the estimate with the second sender; with
-// SWITCHYARD_QUALITY=1 the measured sweep (every arm, alone and with the
-// second sender):
+// (vllm-sim publishing KV events; the 32 groups' system prompts take
+// about 2,100 16-token blocks, the fleet's caches hold 1,600). By default
+// a short run of precise against the estimate with the second sender (4
+// servers of 400 blocks); with SWITCHYARD_QUALITY=1 the measured sweep
+// (8 servers of 200 blocks; every arm, alone and with the second
+// sender):
 //
 //	SWITCHYARD_QUALITY=1 go test -count=1 -run TestE2EKVQuality -v -timeout 60m ./cmd/switchyard/
 //
-// SWITCHYARD_QUALITY_SIMS (default 8), _SECONDS (per arm, default 60)
-// and _RATE (requests/s, default 16) size it.
+// SWITCHYARD_QUALITY_SIMS (default 8), _BLOCKS (per server, default
+// 200), _SECONDS (per arm, default 60) and _RATE (requests/s, default
+// 16) size it; SWITCHYARD_QUALITY_ARMS ("precise,estimate,round-robin")
+// and _SCENARIOS ("alone,second") choose what runs, in order.
 func TestE2EKVQuality(t *testing.T) {
 	full := os.Getenv("SWITCHYARD_QUALITY") == "1"
 	sims, secs, rate := 4, 10, 8
 	arms, scenarios := []kvArm{armPrecise, armEstimate}, []bool{true}
+	blocks := 400
 	if full {
 		sims, secs, rate = envInt("SWITCHYARD_QUALITY_SIMS", 8), envInt("SWITCHYARD_QUALITY_SECONDS", 60), envInt("SWITCHYARD_QUALITY_RATE", 16)
+		blocks = envInt("SWITCHYARD_QUALITY_BLOCKS", 200)
 		arms, scenarios = []kvArm{armPrecise, armEstimate, armRR}, []bool{false, true}
 	}
+	arms, scenarios = envArms(arms, scenarios)
 	const model = "llama"
 	var targets []kvTarget
 	for range sims {
 		pub, replay := testutil.FreePort(t), testutil.FreePort(t)
-		s := startSim(t, simOptions{timeScale: 1, models: []string{model}, extra: []string{"-block-size", "16", "-num-gpu-blocks", "400",
+		s := startSim(t, simOptions{timeScale: 1, models: []string{model}, extra: []string{"-block-size", "16", "-num-gpu-blocks", strconv.Itoa(blocks),
 			"-max-num-seqs", "16", "-kv-events-port", strconv.Itoa(pub), "-kv-events-replay-port", strconv.Itoa(replay)}})
 		addr := s.Addr
 		targets = append(targets, kvTarget{addr: addr, pub: pub, replay: replay, reset: func() error { return resetPrefixCache(addr) }})
@@ -321,7 +344,7 @@ func TestE2EKVQuality(t *testing.T) {
 	other := cfg
 	other.URL, other.Stages = strings.Join(urls, ","), []load.Stage{{Rate: float64(rate) / 2, Duration: dur}}
 	res, table := kvTable(t, f, model, targets, arms, scenarios, cfg, other)
-	fmt.Printf("\n%d simulated servers (vllm-sim, 400 blocks of 16 tokens each), %d req/s for %v per arm, load %s\n%s\n", sims, rate, dur, loadavg(), table)
+	fmt.Printf("\n%d simulated servers (vllm-sim, %d blocks of 16 tokens each), %d req/s for %v per arm, load %s\n%s\n", sims, blocks, rate, dur, loadavg(), table)
 	kvCompare(t, res, 0.02)
 }
 
@@ -409,6 +432,7 @@ func TestE2ERealVLLMKVQuality(t *testing.T) {
 		secs, rate = envInt("SWITCHYARD_QUALITY_SECONDS", 60), envInt("SWITCHYARD_QUALITY_VLLM_RATE", 3)
 		arms, scenarios = []kvArm{armPrecise, armEstimate, armRR}, []bool{false, true}
 	}
+	arms, scenarios = envArms(arms, scenarios)
 	dir, err := os.MkdirTemp("", "kvq") // short: Unix socket paths are limited
 	if err != nil {
 		t.Fatal(err)

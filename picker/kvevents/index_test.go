@@ -322,3 +322,57 @@ func BenchmarkQuery(b *testing.B) {
 
 // A Query is what picker/sched consults as a request's exact view.
 var _ sched.CacheView = (*Query)(nil)
+
+// A request routed to a server counts its prompt's blocks as on their
+// way there (tentatively) until the server's events announce them, or
+// for PendingFor; a cleared server loses them.
+func TestQueryRoutedPending(t *testing.T) {
+	x := NewIndex()
+	a, b := x.Server("a"), x.Server("b")
+	for _, s := range []*Server{a, b} {
+		s.SetState(Synced)
+		// Both learn their block size from an unrelated store.
+		other := seqTokens(9000, 8)
+		apply(s, storeRun(other, 4, 0, 2, engineHashes(other, 4, 7), ""))
+	}
+	prompt := seqTokens(100, 21)
+	q := x.NewQuery(prompt, "", "")
+	n, ok := make([]int, 2), make([]bool, 2)
+	q.CachedTokens([]string{"a", "b"}, n, ok)
+	if n[0] != 0 || n[1] != 0 {
+		t.Fatalf("cached %v before routing", n)
+	}
+	q.Routed("a")
+	q.Release()
+
+	q = x.NewQuery(prompt, "", "")
+	defer q.Release()
+	q.CachedTokens([]string{"a", "b"}, n, ok)
+	if n[0] != 20 || n[1] != 0 || !q.Tentative("a") || q.Tentative("b") {
+		t.Fatalf("after routing to a: cached %v, tentative %v %v", n, q.Tentative("a"), q.Tentative("b"))
+	}
+	// The events announce the first 3 blocks: exact for those, pending
+	// for the rest.
+	apply(a, storeRun(prompt, 4, 0, 3, engineHashes(prompt, 4, 1), ""))
+	q.CachedTokens([]string{"a"}, n, ok)
+	if n[0] != 20 || !q.Tentative("a") {
+		t.Fatalf("partly stored: cached %d, tentative %v", n[0], q.Tentative("a"))
+	}
+	apply(a, storeRun(prompt, 4, 3, 5, engineHashes(prompt, 4, 1), ""))
+	q.CachedTokens([]string{"a"}, n, ok)
+	if n[0] != 20 || q.Tentative("a") {
+		t.Fatalf("stored: cached %d, tentative %v", n[0], q.Tentative("a"))
+	}
+	// Expired pending blocks count for nothing; a cleared server loses
+	// its pending ones.
+	q.CachedTokens([]string{"b"}, n, ok)
+	x.setPending(q.keysFor(4), b.id, time.Now().Add(-time.Second).UnixNano())
+	if q.CachedTokens([]string{"b"}, n, ok); n[0] != 0 {
+		t.Fatalf("expired pending blocks counted: %d", n[0])
+	}
+	q.Routed("b")
+	b.Clear()
+	if q.CachedTokens([]string{"b"}, n, ok); n[0] != 0 || q.Tentative("b") {
+		t.Fatalf("cleared server: %d", n[0])
+	}
+}

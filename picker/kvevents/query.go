@@ -3,6 +3,7 @@ package kvevents
 import (
 	"slices"
 	"sync"
+	"time"
 )
 
 // MaxQueryBlocks caps the blocks of a prompt that are keyed and matched
@@ -33,6 +34,9 @@ type Query struct {
 	group     []*Server
 	sizes     []int
 	matched   []int
+	// tentative: servers whose last count included blocks pending there
+	// (Routed), not announced yet.
+	tentative holders
 }
 
 var queryPool = sync.Pool{New: func() any { return new(Query) }}
@@ -45,6 +49,7 @@ func (x *Index) NewQuery(tokens []uint32, adapter, salt string) *Query {
 	q.x, q.tokens, q.extra = x, tokens, RequestExtra(adapter, salt)
 	q.prefix, q.total = false, 0
 	q.blockSize, q.keys = 0, q.keys[:0]
+	q.tentative = holders{}
 	return q
 }
 
@@ -72,6 +77,38 @@ func (q *Query) Known() int { return len(q.tokens) }
 // Prefix reports whether the Query knows only a stable prefix of the
 // prompt's tokens.
 func (q *Query) Prefix() bool { return q.prefix }
+
+// Routed records that the request goes to server addr: until that
+// server's events announce the blocks of its prompt (or of its known
+// prefix) that it does not hold yet, for at most PendingFor, the Index
+// counts them as on their way there, so that requests sharing the prompt
+// follow it instead of scattering while it is computed.
+func (q *Query) Routed(addr string) {
+	s := q.x.table.Load().byName[addr]
+	if s == nil {
+		return
+	}
+	bs := s.BlockSize()
+	if bs <= 0 {
+		return
+	}
+	keys := q.keysFor(bs)
+	held := 0
+	for held < len(keys) && s.Holds(keys[held]) {
+		held++
+	}
+	if held < len(keys) {
+		q.x.setPending(keys[held:], s.id, time.Now().Add(PendingFor).UnixNano())
+	}
+}
+
+// Tentative reports whether the last CachedTokens count for addr
+// includes blocks pending there (Routed), not announced by its events
+// yet: a routing hint, neither exact nor a bound.
+func (q *Query) Tentative(addr string) bool {
+	s := q.x.table.Load().byName[addr]
+	return s != nil && q.tentative[s.id/64]&(1<<(s.id%64)) != 0
+}
 
 // Bounded reports whether a count CachedTokens gave is only a lower
 // bound of what the server will report: the Query knows a prefix of the
@@ -136,6 +173,8 @@ func (q *Query) CachedTokens(addrs []string, tokens []int, exact []bool) {
 	}
 	group, m := q.group[:len(q.servers)], q.matched[:len(q.servers)]
 	defer clear(group)
+	now := time.Now().UnixNano()
+	q.tentative = holders{}
 	for i, bs := range q.sizes {
 		if bs <= 0 || slices.Contains(q.sizes[:i], bs) {
 			continue // unknown, nothing stored yet (nothing cached), or done
@@ -146,7 +185,10 @@ func (q *Query) CachedTokens(addrs []string, tokens []int, exact []bool) {
 				group[j] = o
 			}
 		}
-		q.x.matchInto(q.keysFor(bs), group, m)
+		tent := q.x.matchInto(q.keysFor(bs), group, m, now)
+		for w := range tent {
+			q.tentative[w] |= tent[w]
+		}
 		// Like vLLM, the prompt's last token is computed: a prefix's
 		// last full block may be cached in full.
 		limit := max(len(q.tokens)-1, 0) / bs
