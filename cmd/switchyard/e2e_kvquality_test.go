@@ -81,8 +81,13 @@ func (q kvQuality) row() string {
 	if q.other != nil {
 		other = fmt.Sprintf("%.3f", q.other.PrefixCacheHitRate)
 	}
-	return fmt.Sprintf("| %s | %v | %d | %.3f | %.0f | %.0f | %s | %s |", q.arm, q.second, q.main.Completed, q.main.PrefixCacheHitRate,
-		q.main.TTFT.P50Ms, q.main.TTFT.P90Ms, other, q.checked)
+	busiest := int64(0)
+	for _, n := range q.main.Servers {
+		busiest = max(busiest, n)
+	}
+	return fmt.Sprintf("| %s | %v | %d | %d | %.3f | %.0f | %.0f | %.0f | %.0f%% | %s | %s |", q.arm, q.second, q.main.Completed, q.main.Failed,
+		q.main.PrefixCacheHitRate, q.main.TTFT.P50Ms, q.main.TTFT.P90Ms, q.main.TTFT.P99Ms,
+		100*float64(busiest)/float64(max(q.main.Completed, 1)), other, q.checked)
 }
 
 // kvRun configures arm on f, empties the caches, and runs the workload
@@ -246,7 +251,7 @@ func kvTable(t *testing.T, f *fleet, model string, targets []kvTarget, arms []kv
 	t.Helper()
 	out := map[bool]map[kvArm]kvQuality{}
 	var b strings.Builder
-	b.WriteString("| routing | second sender | completed | hit ratio | TTFT p50 ms | TTFT p90 ms | second sender's hit ratio | predictions checked |\n|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| routing | second sender | completed | failed | hit ratio | TTFT p50 ms | p90 | p99 | busiest server | second sender's hit ratio | predictions checked |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	run := 0
 	for _, second := range scenarios {
 		out[second] = map[kvArm]kvQuality{}
