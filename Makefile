@@ -34,7 +34,7 @@ export SWITCHYARD_CONSUL := $(CONSUL_BIN)
 # engine.
 export SWITCHYARD_COMPOSE := $(COMPOSE_BIN)
 
-.PHONY: all build test test-vllm test-compose unit race bench bench-routing bench-xds run envoy consul chromium tools vllm engine vet fmt tidy-check clean fuzz compose-certs
+.PHONY: all build test test-vllm test-compose unit race bench bench-routing bench-xds bench-scale run envoy consul chromium tools vllm engine vet fmt tidy-check clean fuzz compose-certs
 
 all: build
 
@@ -140,6 +140,16 @@ XDSBENCH ?=
 bench-xds: build envoy
 	$(BIN)/xdsbench -switchyard $(BIN)/switchyard -protocol sotw $(XDSBENCH)
 	$(BIN)/xdsbench -switchyard $(BIN)/switchyard -protocol delta $(XDSBENCH)
+
+# Fleet scale (issue 25): a fleet of SCALE_SIZES simulated vLLM servers in
+# one vllm-sim process, one switchyard serve watching them; its CPU, the
+# scrapes each endpoint answers per second, CPU per scrape, RSS, heap and
+# how old its view of each endpoint is, idle and with every endpoint read
+# as if in use. Override SCALE_ARGS for more (e.g. -heap-dir DIR, -window).
+SCALE_SIZES ?= 100,1000
+SCALE_ARGS  ?=
+bench-scale: build
+	$(BIN)/scalebench -sizes $(SCALE_SIZES) $(SCALE_ARGS)
 
 # A local CA and the mutual-TLS certificates of the docker-compose stack
 # (examples/compose/tls/, not in git). Run again to rotate the leaf

@@ -412,3 +412,32 @@ func TestTenantIsTheQueuesFlow(t *testing.T) {
 		t.Errorf("waiting flows and bands %v, want team-a in band 4 and team-b in band 0", got)
 	}
 }
+
+// A request the admission queue held is resolved again when it leaves
+// the queue; it still counts once in its model's requests and in the
+// rewrites, and keeps the target it drew.
+func TestQueuedRequestCountedOnce(t *testing.T) {
+	h := newHarness(t, testState(), Options{MaxInFlightPerEndpoint: 1})
+	busy := saturate(t, h)
+	before := h.srv.Stats().Rewritten
+	ch := recvAsync(startRequest(h, "chat"))
+	waiting(t, h, 1)
+	busy[0].cancel()
+	picked(t, "chat", ch)
+	if got := h.srv.Stats().Rewritten - before; got != 1 {
+		t.Errorf("rewrites counted %d times, want 1", got)
+	}
+	var seen bool
+	for _, o := range h.srv.Observe(time.Now()).Objectives {
+		if o.Model != "chat" {
+			continue
+		}
+		seen = true
+		if o.Target != "llama-3-8b-instruct" || o.Requests != 1 {
+			t.Errorf("objective %s/%s counted %d requests, want 1", o.Model, o.Target, o.Requests)
+		}
+	}
+	if !seen {
+		t.Error("no objective counters for chat")
+	}
+}

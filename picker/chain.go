@@ -10,9 +10,10 @@ import (
 )
 
 // The chain: the optional stages of a request's path (tracing, decision
-// records, tenants, replica sharing, the KV-event cache view, TTFT
-// accounting, the pool's upstream key) and the hook points where the request's driver (request.go) calls
-// them. A stage is a small type that implements only the hook interfaces
+// records, tenants, replica sharing, the KV-event cache view,
+// prefill/decode disaggregation, TTFT accounting, the pool's upstream key)
+// and the hook points where the request's driver (request.go) calls them.
+// A stage is a small type that implements only the hook interfaces
 // it needs; its per-request state is a field of request (one allocation
 // per request whatever the chain). Stages are called in chain order at
 // each hook point. A stage that is not configured is not in the chain.
@@ -243,6 +244,7 @@ func stages() []stageDef {
 		{name: "tenants", build: tenantStageFor},
 		{name: "replicas", build: replicaStageFor},
 		{name: "kv-events", perPool: true, build: kvStageFor},
+		{name: "pd", perPool: true, build: pdStageFor}, // before ttft: a split's prefill is not the primary's
 		{name: "ttft", perPool: true, build: ttftStageFor},
 		{name: "upstream-key", perPool: true, build: upstreamKeyStageFor},
 	}

@@ -90,6 +90,10 @@ type PoolStats struct {
 	PrefixEntries, PrefixBlocks int
 	PrefixBytes                 int64
 	PromptBlocks, MatchedBlocks int64
+	// PDDecisions counts the prefill/decode decisions of a disaggregated
+	// pool's requests by decision (picker/pd's reasons: "split", or why
+	// the request went whole); nil for other pools.
+	PDDecisions map[string]int64
 }
 
 // Observability is everything the picker reports beyond Stats.
@@ -133,6 +137,7 @@ func (s *Server) Observe(now time.Time) Observability {
 		ps.PrefixEntries, ps.PrefixBlocks, ps.PrefixBytes = st.Entries, st.Blocks, st.Bytes
 		ps.Saturated = s.saturated(pv, now)
 		ps.SaturatedShare = s.saturatedShare(pv, now)
+		ps.PDDecisions = pdDecisions(pv)
 		out.Pools = append(out.Pools, ps)
 	}
 	sort.Slice(out.Pools, func(i, j int) bool { return out.Pools[i].Name < out.Pools[j].Name })

@@ -2,10 +2,13 @@ package picker
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	pdwire "github.com/switchyard/switchyard/internal/pd"
 )
 
 // The read stage: the request's headers (method, path, declared length,
@@ -122,6 +125,11 @@ func parseLength(b []byte) int {
 	return n
 }
 
+// isProtocolHeader reports whether a client-sent header (lower case) is
+// one only switchyard may set: the destination headers, switchyard's own
+// (x-switchyard-*), and the prefill/decode routing headers a decode
+// server's sidecar acts on (pd.ClientHeaders), removed from every request
+// of every pool so that no client names a server.
 func isProtocolHeader(k string) bool {
-	return strings.HasPrefix(k, HeaderDestination) || strings.HasPrefix(k, "x-switchyard-")
+	return strings.HasPrefix(k, HeaderDestination) || strings.HasPrefix(k, "x-switchyard-") || slices.Contains(pdwire.ClientHeaders, k)
 }

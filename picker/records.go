@@ -65,6 +65,9 @@ func (rs *recordStage) decided(r *request, o *pickOutcome) {
 	if picked, fallbacks := o.destination(); picked != "" {
 		rec.Picked, rec.Fallbacks = picked, fallbacks
 	}
+	if pd := &r.pd; pd.reason != "" {
+		rec.PD = &decisions.PD{Decision: string(pd.reason), Prefill: pd.prefill, UncachedTokens: pd.uncached}
+	}
 }
 
 // queued notes that the request waits in its pool's admission queue.
@@ -114,6 +117,9 @@ func (rs *recordStage) done(r *request, now time.Time) {
 	}
 	rec.Duration = lat.endAt(now).Sub(r.start)
 	rec.DecisionTime = r.decisionTime
+	if rec.PD != nil {
+		rec.PD.Result = r.pd.result
+	}
 	rs.rec.Add(rec)
 }
 

@@ -52,7 +52,9 @@ type request struct {
 	// resolve (resolve.go): the snapshot the request was last resolved
 	// in, the client's model and the name sent upstream, missing when no
 	// model or default pool takes the name (404), the model's counters
-	// (nil when undeclared), rewritten when responses name the client's
+	// (nil when undeclared; counted: the request is in them, so a second
+	// resolution after an admission wait does not count it again),
+	// rewritten when responses name the client's
 	// model again, the body as it goes upstream (bodyRewritten: it
 	// differs from the client's), and the default priority band (the
 	// model's, raised by a tenant's).
@@ -61,6 +63,7 @@ type request struct {
 	target        string
 	missing       bool
 	obj           *objectiveCounters
+	counted       bool
 	rewritten     bool
 	upstream      []byte
 	bodyRewritten bool
@@ -108,6 +111,7 @@ type request struct {
 	peerID     uint64            // replicas.go: the shared pick (0: none)
 	ttft       ttftState         // ttft.go
 	kv         kvReq             // kvstage.go
+	pd         pdState           // pd.go
 }
 
 // begin starts the request's life once its headers are read: the clock,

@@ -15,7 +15,10 @@ import (
 
 // resolve finds the request's pool and model in the current snapshot;
 // the request's chain becomes its pool's. parsed locates the model and
-// the prompt in the body. A non-zero reply is a local answer.
+// the prompt in the body. A non-zero reply is a local answer. A request
+// the admission queue held is resolved again when it leaves the queue:
+// it keeps the target it drew (while its model still has it) and is
+// counted once, in its model's requests and in the rewrites.
 func (r *request) resolve() (pv *poolView, mv *modelView, parsed openai.Request, rep reply) {
 	s := r.s
 	snap := s.snap.Load()
@@ -55,13 +58,21 @@ func (r *request) resolve() (pv *poolView, mv *modelView, parsed openai.Request,
 		} else {
 			r.clientModel = mv.model.Name
 			pv = mv.pool
-			r.target, r.obj = mv.target(randN)
-			r.obj.requests.Add(1)
+			again := r.counted
+			if !again || !mv.keepTarget(r) {
+				r.target, r.obj = mv.target(randN)
+			}
+			if !again {
+				r.obj.requests.Add(1)
+			}
 			if r.target != mv.model.Name {
 				r.upstream = openai.RewriteModel(r.upstream, parsed, r.target)
 				r.rewritten, r.bodyRewritten = true, true
-				s.stats.rewritten.Add(1)
+				if !again {
+					s.stats.rewritten.Add(1)
+				}
 			}
+			r.counted = true
 		}
 	}
 	if pv != nil {
@@ -72,4 +83,24 @@ func (r *request) resolve() (pv *poolView, mv *modelView, parsed openai.Request,
 		r.priority = mv.model.Priority
 	}
 	return pv, mv, parsed, reply{}
+}
+
+// keepTarget gives r, resolved before (it waited in the admission queue),
+// the target and counters it drew then, when mv (perhaps of a newer
+// snapshot) still has that target; false when it must draw again.
+func (mv *modelView) keepTarget(r *request) bool {
+	if len(mv.targets) == 0 {
+		if r.target == mv.model.Name {
+			r.obj = mv.counters[0]
+			return true
+		}
+		return false
+	}
+	for i, t := range mv.targets {
+		if t == r.target {
+			r.obj = mv.counters[i]
+			return true
+		}
+	}
+	return false
 }

@@ -160,7 +160,7 @@ type decisionBlock struct {
 	br      extprocv3.BodyResponse
 	cr      extprocv3.CommonResponse
 	hm      extprocv3.HeaderMutation
-	setPtrs [3]*corev3.HeaderValueOption
+	setPtrs [5]*corev3.HeaderValueOption // room for stages' headers (answer hooks)
 	set     [3]corev3.HeaderValueOption
 	vals    [3]corev3.HeaderValue
 	clen    [20]byte

@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/switchyard/switchyard/internal/contract"
+	pdwire "github.com/switchyard/switchyard/internal/pd"
 	"github.com/switchyard/switchyard/picker/decisions"
 	"github.com/switchyard/switchyard/picker/kvevents"
 	"github.com/switchyard/switchyard/picker/metrics"
@@ -92,6 +93,9 @@ type Options struct {
 	// KVEvents tunes the subscribers to the KV-cache events of servers
 	// whose pool (or endpoint) declares them (see KVEvents).
 	KVEvents kvevents.Options
+	// PDSigner, when set, signs the prefill server the P/D stage names
+	// (x-switchyard-prefiller-sig), for sidecars that require it.
+	PDSigner *pdwire.Signer
 }
 
 func (o Options) withDefaults() Options {
@@ -142,6 +146,10 @@ type Server struct {
 
 	active   atomic.Int64 // open ext_proc streams
 	draining atomic.Bool
+	// held keeps readiness NOT_SERVING (HoldReadiness) until released.
+	held atomic.Bool
+	// readyMu orders readiness updates (apply, Drain, ReleaseReadiness).
+	readyMu sync.Mutex
 
 	// mesh shares picks with the other replicas (nil: one switchyard).
 	mesh *peers.Mesh
@@ -254,6 +262,12 @@ func (s *Server) Run(ctx context.Context) error {
 				l.MarkScrape(snap)
 			}
 		}
+		mo.Demand = func(k metrics.Key) metrics.Demand {
+			if l := s.loads.get(k.Pool, k.Address); l != nil {
+				return l
+			}
+			return nil
+		}
 		s.mgr = metrics.NewManager(ctx, mo)
 		defer func() {
 			s.mgr.Stop()
@@ -298,6 +312,8 @@ func (s *Server) apply(st *registry.State) {
 	}
 	if s.mgr != nil {
 		targets := metrics.TargetsFromState(st)
+		// Every replica scrapes every endpoint: they share its budget.
+		s.mgr.SetScrapers(len(st.Replicas))
 		if err := s.mgr.Sync(targets); err != nil {
 			s.log.Warn("metrics targets", "err", err)
 		}
@@ -319,29 +335,59 @@ func (s *Server) apply(st *registry.State) {
 	s.buildChains(snap)
 	s.snap.Store(snap)
 	s.syncQueues(st, snap, old)
+	s.updateReadiness()
+	s.log.Debug("picker state applied", "version", st.Version, "pools", len(snap.pools), "models", len(snap.models))
+}
+
+// updateReadiness sets the readiness health services: SERVING once the
+// routing snapshot has pools, unless held or draining. Readiness never
+// goes back once served: a later empty state keeps the picker answering
+// (with 503s) rather than failing Envoy's health checks. A draining
+// picker stays NOT_SERVING.
+func (s *Server) updateReadiness() {
+	s.readyMu.Lock()
+	defer s.readyMu.Unlock()
 	ready := healthpb.HealthCheckResponse_NOT_SERVING
-	if len(snap.pools) > 0 {
+	if len(s.snap.Load().pools) > 0 && !s.held.Load() {
 		ready = healthpb.HealthCheckResponse_SERVING
 	}
-	// Readiness never goes back once served: a later empty state keeps the
-	// picker answering (with 503s) rather than failing Envoy's health checks.
-	// A draining picker stays NOT_SERVING.
 	if !s.draining.Load() && (ready == healthpb.HealthCheckResponse_SERVING || !s.ready()) {
-		for _, svc := range []string{HealthReadiness, HealthExtProc, ""} {
-			s.health.SetServingStatus(svc, ready)
-		}
+		s.setReadiness(ready)
 	}
-	s.log.Debug("picker state applied", "version", st.Version, "pools", len(snap.pools), "models", len(snap.models))
+}
+
+func (s *Server) setReadiness(st healthpb.HealthCheckResponse_ServingStatus) {
+	for _, svc := range []string{HealthReadiness, HealthExtProc, ""} {
+		s.health.SetServingStatus(svc, st)
+	}
+}
+
+// HoldReadiness keeps the readiness health services NOT_SERVING, whatever
+// the state, until ReleaseReadiness: a replica that restarts must not take
+// Envoy's streams before it serves what it should (internal/ready). Call
+// it before Run.
+func (s *Server) HoldReadiness() {
+	s.readyMu.Lock()
+	defer s.readyMu.Unlock()
+	s.held.Store(true)
+	s.setReadiness(healthpb.HealthCheckResponse_NOT_SERVING)
+}
+
+// ReleaseReadiness ends HoldReadiness: readiness follows the state again
+// (a draining picker stays NOT_SERVING).
+func (s *Server) ReleaseReadiness() {
+	s.held.Store(false)
+	s.updateReadiness()
 }
 
 // Drain reports the picker NOT_SERVING on every health service, so Envoy
 // stops opening streams to it (its health checks see it at once), while
 // the streams already open go on. A replica drains before it stops.
 func (s *Server) Drain() {
+	s.readyMu.Lock()
+	defer s.readyMu.Unlock()
 	s.draining.Store(true)
-	for _, svc := range []string{HealthReadiness, HealthExtProc, ""} {
-		s.health.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
-	}
+	s.setReadiness(healthpb.HealthCheckResponse_NOT_SERVING)
 }
 
 // ActiveStreams returns the ext_proc streams open now (one per request in

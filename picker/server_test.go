@@ -774,3 +774,34 @@ func TestHealthServices(t *testing.T) {
 		})
 	}
 }
+
+// TestHoldReadiness: a held picker reports NOT_SERVING whatever states it
+// gets, serves once released, and a drain wins over a release.
+func TestHoldReadiness(t *testing.T) {
+	s := New(registry.NewPublisher(testState()), Options{DisableMetrics: true}, nil)
+	status := func() healthpb.HealthCheckResponse_ServingStatus {
+		r, err := s.Health().Check(context.Background(), &healthpb.HealthCheckRequest{Service: HealthReadiness})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.GetStatus()
+	}
+	if got := status(); got != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("with pools and no hold: %v", got)
+	}
+	s.HoldReadiness()
+	s.apply(testState())
+	if got := status(); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("held, after a new state: %v, want NOT_SERVING", got)
+	}
+	s.ReleaseReadiness()
+	if got := status(); got != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("released: %v, want SERVING", got)
+	}
+	s.HoldReadiness()
+	s.Drain()
+	s.ReleaseReadiness()
+	if got := status(); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("released while draining: %v, want NOT_SERVING", got)
+	}
+}

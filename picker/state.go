@@ -7,6 +7,7 @@ import (
 
 	"github.com/switchyard/switchyard/picker/admission"
 	"github.com/switchyard/switchyard/picker/metrics"
+	pdpick "github.com/switchyard/switchyard/picker/pd"
 	"github.com/switchyard/switchyard/picker/prefix"
 	"github.com/switchyard/switchyard/picker/sched"
 	"github.com/switchyard/switchyard/picker/tenant"
@@ -41,8 +42,13 @@ type poolView struct {
 	byAddr    map[string]*sched.Endpoint
 	profile   *sched.Profile
 	state     *poolState
-	// What the profile needs from the request.
+	// What the profile (and the P/D stage) needs from the request.
 	usesPrefix bool
+	// profileLearns: the profile records picks in the prefix index.
+	profileLearns bool
+	// pd is the pool's disaggregation policy (nil: the pool has no
+	// disaggregation block; pd.go).
+	pd *pdPool
 	// predictor is the profile's TTFT scorer (nil: none): picks account
 	// their prefill work and first tokens teach the endpoints' models.
 	predictor     *sched.TTFTScorer
@@ -74,6 +80,9 @@ type poolState struct {
 	// stopQueue ends its dispatcher when the pool goes away.
 	queue     atomic.Pointer[admission.Queue]
 	stopQueue context.CancelFunc
+	// pdDecisions counts the P/D stage's decisions, by
+	// pdpick.Reason.Index.
+	pdDecisions [len(pdpick.Reasons) + 1]atomic.Int64
 }
 
 // poolHasher is a Hasher with the KV block size it was built for.
@@ -182,8 +191,14 @@ func buildSnapshot(st *registry.State, ls *loads, d buildDeps) *snapshot {
 		}
 		pv := &poolView{name: name, nameBytes: []byte(name), byAddr: make(map[string]*sched.Endpoint, len(p.Endpoints)), state: ps,
 			upstreamKey: p.UpstreamAPIKey}
+		if p.Disaggregation != nil {
+			pv.pd = newPDPool(st, p)
+		}
 		pv.profile = poolProfile(p, ps, d)
-		pv.usesPrefix = pv.profile.Uses(sched.ScorerPrefix) || pv.profile.Uses(sched.ScorerTTFT)
+		pv.profileLearns = pv.profile.Uses(sched.ScorerPrefix) || pv.profile.Uses(sched.ScorerTTFT)
+		// The P/D stage decides by the prompt's blocks cached on the
+		// servers: a disaggregated pool hashes every prompt.
+		pv.usesPrefix = pv.profileLearns || pv.pd != nil
 		pv.predictor = pv.profile.Predictor()
 		pv.usesSession = pv.profile.Uses(sched.ScorerSession)
 		pv.sessionHeader = sched.DefaultSessionHeader
@@ -204,11 +219,16 @@ func buildSnapshot(st *registry.State, ls *loads, d buildDeps) *snapshot {
 			seen[k] = true
 			live[e.Address] = true
 			ep := &sched.Endpoint{Pool: name, Address: e.Address, Models: e.Models, Draining: e.Draining, Load: l}
+			if pv.pd != nil {
+				ep.Role = e.Role
+			}
 			if d.handle != nil && !e.Draining {
 				ep.Metrics = d.handle(metrics.Key{Pool: name, Address: e.Address})
 			}
 			pv.eps = append(pv.eps, ep)
-			if !ep.Draining {
+			// Ready: may take a client's request now (a prefill server
+			// never does, so it neither gives a pool room nor saturates it).
+			if !ep.Draining && ep.Role.Decodes() {
 				pv.ready = append(pv.ready, ep)
 			}
 			pv.byAddr[e.Address] = ep
@@ -290,17 +310,26 @@ func buildSnapshot(st *registry.State, ls *loads, d buildDeps) *snapshot {
 	return snap
 }
 
+// poolProfile is pool p's scheduling profile; a disaggregated pool's has
+// the role filter first, so that its requests go to decode servers only.
 func poolProfile(p *registry.Pool, ps *poolState, d buildDeps) *sched.Profile {
+	var prof *sched.Profile
 	if d.profile != nil {
-		return d.profile(p)
-	}
-	deps := sched.Deps{Prefix: ps.index, Sessions: ps.sessions, RoundRobin: &ps.rr, MaxInFlightPerEndpoint: d.maxInFlight}
-	prof, err := sched.BuildProfile(p.Scheduling, deps)
-	if err != nil {
-		if d.onBadProfile != nil {
-			d.onBadProfile(p.Name, err)
+		prof = d.profile(p)
+	} else {
+		deps := sched.Deps{Prefix: ps.index, Sessions: ps.sessions, RoundRobin: &ps.rr, MaxInFlightPerEndpoint: d.maxInFlight}
+		var err error
+		if prof, err = sched.BuildProfile(p.Scheduling, deps); err != nil {
+			if d.onBadProfile != nil {
+				d.onBadProfile(p.Name, err)
+			}
+			prof, _ = sched.BuildProfile(nil, deps)
 		}
-		prof, _ = sched.BuildProfile(nil, deps)
+	}
+	if p.Disaggregation != nil {
+		cp := *prof
+		cp.Filters = append([]sched.Filter{sched.RoleFilter{}}, prof.Filters...)
+		prof = &cp
 	}
 	return prof
 }

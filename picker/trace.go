@@ -98,6 +98,9 @@ func (ts *traceStage) decided(r *request, o *pickOutcome) {
 	if picked != "" {
 		sp.Picked(picked, strings.Join(fallbacks, ","))
 	}
+	if pd := &r.pd; pd.reason != "" {
+		sp.PD(string(pd.reason), pd.prefill, pd.uncached)
+	}
 }
 
 // queued notes that the request waits in its pool's admission queue.
@@ -145,6 +148,7 @@ func (ts *traceStage) done(r *request, now time.Time) {
 	if !lat.first.IsZero() {
 		ttft = lat.first.Sub(r.start)
 	}
+	sp.PDResult(r.pd.result)
 	sp.End(lat.endAt(now), ttft, lat.tokens())
 }
 

@@ -20,21 +20,34 @@ import (
 type prefillWork struct {
 	load   *sched.Load
 	tokens int64
-	done   atomic.Bool
-	timer  *time.Timer
+	// inFlight: the work is also a request in flight on load
+	// (InFlightRequests), as a split request's prefill on its prefill
+	// server is (pd.go).
+	inFlight bool
+	done     atomic.Bool
+	timer    *time.Timer
 }
 
 // startPrefill counts tokens of prefill work on load; with expire > 0 the
 // work ends by itself after expire.
 func startPrefill(load *sched.Load, tokens int64, d time.Duration, now time.Time, expire time.Duration) *prefillWork {
 	w := &prefillWork{load: load, tokens: tokens}
-	load.StartPrefill(tokens, d, now)
+	w.start(d, now, expire)
+	return w
+}
+
+// start counts w on its endpoint (predicted to take d from now); with
+// expire > 0 it ends by itself after expire.
+func (w *prefillWork) start(d time.Duration, now time.Time, expire time.Duration) {
+	if w.inFlight {
+		w.load.InFlightRequests.Add(1)
+	}
+	w.load.StartPrefill(w.tokens, d, now)
 	if expire > 0 {
 		// The timer's callback must not read w.timer: it may fire before
 		// the assignment below is visible to it.
 		w.timer = time.AfterFunc(expire, func() { w.end() })
 	}
-	return w
 }
 
 // finish takes the work off its endpoint and stops its timer; it reports
@@ -56,6 +69,9 @@ func (w *prefillWork) end() bool {
 		return false
 	}
 	w.load.EndPrefill(w.tokens)
+	if w.inFlight {
+		w.load.InFlightRequests.Add(-1)
+	}
 	return true
 }
 
@@ -93,8 +109,13 @@ type ttftState struct {
 }
 
 // picked starts the accounting of a pick: its predicted prefill work
-// counts on the primary until the first token.
+// counts on the primary until the first token. A split request's prefill
+// is not the primary's (the P/D stage, before this one, counts it on its
+// prefill server), and its first token does not measure the primary.
 func (ttftStage) picked(r *request, o *pickOutcome) {
+	if r.pd.split {
+		return
+	}
 	if pred, ok := o.sc.Prediction(r.primary.Address); ok {
 		r.trackTTFT(r.primary, pred, o.req.Now, o.streamed)
 	}

@@ -225,6 +225,9 @@ type Scheduling struct {
 	Picker string
 	// ScrapeIntervalMS is the metrics scrape interval (0 = default).
 	ScrapeIntervalMS int
+	// IdleScrapeIntervalMS is the scrape interval of an endpoint the
+	// picker sends nothing (0 = default, 20x the scrape interval).
+	IdleScrapeIntervalMS int
 	// Saturation thresholds; zero means the picker's default.
 	QueueThreshold int
 	KVThreshold    float64

@@ -116,6 +116,11 @@ func makeState(pools, perPool int, version uint64) *registry.State {
 	s.Listeners = []registry.Listener{{Name: "public", Address: "127.0.0.1:8080", DeclRange: "l.hcl:1:1"}}
 	if pools > 0 {
 		s.Routing.DefaultPool = "pool-00"
+		s.ReplicaDiscovery = &registry.ReplicaDiscovery{ConsulService: "switchyard", DeclRange: "replicas.hcl:1:1"}
+		s.Replicas = []registry.Replica{
+			{ID: "10.9.0.1:9002", Address: "10.9.0.1:9002", Source: "file"},
+			{ID: "sy-2", Address: "10.9.0.2:9002", Admin: "10.9.0.2:9090", XDS: "10.9.0.2:18000", Source: "consul"},
+		}
 	}
 	return s
 }

@@ -25,6 +25,26 @@ type stateRecord struct {
 	Models    []modelRecord    `json:"models"`
 	Listeners []listenerRecord `json:"listeners,omitempty"`
 	Routing   routingRecord    `json:"routing"`
+	// Replicas and ReplicaDiscovery are the replica set the state was
+	// served with (a static peers list and the replicas Consul had): a
+	// restart serves its persisted state before the sources answer, and
+	// without them Envoy's picker cluster would list this replica alone.
+	// Records written before they existed decode with none.
+	Replicas         []replicaRecord         `json:"replicas,omitempty"`
+	ReplicaDiscovery *replicaDiscoveryRecord `json:"replica_discovery,omitempty"`
+}
+
+type replicaRecord struct {
+	ID      string `json:"id"`
+	Address string `json:"address"`
+	Admin   string `json:"admin,omitempty"`
+	XDS     string `json:"xds,omitempty"`
+	Source  string `json:"source,omitempty"`
+}
+
+type replicaDiscoveryRecord struct {
+	ConsulService string `json:"consul_service,omitempty"`
+	DeclRange     string `json:"decl_range,omitempty"`
 }
 
 type poolRecord struct {
@@ -62,6 +82,7 @@ type schedulingRecord struct {
 	Scorers          map[string]float64 `json:"scorers,omitempty"`
 	Picker           string             `json:"picker,omitempty"`
 	ScrapeIntervalMS int                `json:"scrape_interval_ms,omitempty"`
+	IdleScrapeMS     int                `json:"idle_scrape_interval_ms,omitempty"`
 	QueueThreshold   int                `json:"queue_threshold,omitempty"`
 	KVThreshold      float64            `json:"kv_threshold,omitempty"`
 	Metrics          map[string]string  `json:"metrics,omitempty"`
@@ -147,6 +168,7 @@ func fromState(s *registry.State) stateRecord {
 				Scorers:          maps.Clone(sc.Scorers),
 				Picker:           sc.Picker,
 				ScrapeIntervalMS: sc.ScrapeIntervalMS,
+				IdleScrapeMS:     sc.IdleScrapeIntervalMS,
 				QueueThreshold:   sc.QueueThreshold,
 				KVThreshold:      sc.KVThreshold,
 				Metrics:          maps.Clone(sc.Metrics),
@@ -169,6 +191,12 @@ func fromState(s *registry.State) stateRecord {
 	}
 	for _, l := range s.Listeners {
 		r.Listeners = append(r.Listeners, listenerRecord{Name: l.Name, Address: l.Address, DeclRange: l.DeclRange})
+	}
+	for _, rp := range s.Replicas {
+		r.Replicas = append(r.Replicas, replicaRecord{ID: rp.ID, Address: rp.Address, Admin: rp.Admin, XDS: rp.XDS, Source: rp.Source})
+	}
+	if d := s.ReplicaDiscovery; d != nil {
+		r.ReplicaDiscovery = &replicaDiscoveryRecord{ConsulService: d.ConsulService, DeclRange: d.DeclRange}
 	}
 	return r
 }
@@ -200,14 +228,15 @@ func (r *stateRecord) toState() *registry.State {
 		p.Disaggregation = pr.Disaggregation.toDisaggregation()
 		if sc := pr.Scheduling; sc != nil {
 			p.Scheduling = &registry.Scheduling{
-				Profile:          sc.Profile,
-				Scorers:          sc.Scorers,
-				Picker:           sc.Picker,
-				ScrapeIntervalMS: sc.ScrapeIntervalMS,
-				QueueThreshold:   sc.QueueThreshold,
-				KVThreshold:      sc.KVThreshold,
-				Metrics:          sc.Metrics,
-				SessionHeader:    sc.SessionHeader,
+				Profile:              sc.Profile,
+				Scorers:              sc.Scorers,
+				Picker:               sc.Picker,
+				ScrapeIntervalMS:     sc.ScrapeIntervalMS,
+				IdleScrapeIntervalMS: sc.IdleScrapeMS,
+				QueueThreshold:       sc.QueueThreshold,
+				KVThreshold:          sc.KVThreshold,
+				Metrics:              sc.Metrics,
+				SessionHeader:        sc.SessionHeader,
 			}
 		}
 		if c := pr.Consul; c != nil {
@@ -224,6 +253,12 @@ func (r *stateRecord) toState() *registry.State {
 	}
 	for _, lr := range r.Listeners {
 		s.Listeners = append(s.Listeners, registry.Listener{Name: lr.Name, Address: lr.Address, DeclRange: lr.DeclRange})
+	}
+	for _, rr := range r.Replicas {
+		s.Replicas = append(s.Replicas, registry.Replica{ID: rr.ID, Address: rr.Address, Admin: rr.Admin, XDS: rr.XDS, Source: rr.Source})
+	}
+	if d := r.ReplicaDiscovery; d != nil {
+		s.ReplicaDiscovery = &registry.ReplicaDiscovery{ConsulService: d.ConsulService, DeclRange: d.DeclRange}
 	}
 	return s
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/switchyard/switchyard/envoy"
+	"github.com/switchyard/switchyard/internal/pd"
 	"github.com/switchyard/switchyard/internal/testutil"
 	"github.com/switchyard/switchyard/registry"
 	"github.com/switchyard/switchyard/xds/ir"
@@ -337,6 +338,13 @@ func testEnvoyFailOpenAndFailClosed(t *testing.T, api string) {
 	}
 	if servedBy[a.Addr] == 0 {
 		t.Fatalf("client header pinned every request to %s: %v", b.Addr, servedBy)
+	}
+	// Nor does a client's prefill header reach a server (a decode
+	// server's sidecar would act on it): Envoy removes it ahead of the
+	// picker, which is bypassed here.
+	if r, err := post(t, url, map[string]string{pd.PrefillerHeader: b.Addr}, body); err != nil || r.status != http.StatusOK ||
+		!strings.Contains(r.body, `"prefiller":""`) {
+		t.Fatalf("fail-open request with a client's %s: %+v %v", pd.PrefillerHeader, r, err)
 	}
 	// A client-sent pool header makes Envoy skip reading the model (the
 	// picker sets that header on what it picked), so the request gets the

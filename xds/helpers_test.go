@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/switchyard/switchyard/envoy"
+	"github.com/switchyard/switchyard/internal/pd"
 	"github.com/switchyard/switchyard/internal/testutil"
 	"github.com/switchyard/switchyard/registry"
 	"github.com/switchyard/switchyard/xds/ir"
@@ -151,7 +152,8 @@ func startBackendAt(t *testing.T, addr string) *backend {
 		}
 		w.Header().Set("x-served-by", b.Addr)
 		w.Header().Set("content-type", "application/json")
-		fmt.Fprintf(w, `{"served_by":%q,"request_bytes":%d,"client_dest":%q,"content_length":%d,"transfer_encoding":%q}`, b.Addr, len(body), r.Header.Get("x-gateway-destination-endpoint"), r.ContentLength, r.TransferEncoding)
+		fmt.Fprintf(w, `{"served_by":%q,"request_bytes":%d,"client_dest":%q,"content_length":%d,"transfer_encoding":%q,"prefiller":%q}`,
+			b.Addr, len(body), r.Header.Get("x-gateway-destination-endpoint"), r.ContentLength, r.TransferEncoding, r.Header.Get(pd.PrefillerHeader))
 	})}
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(func() { _ = srv.Close() })

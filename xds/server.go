@@ -63,6 +63,8 @@ type Server struct {
 	nodeKey      string
 	health       *health.Server
 	draining     bool
+	// held keeps the health service NOT_SERVING (HoldServing).
+	held bool
 }
 
 // Stats are the server's counters and current snapshot, for metrics and
@@ -79,6 +81,9 @@ type Stats struct {
 	// RegistryVersion is the registry state version the last snapshot
 	// attempt (successful or not) was built from.
 	RegistryVersion uint64
+	// ServedRegistryVersion is the latest registry state version whose
+	// translation is what Version serves (0 before the first snapshot).
+	ServedRegistryVersion uint64
 	// Attempts counts translations attempted (one per registry or health
 	// change).
 	Attempts uint64
@@ -148,9 +153,38 @@ const HealthService = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 func (s *Server) SetServing(serving bool) {
 	s.mu.Lock()
 	s.draining = !serving
-	has := s.stats.Version != ""
 	s.mu.Unlock()
-	s.updateHealth(has && serving)
+	s.refreshHealth()
+}
+
+// HoldServing keeps the health service NOT_SERVING, even with a snapshot,
+// until ReleaseServing: a replica that restarts must not be chosen as an
+// Envoy's ADS server before it serves what it should (internal/ready).
+// Envoys that connect anyway are served the snapshot.
+func (s *Server) HoldServing() {
+	s.mu.Lock()
+	s.held = true
+	s.mu.Unlock()
+	s.refreshHealth()
+}
+
+// ReleaseServing ends HoldServing.
+func (s *Server) ReleaseServing() {
+	s.mu.Lock()
+	s.held = false
+	s.mu.Unlock()
+	s.refreshHealth()
+}
+
+// refreshHealth reports SERVING when there is a snapshot and nothing
+// holds it back.
+func (s *Server) refreshHealth() {
+	s.mu.Lock()
+	serving := s.stats.Version != "" && !s.draining && !s.held
+	// Under mu, so that two refreshes cannot apply their answers out of
+	// order.
+	s.updateHealth(serving)
+	s.mu.Unlock()
 }
 
 func (s *Server) updateHealth(serving bool) {
@@ -242,6 +276,7 @@ func (s *Server) trySync(ctx context.Context, state *registry.State) error {
 	unchanged := s.last != nil && equalResources(s.last, res)
 	if unchanged {
 		s.stats.Unchanged++
+		s.stats.ServedRegistryVersion = state.Version
 	}
 	s.mu.Unlock()
 	if unchanged {
@@ -280,10 +315,10 @@ func (s *Server) trySync(ctx context.Context, state *registry.State) error {
 	s.last = res
 	s.lastVersions = vs
 	s.stats.Version, s.stats.Versions = version, short
+	s.stats.ServedRegistryVersion = state.Version
 	s.stats.Snapshots++
-	draining := s.draining
 	s.mu.Unlock()
-	s.updateHealth(!draining)
+	s.refreshHealth()
 	s.tracker.recheck()
 	s.log.Info("xDS snapshot set", "version", version, "registry_version", state.Version,
 		"listeners", len(res[resource.ListenerType]), "clusters", len(res[resource.ClusterType]),

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/switchyard/switchyard/internal/adsclient"
 	"github.com/switchyard/switchyard/internal/testutil"
@@ -107,6 +108,43 @@ func TestServerSkipsUnchangedResources(t *testing.T) {
 	st := waitRegistryVersion(t, srv, 2)
 	if st.Version != first.Version || st.Unchanged != 1 || st.Snapshots != 1 {
 		t.Fatalf("stats = %+v", st)
+	}
+	// What is served is the translation of version 2 as well.
+	if first.ServedRegistryVersion != 1 || st.ServedRegistryVersion != 2 {
+		t.Fatalf("served registry version %d then %d, want 1 then 2", first.ServedRegistryVersion, st.ServedRegistryVersion)
+	}
+}
+
+// TestHoldServing: the ADS health service reports SERVING only with a
+// snapshot, neither held nor draining.
+func TestHoldServing(t *testing.T) {
+	pub := registry.NewPublisher(nil)
+	srv := NewServer(pub, Options{}, nil)
+	serving := func() bool {
+		r, err := srv.health.Check(context.Background(), &healthpb.HealthCheckRequest{Service: HealthService})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.GetStatus() == healthpb.HealthCheckResponse_SERVING
+	}
+	srv.HoldServing()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = srv.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	pub.Publish(newState(1, "127.0.0.1:8080"))
+	waitRegistryVersion(t, srv, 1)
+	if serving() {
+		t.Fatal("held server with a snapshot serving")
+	}
+	srv.ReleaseServing()
+	if !serving() {
+		t.Fatal("released server with a snapshot not serving")
+	}
+	srv.SetServing(false)
+	srv.ReleaseServing()
+	if serving() {
+		t.Fatal("draining server serving after a release")
 	}
 }
 

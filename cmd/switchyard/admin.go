@@ -35,6 +35,7 @@ func (a *app) statusSources() *adminstatus.Sources {
 		TLS: a.tls, AllowedSANs: a.flags.tls.sans(),
 		Store: a.store, StorePath: a.flags.storePath, Warm: a.warm,
 		Draining:  a.drain.Draining,
+		Ready:     func() (bool, string) { return a.ready.Ready(), a.ready.Reason() },
 		Usage:     a.usage,
 		Peers:     a.replicaStatus,
 		Decisions: a.obs.decisions, History: a.history,

@@ -990,11 +990,11 @@ func consulScale(t *testing.T, pools, perPool int, byTag bool) {
 	if n := pickerMembers(restored); n != total {
 		t.Errorf("restarted with Consul down: picker knows %d endpoints at readiness, want the persisted %d", n, total)
 	}
-	// The restored state is served first; wait for the first state the
-	// registry builds from its sources (the Consul one standing in with
-	// the persisted members) to reach Envoy.
+	// The restored state is served first, but readiness waits for the
+	// first state the registry builds from its sources (the Consul one
+	// standing in with the persisted members); wait for it to reach Envoy.
 	testutil.Eventually(t, 20*time.Second, "Envoy ACKs the restarted switchyard's first own state", func() error {
-		_, err := f.acked(restored.RegistryVersion + 1)
+		_, err := f.acked(restored.RegistryVersion)
 		return err
 	})
 	acked := time.Since(restart)

@@ -300,6 +300,8 @@ func (f *fleet) stopEnvoy() {
 // status mirrors the parts of /api/status the tests read.
 type status struct {
 	RegistryVersion uint64 `json:"registry_version"`
+	Ready           bool   `json:"ready"`
+	NotReady        string `json:"not_ready"`
 	ConfigError     string `json:"config_error"`
 	Pools           []struct {
 		Name        string `json:"name"`
@@ -338,6 +340,9 @@ type status struct {
 		Self        bool     `json:"self"`
 		Envoys      []string `json:"envoys"`
 		EnvoysKnown bool     `json:"envoys_known"`
+		Sharing     bool     `json:"sharing"`
+		From        string   `json:"from"`
+		LagMS       float64  `json:"lag_ms"`
 	} `json:"replicas"`
 	Envoys []struct {
 		ID      string            `json:"id"`
@@ -509,11 +514,12 @@ type infResp struct {
 	destination string
 	body        []byte
 	// Parsed answer: every "model" value seen (one per JSON body or SSE
-	// chunk), token events, usage.completion_tokens, and whether the SSE
-	// stream ended with [DONE].
+	// chunk), token events, usage.completion_tokens and prompt_tokens,
+	// and whether the SSE stream ended with [DONE].
 	models     []string
 	tokens     int
 	completion int
+	prompt     int
 	done       bool
 	elapsed    time.Duration
 }
@@ -587,6 +593,7 @@ func sendTo(c *http.Client, base string, r infReq, onHeaders func(*infResp)) (*i
 		} `json:"choices"`
 		Usage *struct {
 			CompletionTokens int `json:"completion_tokens"`
+			PromptTokens     int `json:"prompt_tokens"`
 		} `json:"usage"`
 	}
 	take := func(b []byte) error {
@@ -602,7 +609,7 @@ func sendTo(c *http.Client, base string, r infReq, onHeaders func(*infResp)) (*i
 			}
 		}
 		if c.Usage != nil {
-			out.completion = c.Usage.CompletionTokens
+			out.completion, out.prompt = c.Usage.CompletionTokens, c.Usage.PromptTokens
 		}
 		return nil
 	}

@@ -15,7 +15,7 @@ import (
 )
 
 // scrapeMetrics fetches and parses switchyard's /metrics.
-func scrapeMetrics(t *testing.T, admin string) map[string]*dto.MetricFamily {
+func scrapeMetrics(t testing.TB, admin string) map[string]*dto.MetricFamily {
 	t.Helper()
 	resp, err := http.Get("http://" + admin + "/metrics")
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -53,6 +54,8 @@ type replicaOptions struct {
 	prelude string
 	// env is extra environment for every replica.
 	env []string
+	// store gives every replica a -store of its own.
+	store bool
 }
 
 func newReplicaFleet(t *testing.T, n int, body string, o replicaOptions) *replicaFleet {
@@ -63,6 +66,9 @@ func newReplicaFleet(t *testing.T, n int, body string, o replicaOptions) *replic
 	var peers, xdsServers []string
 	for i := range n {
 		r := &replicaProc{id: fmt.Sprintf("r%d", i+1), extproc: testutil.FreeAddr(t), xds: testutil.FreeAddr(t), admin: testutil.FreeAddr(t), env: o.env}
+		if o.store {
+			r.args = []string{"-store", filepath.Join(t.TempDir(), r.id+".db")}
+		}
 		f.replicas = append(f.replicas, r)
 		peers = append(peers, strconv.Quote(r.extproc))
 		xdsServers = append(xdsServers, r.xds)
@@ -124,15 +130,7 @@ func newReplicaFleet(t *testing.T, n int, body string, o replicaOptions) *replic
 // start starts (or restarts) replica r on its ports and waits for /readyz.
 func (f *replicaFleet) start(r *replicaProc) {
 	f.t.Helper()
-	args := append([]string{"serve", "-config", f.dir, "-extproc-addr", r.extproc, "-xds-addr", r.xds,
-		"-admin-addr", r.admin, "-replica-id", r.id, "-log-level", "info"}, r.args...)
-	p := testutil.StartNoCleanupEnv(f.t, "switchyard "+r.id, testutil.Binary(f.t, "switchyard"), r.env, args...)
-	r.mu.Lock()
-	if r.proc != nil {
-		r.old = append(r.old, r.proc)
-	}
-	r.proc = p
-	r.mu.Unlock()
+	p := f.launch(r)
 	testutil.Eventually(f.t, 20*time.Second, r.id+" /readyz", func() error {
 		if p.Exited() {
 			return errors.New(r.id + " exited:\n" + tail(p.Output(), 4000))
@@ -147,6 +145,21 @@ func (f *replicaFleet) start(r *replicaProc) {
 		}
 		return nil
 	})
+}
+
+// launch starts (or restarts) replica r on its ports without waiting.
+func (f *replicaFleet) launch(r *replicaProc) *testutil.Process {
+	f.t.Helper()
+	args := append([]string{"serve", "-config", f.dir, "-extproc-addr", r.extproc, "-xds-addr", r.xds,
+		"-admin-addr", r.admin, "-replica-id", r.id, "-log-level", "info"}, r.args...)
+	p := testutil.StartNoCleanupEnv(f.t, "switchyard "+r.id, testutil.Binary(f.t, "switchyard"), r.env, args...)
+	r.mu.Lock()
+	if r.proc != nil {
+		r.old = append(r.old, r.proc)
+	}
+	r.proc = p
+	r.mu.Unlock()
+	return p
 }
 
 func (r *replicaProc) process() *testutil.Process {

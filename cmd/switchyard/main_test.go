@@ -203,9 +203,13 @@ func TestServe(t *testing.T) {
 		}
 	}
 	waitStatus("version 1 published", published(1, "127.0.0.1:8001"))
-	if code, body := getText(t, "http://"+admin+"/readyz"); code != http.StatusOK {
-		t.Errorf("/readyz with version 1 in force: %d %q", code, body)
-	}
+	// Ready once its snapshot is served (internal/ready looks every 50 ms).
+	testutil.Eventually(t, 10*time.Second, "/readyz with version 1 in force", func() error {
+		if code, body := getText(t, "http://"+admin+"/readyz"); code != http.StatusOK {
+			return fmt.Errorf("%d %q", code, body)
+		}
+		return nil
+	})
 
 	// A bad edit is reported with its position; version 1 stays in force.
 	testutil.WriteFile(t, v1, "bad.hcl", "model \"x\" {\n  pool = \"nope\"\n}\n")
@@ -293,6 +297,7 @@ func TestServeExitCodes(t *testing.T) {
 	dir := t.TempDir()
 	good := testutil.WriteFile(t, dir, "ok.hcl", "listener \"l\" {\n  address = \"127.0.0.1:8080\"\n}\npool \"p\" {\n  endpoints = [\"127.0.0.1:8001\"]\n}\n")
 	missingDir := filepath.Join(dir, "no", "such")
+	shortKey := testutil.WriteFile(t, dir, "short.key", "too-short\n")
 	cases := []struct {
 		desc string
 		args []string
@@ -304,6 +309,10 @@ func TestServeExitCodes(t *testing.T) {
 			[]string{"serve: store " + filepath.Join(missingDir, "s.db") + ": directory " + missingDir + " does not exist; create it"}},
 		{"store is a directory", []string{"-config", good, "-store", dir}, 1,
 			[]string{"serve: store " + dir + ": is a directory; the store needs a file path"}},
+		{"P/D signing key too short", []string{"-config", good, "-pd-signing-key-file", shortKey}, 1,
+			[]string{"serve: -pd-signing-key-file " + shortKey + ": pd: signing key is 9 bytes, want at least 16"}},
+		{"P/D signing key missing", []string{"-config", good, "-pd-signing-key-file", filepath.Join(missingDir, "k")}, 1,
+			[]string{"serve: -pd-signing-key-file: open " + filepath.Join(missingDir, "k")}},
 		{"missing -config", nil, 2, []string{"-config is required"}},
 		{"bad -log-level", []string{"-config", good, "-log-level", "loud"}, 2, []string{`bad -log-level "loud"`}},
 		{"bad -extproc-advertise", []string{"-config", good, "-extproc-advertise", "picker:9002"}, 2, []string{"-extproc-advertise"}},

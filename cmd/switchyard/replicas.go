@@ -3,12 +3,15 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 
 	"google.golang.org/grpc/credentials"
 
+	"github.com/switchyard/switchyard/internal/ready"
 	"github.com/switchyard/switchyard/picker/peers"
+	"github.com/switchyard/switchyard/registry"
 	"github.com/switchyard/switchyard/registry/consul"
 	"github.com/switchyard/switchyard/registry/hclfile"
 )
@@ -32,7 +35,7 @@ func (a *app) replicaSetup(cfg *hclfile.Config, picker string) error {
 	}
 	// Replicas share their picks over their picker ports, with the same
 	// mutual TLS Envoy uses (each presents its own certificate).
-	opts := peers.Options{Self: id, Logger: a.log.With("component", "peers")}
+	opts := peers.Options{Self: id, Address: picker, Report: a.peerReport, Logger: a.log.With("component", "peers")}
 	if a.tls != nil {
 		opts.Credentials = func(addr string) credentials.TransportCredentials {
 			host, _, _ := net.SplitHostPort(addr)
@@ -84,6 +87,18 @@ func (a *app) registerReplica(ctx context.Context) error {
 	return nil
 }
 
+// otherReplicas returns the picker addresses of the replicas of st, less
+// this one.
+func (a *app) otherReplicas(st *registry.State) []string {
+	var others []string
+	for _, r := range st.Replicas {
+		if r.Address != a.pickerAddr {
+			others = append(others, r.Address)
+		}
+	}
+	return others
+}
+
 // sharePicks runs the pick sharing with the other replicas until ctx ends:
 // the peers are the replicas of every published state, less this one.
 func (a *app) sharePicks(ctx context.Context) error {
@@ -91,13 +106,7 @@ func (a *app) sharePicks(ctx context.Context) error {
 	go func() { done <- a.mesh.Run(ctx) }()
 	for {
 		st, changed := a.view.Current()
-		var others []string
-		for _, r := range st.Replicas {
-			if r.Address != a.pickerAddr {
-				others = append(others, r.Address)
-			}
-		}
-		a.mesh.SetPeers(others)
+		a.mesh.SetPeers(a.otherReplicas(st))
 		select {
 		case <-ctx.Done():
 			return <-done
@@ -106,4 +115,39 @@ func (a *app) sharePicks(ctx context.Context) error {
 		case <-changed:
 		}
 	}
+}
+
+// setupReadiness makes the process report itself ready only once it
+// serves what it should (internal/ready): an xDS snapshot of what its
+// sources say in this run (restored is the version of the state a
+// previous run persisted, served until they answer), with the same
+// ClusterLoadAssignment versions as the other replicas that are ready.
+// Until then the picker's readiness health services and ADS's report
+// NOT_SERVING (Envoy sends it no stream, and an Envoy choosing an ADS
+// server picks another), and /readyz answers 503 (so does Consul's check).
+func (a *app) setupReadiness(restored uint64, logger *slog.Logger) {
+	o := ready.Options{
+		Served: func() (map[string]string, bool) {
+			st := a.xds.Stats()
+			return st.Versions, st.ServedRegistryVersion > restored
+		},
+		Peers:  func() []string { st, _ := a.view.Current(); return a.otherReplicas(st) },
+		Logger: logger.With("component", "ready"),
+	}
+	if a.mesh != nil {
+		o.Ask = func(ctx context.Context, addr string) (ready.Peer, error) {
+			r, err := a.mesh.Ask(ctx, addr)
+			return ready.Peer{Ready: r.Ready, Versions: r.Versions}, err
+		}
+	}
+	a.ready = ready.New(o)
+	a.picker.HoldReadiness()
+	a.xds.HoldServing()
+	a.ready.OnReady(a.picker.ReleaseReadiness)
+	a.ready.OnReady(a.xds.ReleaseServing)
+}
+
+// peerReport is what this replica tells another that asks (peers.Ask).
+func (a *app) peerReport() peers.Report {
+	return peers.Report{ID: a.replicaID, Ready: a.ready.Ready() && !a.drain.Draining(), Versions: a.xds.Stats().Versions}
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -21,7 +22,9 @@ import (
 	"github.com/switchyard/switchyard/internal/adminauth"
 	"github.com/switchyard/switchyard/internal/drain"
 	"github.com/switchyard/switchyard/internal/mtls"
+	"github.com/switchyard/switchyard/internal/pd"
 	"github.com/switchyard/switchyard/internal/persist"
+	"github.com/switchyard/switchyard/internal/ready"
 	adminstatus "github.com/switchyard/switchyard/internal/status"
 	tenantusage "github.com/switchyard/switchyard/internal/usage"
 	"github.com/switchyard/switchyard/picker"
@@ -57,8 +60,10 @@ type serveFlags struct {
 	drainTimeout     time.Duration
 	storePath        string
 	adminAddr        string
+	debugAddr        string
 	logLevel         string
 	logFormat        string
+	pdSigningKeyFile string
 	tls              tlsFlags
 	obs              obsFlags
 }
@@ -76,8 +81,10 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.replicaID, "replica-id", "", "`name` of this replica among the switchyard replicas of the configuration's replicas block (its Consul service ID); default <hostname>-<picker port>")
 	fs.StringVar(&f.storePath, "store", "", "bbolt `file` that persists pool state and the picker's memory so a restart is warm (even with Consul down); empty disables persistence")
 	fs.StringVar(&f.adminAddr, "admin-addr", "127.0.0.1:9090", "`address` of the admin HTTP server (status page, /metrics, health)")
+	fs.StringVar(&f.debugAddr, "debug-addr", "", "`address` (loopback) of an HTTP server with Go's profiles at /debug/pprof/ (CPU, heap, goroutines; unauthenticated); empty: none")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log `format`: text or json")
+	fs.StringVar(&f.pdSigningKeyFile, "pd-signing-key-file", "", "`file` holding the key (at least 16 bytes) that signs the prefill server the picker names to a disaggregated pool's pd-sidecars (x-switchyard-prefiller-sig); give the sidecars the same file as -signing-key-file")
 	f.tls.register(fs)
 	f.obs.register(fs)
 }
@@ -189,6 +196,9 @@ type app struct {
 	// charts.
 	obs     *observability
 	history *adminstatus.History
+	// ready decides when this process reports itself ready (/readyz,
+	// the picker's and ADS's gRPC health).
+	ready *ready.Gate
 }
 
 // newApp builds every component. With -store, the state persisted by the
@@ -212,9 +222,10 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	}
 	a.obs = obs
 	var (
-		initial *registry.State
-		snap    *store.Snapshot
-		mgrOpts = []registry.ManagerOption{registry.WithLogger(logger)}
+		initial  *registry.State
+		snap     *store.Snapshot
+		restored uint64 // the persisted state's version (0: none)
+		mgrOpts  = []registry.ManagerOption{registry.WithLogger(logger)}
 	)
 	if f.storePath != "" {
 		st, loaded, err := persist.Open(f.storePath, logger)
@@ -230,6 +241,7 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 			// the configuration just loaded, never serve without them.
 			initial = initial.WithConfigOnly(cfg.State)
 		}
+		restored = snap.StateVersion
 		mgrOpts = append(mgrOpts, registry.WithInitialVersion(snap.StateVersion))
 	} else {
 		logger.Info("persistence disabled (no -store): a restart starts cold")
@@ -249,7 +261,13 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 	_ = a.manager.AddSource(hclfile.SourceName, a.files)
 	_ = a.manager.AddSource(consul.SourceName, a.consul)
 	a.usage = tenantusage.New(a.store, logger.With("component", "usage"))
-	a.picker = picker.New(a.pub, picker.Options{Usage: a.usage, Tracer: obs.tracer, Decisions: obs.decisions}, logger.With("component", "picker"))
+	signer, err := pdSigner(f.pdSigningKeyFile)
+	if err != nil {
+		a.close()
+		return nil, err
+	}
+	a.picker = picker.New(a.pub, picker.Options{Usage: a.usage, Tracer: obs.tracer, Decisions: obs.decisions, PDSigner: signer},
+		logger.With("component", "picker"))
 	a.history = adminstatus.NewHistory(a.picker, 0, 0)
 	// The picker's scrape results are the registry's health input: xDS
 	// and the discovery guard read endpoint health from published states.
@@ -271,6 +289,7 @@ func newApp(f serveFlags, cfg *hclfile.Config, logger *slog.Logger) (*app, error
 		Translation: ir.Options{PickerAddr: advertise, PickerTLS: a.pickerTLS(), PickerMaxStreams: uint32(min(f.pickerMaxStreams, 1<<32-1)),
 			Tracing: obs.envoy},
 	}, logger)
+	a.setupReadiness(restored, logger)
 	// On shutdown, the picker's and ADS's gRPC health and /readyz report
 	// not ready (the Consul registration ends too: registerReplica).
 	a.drain = drain.New(drain.Options{Delay: f.drainDelay, Timeout: f.drainTimeout, Logger: logger}, a.picker.ActiveStreams)
@@ -355,6 +374,7 @@ func (a *app) components() []component {
 	a.xds.Register(ads)
 	comps := []component{
 		{"registry", a.manager.Run},
+		{"ready", a.ready.Run},
 		{"sighup", a.reloadOnSIGHUP},
 		{"picker", a.picker.Run},
 		{"xds", a.xds.Run},
@@ -364,6 +384,9 @@ func (a *app) components() []component {
 		{"extproc-server", grpcComponent(a.flags.extprocAddr, extproc, time.Second)},
 		{"xds-server", grpcComponent(a.flags.xdsAddr, ads, stopGrace)},
 		{"admin-server", httpsComponent(a.flags.adminAddr, adminauth.Wrap(a.adminHandler(), a.adminAuth), a.adminTLSConfig(), a.log)},
+	}
+	if a.flags.debugAddr != "" {
+		comps = append(comps, component{"debug-server", httpsComponent(a.flags.debugAddr, debugHandler(), nil, a.log)})
 	}
 	if a.tls != nil {
 		comps = append(comps, component{"tls-reload", a.watchTLS})
@@ -473,4 +496,21 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	default:
 		return nil, fmt.Errorf("bad -log-format %q: want text or json", format)
 	}
+}
+
+// pdSigner reads the P/D signing key file (nil without one): its content,
+// trimmed of surrounding white space, as pd-sidecar reads it.
+func pdSigner(path string) (*pd.Signer, error) {
+	if path == "" {
+		return nil, nil
+	}
+	key, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("-pd-signing-key-file: %w", err)
+	}
+	s, err := pd.NewSigner([]byte(strings.TrimSpace(string(key))))
+	if err != nil {
+		return nil, fmt.Errorf("-pd-signing-key-file %s: %w", path, err)
+	}
+	return s, nil
 }

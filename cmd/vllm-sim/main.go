@@ -16,8 +16,10 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -81,6 +83,10 @@ type options struct {
 	kvPort, kvReplayPort int
 	kvTopic              string
 	kvFormat             string
+	metricsDelay         time.Duration
+	fleet                int
+	fleetAddrs           string
+	fleetStats           string
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -126,6 +132,10 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.kvReplayPort, "kv-events-replay-port", 0, "serve replay of the last 10000 event batches on this ZMQ ROUTER port (0: none)")
 	fs.StringVar(&o.kvTopic, "kv-events-topic", "", "topic of the published KV events")
 	fs.StringVar(&o.kvFormat, "kv-events-format", "tagged", "KV event encoding: tagged (vLLM 0.32: positional batches of maps tagged \"type\"), array (older vLLM) or map")
+	fs.DurationVar(&o.metricsDelay, "metrics-delay", 0, "wait this long before answering each /metrics (a stand-in for the CPU real vLLM spends on its page)")
+	fs.IntVar(&o.fleet, "fleet", 0, "if > 0, serve this many simulated servers from this process, on -port and the ports after it (or random ports with -port 0), each with its own engine")
+	fs.StringVar(&o.fleetAddrs, "fleet-addrs-file", "", "with -fleet: write the servers' addresses to this file, one a line, once all listen")
+	fs.StringVar(&o.fleetStats, "fleet-stats-addr", "", "with -fleet: serve GET /fleet (JSON: each server's address and the /metrics requests it answered) on this address")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -172,6 +182,14 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("-kv-events-port and -kv-events-replay-port must be in 0-65535")
 	case o.kvReplayPort != 0 && o.kvPort == 0:
 		return nil, fmt.Errorf("-kv-events-replay-port needs -kv-events-port")
+	case o.fleet < 0:
+		return nil, fmt.Errorf("-fleet must be >= 0, got %d", o.fleet)
+	case o.fleet == 0 && (o.fleetAddrs != "" || o.fleetStats != ""):
+		return nil, errors.New("-fleet-addrs-file and -fleet-stats-addr need -fleet")
+	case o.metricsDelay < 0:
+		return nil, fmt.Errorf("-metrics-delay must be >= 0, got %v", o.metricsDelay)
+	case o.fleet > 1 && o.kvPort != 0 && (o.kvPort+o.fleet-1 > 65535 || o.kvReplayPort != 0 && o.kvReplayPort+o.fleet-1 > 65535):
+		return nil, fmt.Errorf("-fleet %d: -kv-events-port and -kv-events-replay-port plus %d must stay within 65535", o.fleet, o.fleet-1)
 	}
 	if _, err := kvevents.ParseFormat(o.kvFormat); err != nil {
 		return nil, fmt.Errorf("-kv-events-format: %w", err)
@@ -245,64 +263,125 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	if o.kvPort != 0 {
-		pub, err := startKVEvents(o)
-		if err != nil {
-			return err
+	n := max(o.fleet, 1)
+	var servers []*server
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
 		}
-		defer pub.Close()
-		log.Info("publishing KV events", "endpoint", pub.Endpoint(), "replay", pub.Replay(), "format", o.kvFormat)
-	}
-	eng, err := sim.New(o.cfg, sim.RealClock{})
-	if err != nil {
-		return fmt.Errorf("engine: %w", err)
-	}
-
-	ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.port)))
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
-	s := &server{
-		eng:         eng,
-		log:         log,
-		servedBy:    ln.Addr().String(),
-		apiKey:      o.apiKey,
-		served:      o.served,
-		loraEnabled: o.enableLoRA,
-		defaultMax:  o.defaultMaxTokens,
-		eosMean:     o.eosMean,
-		faults: faults{errorRate: o.errorRate, errorCodes: codes, hangAfter: o.hangAfter,
-			hangRate: o.hangRate, crashAfter: o.crashAfter},
-		readyAt: time.Now().Add(o.startupDelay),
-		quit:    make(chan struct{}),
-		exit:    os.Exit,
-		rng:     rand.New(rand.NewPCG(o.seed, o.seed^0x9e3779b97f4a7c15)),
-		loras:   loras,
-	}
+	}()
+	var pdClient *http.Client
 	if o.kvConnector != "" {
-		host := o.kvSideChannelHost
-		if host == "" {
-			host = ln.Addr().(*net.TCPAddr).IP.String()
+		pdClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	}
+	for i := range n {
+		cfg := o.cfg
+		if o.kvPort != 0 {
+			// A fleet's server i publishes on -kv-events-port + i (and
+			// replays on -kv-events-replay-port + i), as it listens on
+			// -port + i.
+			pub, onEvents, err := startKVEvents(o, i)
+			if err != nil {
+				return err
+			}
+			defer pub.Close()
+			cfg.OnKVEvents = onEvents
+			log.Info("publishing KV events", "endpoint", pub.Endpoint(), "replay", pub.Replay(), "format", o.kvFormat)
 		}
-		s.pd = pdConfig{enabled: true, engineID: newEngineID(), advertiseHost: host,
-			advertisePort: ln.Addr().(*net.TCPAddr).Port, recompute: o.kvFailurePolicy == "recompute",
-			client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
+		eng, err := sim.New(cfg, sim.RealClock{})
+		if err != nil {
+			return fmt.Errorf("engine: %w", err)
+		}
+		port := o.port
+		if port != 0 {
+			port += i
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(port)))
+		if err != nil {
+			return fmt.Errorf("listen: %w", err)
+		}
+		lns = append(lns, ln)
+		seed := o.seed + uint64(i)
+		s := &server{
+			eng:          eng,
+			log:          log,
+			servedBy:     ln.Addr().String(),
+			apiKey:       o.apiKey,
+			served:       o.served,
+			loraEnabled:  o.enableLoRA,
+			defaultMax:   o.defaultMaxTokens,
+			eosMean:      o.eosMean,
+			metricsDelay: o.metricsDelay,
+			faults: faults{errorRate: o.errorRate, errorCodes: codes, hangAfter: o.hangAfter,
+				hangRate: o.hangRate, crashAfter: o.crashAfter},
+			readyAt: time.Now().Add(o.startupDelay),
+			quit:    make(chan struct{}),
+			exit:    os.Exit,
+			rng:     rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+			loras:   slices.Clone(loras),
+		}
+		if o.kvConnector != "" {
+			host := o.kvSideChannelHost
+			if host == "" {
+				host = ln.Addr().(*net.TCPAddr).IP.String()
+			}
+			// Each server of a fleet is an engine of its own.
+			s.pd = pdConfig{enabled: true, engineID: newEngineID(), advertiseHost: host,
+				advertisePort: ln.Addr().(*net.TCPAddr).Port, recompute: o.kvFailurePolicy == "recompute",
+				client: pdClient}
+		}
+		servers = append(servers, s)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	engCtx, stopEngine := context.WithCancel(context.Background())
-	engDone := make(chan struct{})
-	go func() { eng.Run(engCtx); close(engDone) }()
-	defer func() { stopEngine(); <-engDone }()
+	var engines sync.WaitGroup
+	for _, s := range servers {
+		engines.Add(1)
+		go func() { defer engines.Done(); s.eng.Run(engCtx) }()
+	}
+	defer func() { stopEngine(); engines.Wait() }()
 
-	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	cfg := eng.Config()
-	log.Info("vllm-sim listening", "addr", s.servedBy, "models", o.served, "loras", len(loras),
-		"max_num_seqs", cfg.MaxNumSeqs, "num_gpu_blocks", cfg.NumGPUBlocks, "prefix_caching", cfg.EnablePrefixCaching,
-		"time_scale", cfg.TimeScale, "kv_connector", o.kvConnector, "engine_id", s.pd.engineID)
+	errc := make(chan error, len(servers)+1)
+	var srvs []*http.Server
+	for i, s := range servers {
+		srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+		srvs = append(srvs, srv)
+		go func() { errc <- srv.Serve(lns[i]) }()
+	}
+	if o.fleetStats != "" {
+		ln, err := net.Listen("tcp", o.fleetStats)
+		if err != nil {
+			return fmt.Errorf("-fleet-stats-addr: %w", err)
+		}
+		srv := &http.Server{Handler: fleetStats(servers), ReadHeaderTimeout: 10 * time.Second}
+		srvs = append(srvs, srv)
+		go func() { errc <- srv.Serve(ln) }()
+	}
+	if o.fleetAddrs != "" {
+		var b strings.Builder
+		for _, s := range servers {
+			b.WriteString(s.servedBy + "\n")
+		}
+		tmp := o.fleetAddrs + ".tmp"
+		if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
+			return fmt.Errorf("-fleet-addrs-file: %w", err)
+		}
+		if err := os.Rename(tmp, o.fleetAddrs); err != nil {
+			return fmt.Errorf("-fleet-addrs-file: %w", err)
+		}
+	}
+	cfg := servers[0].eng.Config()
+	if o.fleet > 0 {
+		log.Info("vllm-sim fleet listening", "servers", len(servers), "first", servers[0].servedBy, "last", servers[len(servers)-1].servedBy,
+			"models", o.served, "max_num_seqs", cfg.MaxNumSeqs, "num_gpu_blocks", cfg.NumGPUBlocks, "time_scale", cfg.TimeScale, "kv_connector", o.kvConnector)
+	} else {
+		log.Info("vllm-sim listening", "addr", servers[0].servedBy, "models", o.served, "loras", len(loras),
+			"max_num_seqs", cfg.MaxNumSeqs, "num_gpu_blocks", cfg.NumGPUBlocks, "prefix_caching", cfg.EnablePrefixCaching,
+			"time_scale", cfg.TimeScale, "kv_connector", o.kvConnector, "engine_id", servers[0].pd.engineID)
+	}
 
 	select {
 	case err := <-errc:
@@ -310,34 +389,43 @@ func run(args []string) error {
 	case <-ctx.Done():
 	}
 	log.Info("shutting down")
-	close(s.quit) // hanging requests drop their connections
+	for _, s := range servers {
+		close(s.quit) // hanging requests drop their connections
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		_ = srv.Close()
+	var errs []error
+	for _, srv := range srvs {
+		if err := srv.Shutdown(sctx); err != nil {
+			_ = srv.Close()
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
 }
 
-// startKVEvents binds the KV-event sockets and sets o.cfg.OnKVEvents to
-// publish each step's events as vLLM does: one batch per step, blocks of
+// startKVEvents binds the KV-event sockets of server i (of a fleet; 0
+// otherwise) on -kv-events-port + i and returns the OnKVEvents hook that
+// publishes each step's events as vLLM does: one batch per step, blocks of
 // -block-size tokens in the GPU medium, an adapter named on every block
 // (lora_name, extra_keys) with a numeric id in order of first use.
-func startKVEvents(o *options) (*kvevents.Publisher, error) {
+func startKVEvents(o *options, i int) (*kvevents.Publisher, func([]sim.KVEvent), error) {
 	f, _ := kvevents.ParseFormat(o.kvFormat)
-	po := kvevents.PublisherOptions{Endpoint: "tcp://" + net.JoinHostPort(o.host, strconv.Itoa(o.kvPort)), Topic: o.kvTopic, Format: f}
+	po := kvevents.PublisherOptions{Endpoint: "tcp://" + net.JoinHostPort(o.host, strconv.Itoa(o.kvPort+i)), Topic: o.kvTopic, Format: f}
 	if o.kvReplayPort != 0 {
-		po.Replay = "tcp://" + net.JoinHostPort(o.host, strconv.Itoa(o.kvReplayPort))
+		po.Replay = "tcp://" + net.JoinHostPort(o.host, strconv.Itoa(o.kvReplayPort+i))
 	}
 	pub, err := kvevents.NewPublisher(po)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	bs := o.cfg.BlockSize
 	loraIDs := map[string]int64{} // used under the engine's lock only
 	var batch []kvevents.EncodeEvent
-	o.cfg.OnKVEvents = func(evs []sim.KVEvent) {
+	onEvents := func(evs []sim.KVEvent) {
 		batch = batch[:0]
 		for _, ev := range evs {
 			var e kvevents.EncodeEvent
@@ -365,5 +453,25 @@ func startKVEvents(o *options) (*kvevents.Publisher, error) {
 		}
 		pub.Publish(batch)
 	}
-	return pub, nil
+	return pub, onEvents, nil
+}
+
+// fleetStats serves GET /fleet: every server's address and how many
+// /metrics requests it answered, for measuring a router from outside.
+func fleetStats(servers []*server) http.Handler {
+	type entry struct {
+		Address string `json:"address"`
+		Scrapes int64  `json:"metrics_requests"`
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/fleet" {
+			http.NotFound(w, r)
+			return
+		}
+		out := make([]entry, len(servers))
+		for i, s := range servers {
+			out[i] = entry{Address: s.servedBy, Scrapes: s.scrapes.Load()}
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
 }

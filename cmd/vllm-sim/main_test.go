@@ -604,6 +604,7 @@ func TestFlagErrors(t *testing.T) {
 		{"-kv-events-replay-port", "5558"},
 		{"-kv-events-port", "5557", "-kv-events-format", "json"},
 		{"-kv-events-port", "70000"},
+		{"-fleet", "3", "-kv-events-port", "65534"},
 	} {
 		p := testutil.StartNoCleanup(t, "vllm-sim", bin, append([]string{"-port", "0"}, args...)...)
 		select {

@@ -43,4 +43,9 @@ const (
 	// without the picker.
 	ModelNamespace = "switchyard"
 	ModelKey       = "model"
+	// PDNamespace is the dynamic metadata namespace of the picker's
+	// prefill/decode decision (keys decision, prefill, uncached_tokens),
+	// for access logs; Envoy keeps it only when ext_proc's receiving
+	// namespaces list it.
+	PDNamespace = "switchyard.pd"
 )

@@ -33,6 +33,13 @@ const (
 	ResultHeader = "x-switchyard-pd"
 )
 
+// ResultHeader's values.
+const (
+	ResultSplit    = "split"
+	ResultFallback = "fallback"
+	ResultLocal    = "local"
+)
+
 // ClientHeaders are the request headers a client must never be able to
 // send through to a sidecar: the picker deletes them from every request
 // before it may add its own.

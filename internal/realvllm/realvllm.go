@@ -233,6 +233,10 @@ func (s *Server) Stop() { s.proc.Stop() }
 // Exited reports whether the server process ended.
 func (s *Server) Exited() bool { return s.proc.Exited() }
 
+// Pid is the server's process: vLLM's API server (the engine core runs in
+// a child process of it).
+func (s *Server) Pid() int { return s.proc.Cmd.Process.Pid }
+
 // Output is what the server printed so far.
 func (s *Server) Output() string { return s.proc.Output() }
 

@@ -96,6 +96,7 @@ var (
 	mKVTokCalls    = desc("switchyard_kv_tokenize_calls_total", "Background /tokenize calls, by result: ok, failure; dropped: no server had room in its budget.", "pool", "result")
 	mKVTokVerified = desc("switchyard_kv_tokenize_verified_total", "Stable prefixes checked against their whole prompt's tokens, by result: agree, mismatch (the model is matched by whole prompts only from then on).", "pool", "result")
 	mKVTokSecs     = desc("switchyard_kv_tokenize_seconds_total", "Time spent in /tokenize calls.", "pool")
+	mPDDecisions   = desc("switchyard_pd_decisions_total", "Prefill/decode decisions of a disaggregated pool's completions and chat requests, by decision: split, or why the request went whole to its decode server (short-prompt, below-threshold, no-prefill-server, prefill-saturated, decode-role, off).", "pool", "decision")
 	mDecisionDrops = desc("switchyard_decision_records_file_dropped_total", "Decision records the JSON-lines file missed because its writer fell behind.")
 )
 
@@ -107,7 +108,7 @@ var allDescs = []*prometheus.Desc{mBuild, mRegVersion, mConfigError, mPoolReady,
 	mReplicas, mPeerSharing, mPeerDropped, mPeerLag, mPeerPicks, mTLSRejected, mTLSExpiry, mTLSReloads,
 	mFCSaturation, mFCQueueSize, mFCQueueBytes, mFCQueueWait, mAdmDispatched, mAdmRejected, mAdmCancelled,
 	mObjTTFT, mObjTPOT, mObjDuration, mObjNTPOT, mEpTTFT, mEpTPOT, mEpDuration, mDecisionRecs, mDecisionDrops,
-	mKVExact, mKVConnected, mKVBlocks, mKVBatches, mKVGaps, mKVReplayed, mKVLost, mKVRestarts, mKVPredicted, mKVTokenize, mKVTokCalls, mKVTokVerified, mKVTokSecs}
+	mKVExact, mKVConnected, mKVBlocks, mKVBatches, mKVGaps, mKVReplayed, mKVLost, mKVRestarts, mKVPredicted, mKVTokenize, mKVTokCalls, mKVTokVerified, mKVTokSecs, mPDDecisions}
 
 // tlsZeroReasons are the rejection reasons exported as 0 before any
 // happens, so alerts on rate() see the counter from the start.
@@ -217,6 +218,9 @@ func collect(r *Report, now time.Time, ch chan<- prometheus.Metric) {
 		if q := p.Queue; q != nil {
 			collectQueue(q, gauge, counter, ch)
 		}
+		for d, n := range p.PDDecisions {
+			counter(mPDDecisions, float64(n), p.Name, d)
+		}
 	}
 
 	pk := r.Picker
@@ -269,12 +273,14 @@ func collect(r *Report, now time.Time, ch chan<- prometheus.Metric) {
 
 	gauge(mReplicas, float64(max(len(r.Replicas), 1)))
 	counter(mPeerPicks, float64(pk.PeerPicks))
+	// Every peer label is the replica's one name (Report.Replicas' ID).
 	for _, p := range r.Peers {
-		gauge(mPeerSharing, boolf(p.Connected), p.Address)
-		counter(mPeerDropped, float64(p.Dropped), p.Address)
+		name := peerName(r.Replicas, p.Address, p.ID)
+		gauge(mPeerSharing, boolf(p.Connected), name)
+		counter(mPeerDropped, float64(p.Dropped), name)
 	}
 	for _, in := range r.Inbound {
-		gauge(mPeerLag, in.Lag.Seconds(), in.From)
+		gauge(mPeerLag, in.Lag.Seconds(), peerName(r.Replicas, in.Address, in.From))
 	}
 
 	counter(mXDSSnapshots, float64(r.XDS.Snapshots))

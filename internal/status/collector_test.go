@@ -89,8 +89,11 @@ func TestCollectorReadsTheReport(t *testing.T) {
 		{"guard holds", "switchyard_discovery_guard_held_endpoints", map[string]string{"pool": "llama"}, 1},
 		{"guard activations", "switchyard_discovery_guard_activations_total", map[string]string{"pool": "llama"}, 2},
 		{"replicas", "switchyard_replicas", nil, 3},
-		{"peer sharing by address", "switchyard_replica_sharing", map[string]string{"peer": "10.0.1.2:9002"}, 1},
-		{"lag by announced ID, joined or not", "switchyard_replica_lag_seconds", map[string]string{"peer": "sy-3"}, 0.002},
+		{"sharing, under the replica's name", "switchyard_replica_sharing", map[string]string{"peer": "sy-2"}, 1},
+		{"dropped, under the replica's name", "switchyard_replica_events_dropped_total", map[string]string{"peer": "sy-2"}, 1},
+		{"a static peer's sharing under the ID it announced", "switchyard_replica_sharing", map[string]string{"peer": "sy-3"}, 0},
+		{"its lag under the same name", "switchyard_replica_lag_seconds", map[string]string{"peer": "sy-3"}, 0.002},
+		{"lag of a replica in no list, by its ID", "switchyard_replica_lag_seconds", map[string]string{"peer": "sy-9"}, 0.003},
 		{"TLS rejections", "switchyard_tls_rejected_connections_total", map[string]string{"server": "xds", "reason": "expired"}, 2},
 		{"TLS reasons start at 0", "switchyard_tls_rejected_connections_total", map[string]string{"server": "extproc", "reason": "unknown_ca"}, 0},
 		{"decisions", "inference_extension_scheduler_e2e_duration_seconds", nil, 100},
@@ -124,6 +127,8 @@ func TestCollectorReadsTheReport(t *testing.T) {
 		{"inference_pool_average_queue_size", map[string]string{"name": "empty"}},                     // nothing scraped
 		{"switchyard_endpoint_healthy", map[string]string{"pool": "gone"}},                            // not in the state
 		{"switchyard_consul_last_success_timestamp_seconds", map[string]string{"service": "switchyard"}},
+		{"switchyard_replica_sharing", map[string]string{"peer": "10.0.1.3:9002"}}, // named, not by address
+		{"switchyard_replica_sharing", map[string]string{"peer": "10.0.1.2:9002"}},
 		{"switchyard_kv_events_exact", map[string]string{"endpoint": "10.0.0.3:8000"}}, // no events declared
 	} {
 		if v, ok := value(t, mfs, absent.name, absent.labels); ok {

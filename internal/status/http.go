@@ -27,8 +27,9 @@ var statusPage []byte
 //	GET /api/history the status page's charts: the last 15 minutes of
 //	                 per-endpoint load and TTFT, sampled every 5 s
 //	GET /healthz     liveness: 200 while the process serves HTTP
-//	GET /readyz      readiness: 200 once a configuration is published,
-//	                 503 before that and while draining
+//	GET /readyz      readiness: 200 once the process serves what it
+//	                 should (Sources.Ready), 503 with the reason before
+//	                 that and while draining
 func (s *Sources) Register(mux *http.ServeMux) {
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -53,12 +54,8 @@ func (s *Sources) Register(mux *http.ServeMux) {
 		writeText(w, http.StatusOK, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if st, _ := s.View.Current(); st.Version == 0 {
-			writeText(w, http.StatusServiceUnavailable, "not ready: no configuration published yet\n")
-			return
-		}
-		if s.Draining != nil && s.Draining() {
-			writeText(w, http.StatusServiceUnavailable, "not ready: draining before shutdown\n")
+		if ok, why := s.readiness(); !ok {
+			writeText(w, http.StatusServiceUnavailable, "not ready: "+why+"\n")
 			return
 		}
 		writeText(w, http.StatusOK, "ready\n")

@@ -57,6 +57,22 @@ func TestReadiness(t *testing.T) {
 	if code, body := get(t, mux, "/readyz"); code != http.StatusOK {
 		t.Errorf("/readyz with a state: %d %q", code, body)
 	}
+	// The readiness gate has the last word, and /api/status says the same.
+	gate := &atomic.Bool{}
+	src.Ready = func() (bool, string) { return gate.Load(), "serving other versions than ready replicas" }
+	if code, body := get(t, mux, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "other versions") {
+		t.Errorf("/readyz with the gate closed: %d %q", code, body)
+	}
+	if r := src.Read(time.Now()); r.Ready || !strings.Contains(r.NotReady, "other versions") {
+		t.Errorf("report with the gate closed: ready %v %q", r.Ready, r.NotReady)
+	}
+	gate.Store(true)
+	if code, body := get(t, mux, "/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz with the gate open: %d %q", code, body)
+	}
+	if r := src.Read(time.Now()); !r.Ready || r.NotReady != "" {
+		t.Errorf("report with the gate open: ready %v %q", r.Ready, r.NotReady)
+	}
 	draining.Store(true)
 	if code, body := get(t, mux, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "draining") {
 		t.Errorf("/readyz while draining: %d %q", code, body)

@@ -35,18 +35,19 @@ func TestStatusPageChartsInChromium(t *testing.T) {
 	// 15 minutes of samples with load that varies, as History keeps them.
 	h := NewHistory(src.Picker, 0, 0)
 	now := time.Now()
-	f := func(v float64) *float64 { return &v }
+	f := func(v float64) float32 { return float32(v) }
 	for i := 0; i < h.size; i++ {
 		x := float64(i) / float64(h.size)
-		pt := histPoint{t: now.Add(time.Duration(i-h.size) * h.interval), pools: map[string]int{"p": int(6 * x)}, eps: map[epKey]epSample{}}
+		pt := histPoint{t: now.Add(time.Duration(i-h.size) * h.interval), pools: map[string]int{"p": int(6 * x)}}
 		for k, addr := range []string{"127.0.0.1:18001", "127.0.0.1:18002"} {
 			ph := float64(k) * 1.3
-			pt.eps[epKey{"p", addr}] = epSample{
+			pt.keys = append(pt.keys, epKey{"p", addr})
+			pt.eps = append(pt.eps, epSample{
 				waiting: f(math.Round(4 + 3*math.Sin(8*x+ph))), running: f(8), kv: f(0.4 + 0.3*math.Sin(5*x+ph)),
-				inFlight: math.Round(10 + 6*math.Cos(6*x+ph)),
+				inFlight: f(math.Round(10 + 6*math.Cos(6*x+ph))),
 				ttft50:   f(40 + 20*math.Sin(7*x+ph)), ttft90: f(90 + 30*math.Sin(7*x+ph)),
 				eng50: f(30 + 15*math.Sin(7*x+ph)), eng90: f(70 + 20*math.Sin(7*x+ph)),
-			}
+			})
 		}
 		h.points = append(h.points, pt)
 	}
@@ -169,15 +170,16 @@ func TestStatusPageFitsAt1280(t *testing.T) {
 
 	h := NewHistory(nil, 0, 0)
 	now := time.Now()
-	f := func(v float64) *float64 { return &v }
+	f := func(v float64) float32 { return float32(v) }
 	addrs := []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.4:8000"}
 	for i := 0; i < h.size; i++ {
 		x := float64(i) / float64(h.size)
-		pt := histPoint{t: now.Add(time.Duration(i-h.size) * h.interval), pools: map[string]int{"llama": int(6 * x)}, eps: map[epKey]epSample{}}
+		pt := histPoint{t: now.Add(time.Duration(i-h.size) * h.interval), pools: map[string]int{"llama": int(6 * x)}}
 		for k, addr := range addrs {
 			ph := float64(k) * 1.3
-			pt.eps[epKey{"llama", addr}] = epSample{waiting: f(math.Round(4 + 3*math.Sin(8*x+ph))), running: f(8), kv: f(0.4 + 0.3*math.Sin(5*x+ph)),
-				inFlight: 3, ttft50: f(40), ttft90: f(90), eng50: f(30), eng90: f(70)}
+			pt.keys = append(pt.keys, epKey{"llama", addr})
+			pt.eps = append(pt.eps, epSample{waiting: f(math.Round(4 + 3*math.Sin(8*x+ph))), running: f(8), kv: f(0.4 + 0.3*math.Sin(5*x+ph)),
+				inFlight: 3, ttft50: f(40), ttft90: f(90), eng50: f(30), eng90: f(70)})
 		}
 		h.points = append(h.points, pt)
 	}

@@ -2,6 +2,7 @@ package status
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/switchyard/switchyard/internal/mtls"
@@ -49,6 +50,9 @@ type Sources struct {
 
 	// Draining reports that shutdown began (readiness turns false).
 	Draining func() bool
+	// Ready reports whether the process serves what it should yet, and
+	// why not (internal/ready); nil: ready once a state is published.
+	Ready func() (bool, string)
 
 	// Usage is the tenants' usage ledger (nil: no tenants possible).
 	Usage *tenantusage.Ledger
@@ -59,6 +63,22 @@ type Sources struct {
 	// (/api/history); nil without them.
 	Decisions *decisions.Recorder
 	History   *History
+}
+
+// readiness is what /readyz answers: ready, or why not.
+func (s *Sources) readiness() (bool, string) {
+	if st, _ := s.View.Current(); st.Version == 0 {
+		return false, "no configuration published yet"
+	}
+	if s.Draining != nil && s.Draining() {
+		return false, "draining before shutdown"
+	}
+	if s.Ready != nil {
+		if ok, why := s.Ready(); !ok {
+			return false, why
+		}
+	}
+	return true, ""
 }
 
 // Read returns the Report at now. It leaves out the picker's per-model
@@ -73,6 +93,8 @@ func (s *Sources) Read(now time.Time) *Report { return build(s.gather(now, false
 type inputs struct {
 	now                            time.Time
 	version, replicaID, pickerAddr string
+	ready                          bool
+	notReady                       string
 	state                          *registry.State
 	configErr                      error
 	registry                       registry.Status
@@ -120,6 +142,7 @@ func (s *Sources) gather(now time.Time, observe bool) *inputs {
 		xds:       s.XDS.Stats(),
 		nodes:     s.XDS.Nodes(),
 	}
+	in.ready, in.notReady = s.readiness()
 	for _, k := range s.Picker.EndpointHealth().UnhealthyEndpoints() {
 		in.unhealthy[k] = true
 	}
@@ -181,10 +204,12 @@ func build(in *inputs) *Report {
 		Time:            in.now.UTC(),
 		Version:         in.version,
 		RegistryVersion: st.Version,
+		Ready:           in.ready,
+		NotReady:        in.notReady,
 		Picker: Picker{Requests: ps.Requests, Picked: ps.Picked, Rewritten: ps.Rewritten,
 			FallbackServed: ps.FallbackServed, ResponseBodies: ps.ResponseBodies, PeerPicks: ps.PeerPicks, Rejected: ps.Rejected},
 		ReplicaID: in.replicaID,
-		Replicas:  replicas(st.Replicas, in.pickerAddr, in.mesh, in.nodes, in.peers),
+		Replicas:  replicas(st.Replicas, in.replicaID, in.pickerAddr, in.mesh, in.nodes, in.peers),
 		Envoys:    []Envoy{},
 		Peers:     in.mesh.Peers,
 		Inbound:   in.mesh.Inbound,
@@ -279,6 +304,7 @@ func pools(in *inputs) []Pool {
 		if ks, ok := in.kvEvents[metrics.Key{Pool: e.Pool, Address: e.Address}]; ok {
 			es.KVEvents = kvEventsOf(ks)
 		}
+		es.Scrape = scrapeOf(e.Metrics, in.now)
 		if m := e.TTFT; m.Compared > 0 || e.PrefillRequests > 0 {
 			ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
 			es.TTFT = &TTFT{BaseMS: ms(m.Base), PrefillPer1kMS: ms(m.PerToken), Observations: m.Observed,
@@ -293,10 +319,12 @@ func pools(in *inputs) []Pool {
 	}
 	prefix := map[string]*Prefix{}
 	share := map[string]*float64{}
+	pd := map[string]map[string]int64{}
 	if in.observed != nil {
 		for _, p := range in.observed.Pools {
 			prefix[p.Name] = &Prefix{Entries: p.PrefixEntries, Bytes: p.PrefixBytes, PromptBlocks: p.PromptBlocks, MatchedBlocks: p.MatchedBlocks}
 			share[p.Name] = &p.SaturatedShare
+			pd[p.Name] = p.PDDecisions
 		}
 	}
 	queues := map[string]*admission.Stats{}
@@ -326,7 +354,7 @@ func pools(in *inputs) []Pool {
 		pool := Pool{Name: name, Engine: string(p.Engine), FailureMode: string(p.FailureMode), KVTokenize: tok,
 			Saturated: in.saturated[name], Guard: guards[name], Endpoints: eps,
 			GuardActivations: in.registry.GuardActivations[name], Prefix: prefix[name],
-			Queue: queues[name], SaturatedShare: share[name]}
+			Queue: queues[name], SaturatedShare: share[name], PDDecisions: pd[name]}
 		if q := queues[name]; q != nil && !q.Config.Disabled {
 			pool.Admission = admissionOf(q)
 		}
@@ -390,14 +418,21 @@ func admissionOf(q *admission.Stats) *Admission {
 }
 
 // replicas joins the configuration's replicas with the mesh's streams
-// (outbound ones by address, inbound ones by the replica ID they
-// announced) and with the Envoys whose ADS stream each holds (this
-// replica's own nodes; the others' as Peers last read them).
-func replicas(rs []registry.Replica, self string, mesh peers.Stats, nodes []xds.NodeStatus, seen map[string]PeerView) []Replica {
+// (by picker address; an inbound stream from a replica that does not send
+// its address, by the replica ID it announced) and with the Envoys whose
+// ADS stream each holds (this replica's own nodes; the others' as Peers
+// last read them). A replica is named by the ID it gives itself
+// (-replica-id): this one's own, another's as its streams announced it;
+// until it has been heard from, by the configuration's ID (a static
+// peer's is its address).
+func replicas(rs []registry.Replica, selfID, self string, mesh peers.Stats, nodes []xds.NodeStatus, seen map[string]PeerView) []Replica {
 	out := make([]Replica, 0, len(rs))
 	for _, r := range rs {
 		rep := Replica{ID: r.ID, Address: r.Address, Admin: r.Admin, XDS: r.XDS, Source: r.Source, Self: r.Address == self,
 			Envoys: []string{}}
+		if rep.Self && selfID != "" {
+			rep.ID = selfID
+		}
 		switch v, ok := seen[r.Address]; {
 		case rep.Self:
 			for _, n := range nodes {
@@ -411,25 +446,75 @@ func replicas(rs []registry.Replica, self string, mesh peers.Stats, nodes []xds.
 		case ok:
 			rep.EnvoysError = v.Err
 		}
+		learned := ""
 		for _, p := range mesh.Peers {
 			if p.Address == r.Address {
 				rep.Sharing, rep.Sent, rep.Dropped = p.Connected, p.Sent, p.Dropped
+				learned = p.ID
 			}
 		}
 		for _, in := range mesh.Inbound {
-			if in.From == r.ID {
+			if inboundFrom(in, r) {
 				rep.From, rep.LagMS = in.From, float64(in.Lag)/float64(time.Millisecond)
+				if learned == "" {
+					learned = in.From
+				}
 			}
+		}
+		if learned != "" && !rep.Self {
+			rep.ID = learned
 		}
 		out = append(out, rep)
 	}
 	return out
 }
 
+// inboundFrom reports whether in is the stream from replica r.
+func inboundFrom(in peers.InboundStats, r registry.Replica) bool {
+	if in.Address != "" {
+		return in.Address == r.Address
+	}
+	return in.From == r.ID
+}
+
+// peerName is the metric label of a mesh stream: the ID of the replica
+// row it joins (address, or announced ID for an inbound stream without
+// one), else what the stream itself says.
+func peerName(rows []Replica, address, from string) string {
+	for _, r := range rows {
+		if address != "" && r.Address == address || address == "" && from != "" && r.From == from {
+			return r.ID
+		}
+	}
+	if from != "" {
+		return from
+	}
+	return address
+}
+
 // stillRouted is the RoutedReason of an endpoint whose scrapes fail but
 // that is not withheld: the rule of picker.EndpointHealth, which xDS and
 // the picker's health filter follow.
 const stillRouted = "still routed: no other endpoint of its pool answers its metrics scrapes, and a pool is never emptied for failing scrapes alone (a broken metrics path must not take it down)"
+
+// scrapeOf describes how fresh snapshot m is at now (nil: never
+// attempted).
+func scrapeOf(m *metrics.Snapshot, now time.Time) *Scrape {
+	if m == nil {
+		return nil
+	}
+	ms := func(d time.Duration) float64 { return math.Round(float64(d)/1e4) / 100 }
+	s := &Scrape{Stale: !m.Fresh(now) || m.Failing, MaxAgeMS: ms(m.MaxAge), IntervalMS: ms(m.Interval),
+		CostMS: ms(m.Cost), PageBytes: m.PageBytes, From: m.From}
+	if age := m.Age(now); age >= 0 {
+		a := ms(age)
+		s.AgeMS = &a
+	}
+	if m.Filter != metrics.FilterUnknown {
+		s.NameFilter = m.Filter.String()
+	}
+	return s
+}
 
 // unhealthyReason says why an endpoint is unhealthy, from its latest
 // scrape (m may be nil: never scraped).

@@ -29,6 +29,9 @@ type Report struct {
 	Version string    `json:"version"`
 	// RegistryVersion is the version of the registry state in force.
 	RegistryVersion uint64 `json:"registry_version"`
+	// Ready is what /readyz answers; NotReady says why not.
+	Ready    bool   `json:"ready"`
+	NotReady string `json:"not_ready,omitempty"`
 	// ConfigError is the latest refresh error of any source, or of the
 	// merge (the last good configuration stays in force); "" when none.
 	ConfigError string  `json:"config_error,omitempty"`
@@ -112,6 +115,11 @@ type Pool struct {
 	// KVTokenize is the pool's tokenization for the exact prefix index
 	// (nil when none of its servers publishes KV events).
 	KVTokenize *KVTokenize `json:"kv_tokenize,omitempty"`
+	// PDDecisions counts a disaggregated pool's prefill/decode decisions
+	// by decision ("split", or why a request went whole); nil for other
+	// pools, and unless the Report was read with the picker's
+	// observations.
+	PDDecisions map[string]int64 `json:"pd_decisions,omitempty"`
 }
 
 // Admission is one pool's admission queue: its bounds, what waits now
@@ -198,10 +206,39 @@ type Endpoint struct {
 	// KVEvents is the endpoint's KV-cache event stream, when its pool
 	// declares one.
 	KVEvents *KVEvents `json:"kv_events,omitempty"`
+	// Scrape says how fresh the picker's view of the endpoint is and how
+	// it is read; absent before the first scrape attempt.
+	Scrape *Scrape `json:"scrape,omitempty"`
 
 	// ScrapedAt is when the latest successful scrape finished (zero if
 	// none yet).
 	ScrapedAt time.Time `json:"-"`
+}
+
+// Scrape is how the picker reads an endpoint's metrics page and how old
+// what it knows is.
+type Scrape struct {
+	// AgeMS is the age of the latest successful scrape (absent if none).
+	AgeMS *float64 `json:"age_ms,omitempty"`
+	// Stale: older than max_age_ms (scrapes failing or late, or never
+	// succeeded); the picker then counts the endpoint's load as unknown.
+	Stale    bool    `json:"stale"`
+	MaxAgeMS float64 `json:"max_age_ms"`
+	// IntervalMS is the time planned until the next scrape: the pool's
+	// scrape_interval while the endpoint gets traffic, its
+	// idle_scrape_interval while not, longer when the engine budget or
+	// failures say so.
+	IntervalMS float64 `json:"interval_ms"`
+	// CostMS is how long the endpoint takes to answer a scrape (what the
+	// engine budget is reckoned from); absent until measured.
+	CostMS float64 `json:"cost_ms,omitempty"`
+	// PageBytes is the size of the latest page read.
+	PageBytes int `json:"page_bytes,omitempty"`
+	// NameFilter says whether the server honours the name[] filter
+	// (honoured, ignored, rejected; absent while unknown).
+	NameFilter string `json:"name_filter,omitempty"`
+	// From names the replica whose scrape this is (absent: this one's).
+	From string `json:"from,omitempty"`
 }
 
 // Ready reports whether the endpoint can take requests: healthy and not

@@ -56,7 +56,8 @@ func sample() *inputs {
 
 	scraped := func(addr string, v metrics.Values, failing bool, served []string) *metrics.Snapshot {
 		return &metrics.Snapshot{Key: metrics.Key{Pool: "llama", Address: addr}, Values: v,
-			ScrapedAt: t0.Add(-time.Second), LastSuccess: t0.Add(-2 * time.Second), Failing: failing, ServedModels: served}
+			ScrapedAt: t0.Add(-time.Second), LastSuccess: t0.Add(-2 * time.Second), Failing: failing, ServedModels: served,
+			Interval: time.Second, MaxAge: 3 * time.Second, Cost: 3300 * time.Microsecond, PageBytes: 48380, Filter: metrics.FilterIgnored}
 	}
 	ps := picker.Stats{
 		Version: 7, Requests: 100, Picked: 90, Rewritten: 5, FallbackServed: 2, ResponseBodies: 40, PeerPicks: 30,
@@ -80,7 +81,7 @@ func sample() *inputs {
 			// scraped, failing, not withheld (no endpoint of its pool
 			// answers), so still routed to.
 			{Pool: "solo", Address: "10.0.2.1:8000", Metrics: &metrics.Snapshot{Key: metrics.Key{Pool: "solo", Address: "10.0.2.1:8000"},
-				ScrapedAt: t0.Add(-time.Second), ConsecutiveFailures: 4, Failing: true,
+				ScrapedAt: t0.Add(-time.Second), ConsecutiveFailures: 4, Failing: true, Interval: time.Second, MaxAge: 3 * time.Second,
 				Err: errors.New(`Get "http://10.0.2.1:8000/metrics": dial tcp 10.0.2.1:8000: connect: connection refused`)}},
 			// A pool the state no longer has (the picker applies it next).
 			{Pool: "gone", Address: "10.0.9.9:8000"},
@@ -94,7 +95,7 @@ func sample() *inputs {
 		NTPOT:    picker.Histogram{Bounds: []float64{0.01, 0.02}, Cumulative: []uint64{25, 40}, Count: 40, SumSeconds: 0.5},
 	}
 	return &inputs{
-		now: t0, version: "v1.2.3", replicaID: "sy-1", pickerAddr: "10.0.1.1:9002",
+		now: t0, version: "v1.2.3", replicaID: "sy-1", pickerAddr: "10.0.1.1:9002", ready: true,
 		state:     st,
 		configErr: errors.New(`source "file": switchyard.hcl:4:10: error: Unknown pool`),
 		registry: registry.Status{
@@ -129,8 +130,11 @@ func sample() *inputs {
 		nodes: []xds.NodeStatus{{ID: "envoy-1", Cluster: "edge", Streams: 1, FirstSeen: t0.Add(-time.Hour), LastSeen: t0,
 			Acked: map[string]string{"Cluster": "c1"}, ACKs: 8, NACKs: 1, LastNACK: "bad cluster"}},
 		mesh: peers.Stats{
-			Peers:   []peers.PeerStats{{Address: "10.0.1.2:9002", Connected: true, Sent: 40, Dropped: 1}, {Address: "10.0.1.3:9002", Sent: 3}},
-			Inbound: []peers.InboundStats{{From: "sy-2", Received: 20, Lag: 1500 * time.Microsecond}, {From: "sy-3", Lag: 2 * time.Millisecond}},
+			// 10.0.1.3 is a static peer that calls itself sy-3; sy-2 is
+			// an older replica that sends no address; sy-9 is in no list.
+			Peers: []peers.PeerStats{{Address: "10.0.1.2:9002", Connected: true, Sent: 40, Dropped: 1}, {Address: "10.0.1.3:9002", ID: "sy-3", Sent: 3}},
+			Inbound: []peers.InboundStats{{From: "sy-2", Received: 20, Lag: 1500 * time.Microsecond},
+				{From: "sy-3", Address: "10.0.1.3:9002", Lag: 2 * time.Millisecond}, {From: "sy-9", Address: "10.0.1.9:9002", Lag: 3 * time.Millisecond}},
 		},
 		consul: []consul.SelectorStatus{
 			{Selector: registry.ConsulSelector{Service: "vllm", Tag: "llama", PassingOnly: true}, Up: true, Instances: 2, LastSuccess: t0.Add(-time.Second)},
@@ -298,10 +302,10 @@ func TestBuildPoolsFollowTheState(t *testing.T) {
 	}
 }
 
-// TestBuildReplicas joins the configuration's replicas with the mesh: by
-// address for this replica's outbound streams, by announced ID for the
-// inbound ones; a static peer's ID is its address, so its inbound stream
-// matches nothing (the metrics still export its lag, under its ID).
+// TestBuildReplicas joins the configuration's replicas with the mesh by
+// picker address (by announced ID for an inbound stream that carries no
+// address), and names each replica as it names itself: a static peer
+// configured by address shows the ID its streams announced, with its lag.
 func TestBuildReplicas(t *testing.T) {
 	t.Parallel()
 	in := sample()
@@ -315,14 +319,21 @@ func TestBuildReplicas(t *testing.T) {
 			Envoys: []string{"envoy-1"}, EnvoysKnown: true},
 		{ID: "sy-2", Address: "10.0.1.2:9002", Source: "consul", Sharing: true, Sent: 40, Dropped: 1, From: "sy-2", LagMS: 1.5,
 			Envoys: []string{"envoy-2", "envoy-3"}, EnvoysKnown: true},
-		{ID: "10.0.1.3:9002", Address: "10.0.1.3:9002", Source: "file", Sent: 3, Envoys: []string{},
+		{ID: "sy-3", Address: "10.0.1.3:9002", Source: "file", Sent: 3, From: "sy-3", LagMS: 2, Envoys: []string{},
 			EnvoysError: "read replica status: connection refused"},
 	}
 	if !reflect.DeepEqual(r.Replicas, want) {
 		t.Errorf("replicas\n%+v\nwant\n%+v", r.Replicas, want)
 	}
-	if len(r.Inbound) != 2 || len(r.Peers) != 2 {
-		t.Errorf("mesh streams: %d inbound, %d peers, want the mesh's 2 and 2", len(r.Inbound), len(r.Peers))
+	if len(r.Inbound) != 3 || len(r.Peers) != 2 {
+		t.Errorf("mesh streams: %d inbound, %d peers, want the mesh's 3 and 2", len(r.Inbound), len(r.Peers))
+	}
+	// This replica is named by its own ID even where the configuration
+	// has its address.
+	in = sample()
+	in.state.Replicas[0] = registry.Replica{ID: "10.0.1.1:9002", Address: "10.0.1.1:9002", Source: "file"}
+	if got := build(in).Replicas[0]; !got.Self || got.ID != "sy-1" {
+		t.Errorf("self listed as %+v, want ID sy-1", got)
 	}
 
 	in = sample()
@@ -386,5 +397,42 @@ func golden(t *testing.T, path string, got []byte) {
 	}
 	if !bytes.Equal(got, want) {
 		t.Errorf("%s differs from the output; if the change is deliberate, run go test -update ./internal/status/\ngot:\n%s", path, got)
+	}
+}
+
+// The status says how old each endpoint's metrics are and whether they are
+// stale: older than their max age (scrapes late or failing), as the
+// picker then judges them.
+func TestReportShowsStaleness(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name      string
+		snap      *metrics.Snapshot
+		wantStale bool
+		wantAge   float64 // ms; -1: none
+	}{
+		{"fresh", &metrics.Snapshot{LastSuccess: now.Add(-40 * time.Millisecond), Interval: 50 * time.Millisecond, MaxAge: 250 * time.Millisecond}, false, 40},
+		{"older than its max age", &metrics.Snapshot{LastSuccess: now.Add(-4 * time.Second), Interval: time.Second, MaxAge: 3 * time.Second}, true, 4000},
+		{"failing, young values", &metrics.Snapshot{LastSuccess: now.Add(-100 * time.Millisecond), MaxAge: time.Second, Failing: true}, true, 100},
+		{"never answered", &metrics.Snapshot{ScrapedAt: now, MaxAge: time.Second, Err: errors.New("refused")}, true, -1},
+		{"read by another replica", &metrics.Snapshot{LastSuccess: now.Add(-time.Second), MaxAge: 3 * time.Second, From: "sy-2"}, false, 1000},
+	} {
+		got := scrapeOf(tc.snap, now)
+		if got.Stale != tc.wantStale {
+			t.Errorf("%s: stale %v, want %v", tc.name, got.Stale, tc.wantStale)
+		}
+		switch {
+		case tc.wantAge < 0 && got.AgeMS != nil:
+			t.Errorf("%s: age %v, want none", tc.name, *got.AgeMS)
+		case tc.wantAge >= 0 && (got.AgeMS == nil || *got.AgeMS != tc.wantAge):
+			t.Errorf("%s: age %v, want %v ms", tc.name, got.AgeMS, tc.wantAge)
+		}
+		if got.From != tc.snap.From || got.MaxAgeMS != float64(tc.snap.MaxAge.Milliseconds()) {
+			t.Errorf("%s: %+v", tc.name, got)
+		}
+	}
+	if scrapeOf(nil, now) != nil {
+		t.Error("an endpoint never scraped has no scrape section")
 	}
 }

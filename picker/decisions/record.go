@@ -67,6 +67,9 @@ type Record struct {
 	// DecisionTime is how long the decision took (parse, filter, score,
 	// pick), the admission wait excluded.
 	DecisionTime time.Duration
+	// PD is the prefill/decode decision of a completions or chat request
+	// of a disaggregated pool (nil otherwise).
+	PD *PD
 
 	// Queued: the request waited in the pool's admission queue, for
 	// QueueWait, and left it as QueueOutcome ("dispatched", or why not).
@@ -108,6 +111,18 @@ type Scorer struct {
 type PredictedTTFT struct {
 	Wait, Prefill, Total time.Duration
 	Uncached             int64
+}
+
+// PD is a request's prefill/decode decision: split (its prefill on
+// Prefill) or why not, the prompt's tokens not cached on the decode
+// server (the picked endpoint), and what the decode server's sidecar
+// reported having done (split, fallback: the prefill failed and it served
+// the request whole, local; "" when it reported nothing).
+type PD struct {
+	Decision       string `json:"decision"`
+	Prefill        string `json:"prefill,omitempty"`
+	UncachedTokens int    `json:"uncached_tokens"`
+	Result         string `json:"result,omitempty"`
 }
 
 // Candidate returns candidate c's address.
@@ -153,6 +168,7 @@ type recordJSON struct {
 	Picked       string          `json:"picked"`
 	Fallbacks    []string        `json:"fallbacks"`
 	DecisionUS   float64         `json:"decision_us"`
+	PD           *PD             `json:"pd,omitempty"`
 	Queue        *queueJSON      `json:"queue,omitempty"`
 	Outcome      outcomeJSON     `json:"outcome"`
 }
@@ -193,7 +209,7 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 		Model: r.Model, Target: r.Target, Pool: r.Pool, Tenant: r.Tenant, Priority: r.Priority,
 		PromptTokens: r.PromptTokens, PoolSize: r.PoolSize, Filters: r.Filters, Scorers: r.Scorers,
 		Candidates: make([]candidateJSON, 0, len(r.Candidates)), Omitted: r.Omitted,
-		Picked: r.Picked, Fallbacks: r.Fallbacks, DecisionUS: micros(r.DecisionTime),
+		Picked: r.Picked, Fallbacks: r.Fallbacks, DecisionUS: micros(r.DecisionTime), PD: r.PD,
 		Outcome: outcomeJSON{Status: r.Status, Error: r.Error, Served: r.Served, TTFTMS: millis(r.TTFT),
 			DurationMS: millis(r.Duration), OutputTokens: r.OutputTokens},
 	}

@@ -156,7 +156,8 @@ func TestRecordJSON(t *testing.T) {
 		Scorers:   []Scorer{{Name: "queue", Weight: 2}, {Name: "prefix", Weight: 3}},
 		Endpoints: []string{"a", "b"}, Candidates: []int32{1, 0}, Totals: []float32{1, 5}, Scores: []uint16{QuantizeScore(0.5), ScoreUnit, 0, ScoreUnit},
 		Picked: "a", Fallbacks: []string{"b"}, Queued: true, QueueWait: 12500 * time.Microsecond, QueueOutcome: "dispatched",
-		Status: 200, Served: "a", TTFT: 30 * time.Millisecond, Duration: time.Second, OutputTokens: 64, DecisionTime: 35 * time.Microsecond}
+		Status: 200, Served: "a", TTFT: 30 * time.Millisecond, Duration: time.Second, OutputTokens: 64, DecisionTime: 35 * time.Microsecond,
+		PD: &PD{Decision: "split", Prefill: "c", UncachedTokens: 4000, Result: "fallback"}}
 	b, err := json.Marshal(r)
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +165,8 @@ func TestRecordJSON(t *testing.T) {
 	want := `{"seq":3,"time":"2026-01-02T03:04:05Z","model":"chat","target":"llama","pool":"p","tenant":"","priority":0,"prompt_tokens":0,` +
 		`"pool_size":3,"filters":[{"name":"not-draining","left":2}],"scorers":[{"name":"queue","weight":2},{"name":"prefix","weight":3}],` +
 		`"candidates":[{"endpoint":"a","total":5,"scores":{"prefix":1,"queue":1}},{"endpoint":"b","total":1,"scores":{"prefix":0,"queue":0.5}}],` +
-		`"picked":"a","fallbacks":["b"],"decision_us":35,"queue":{"waited_ms":12.5,"outcome":"dispatched"},` +
+		`"picked":"a","fallbacks":["b"],"decision_us":35,"pd":{"decision":"split","prefill":"c","uncached_tokens":4000,"result":"fallback"},` +
+		`"queue":{"waited_ms":12.5,"outcome":"dispatched"},` +
 		`"outcome":{"status":200,"served":"a","ttft_ms":30,"duration_ms":1000,"output_tokens":64}}`
 	if string(b) != want {
 		t.Fatalf("got\n%s\nwant\n%s", b, want)

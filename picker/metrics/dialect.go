@@ -206,32 +206,3 @@ func applyOverrides(d dialect, overrides map[string]string) (dialect, error) {
 	}
 	return d, errors.Join(errs...)
 }
-
-// families returns the metric family names the dialect reads.
-func (d dialect) families() []string {
-	seen := map[string]bool{}
-	var out []string
-	add := func(s selector) {
-		if !seen[s.name] {
-			seen[s.name] = true
-			out = append(out, s.name)
-		}
-	}
-	for _, list := range [][]selector{d.waiting, d.running, d.kvUsage, d.loraInfo} {
-		for _, s := range list {
-			add(s)
-		}
-	}
-	for _, list := range [][]source{d.blockSize, d.numBlocks} {
-		for _, s := range list {
-			add(s.sel)
-		}
-	}
-	for _, names := range d.hists {
-		for _, n := range names {
-			add(selector{name: n + "_sum"})
-			add(selector{name: n + "_count"})
-		}
-	}
-	return out
-}

@@ -1,12 +1,9 @@
 package metrics
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -24,6 +21,8 @@ import (
 // Defaults used when Options or Target leave a field zero.
 const (
 	DefaultInterval         = 50 * time.Millisecond
+	DefaultIdleFactor       = 20
+	DefaultEngineBudget     = 0.05
 	DefaultTimeout          = time.Second
 	DefaultMaxBodyBytes     = 4 << 20
 	DefaultStaleIntervals   = 3
@@ -49,8 +48,12 @@ type Target struct {
 	Address     string // "ip:port" or "[v6]:port"
 	MetricsPath string // "" means /metrics
 	Engine      registry.Engine
-	// Interval between scrapes; 0 means Options.Interval.
+	// Interval between scrapes while the endpoint is in use; 0 means
+	// Options.Interval.
 	Interval time.Duration
+	// IdleInterval between scrapes while it is idle; 0 means
+	// Options.IdleInterval.
+	IdleInterval time.Duration
 	// Overrides maps logical metric names to metric selectors
 	// (registry.Scheduling.Metrics).
 	Overrides map[string]string
@@ -61,6 +64,50 @@ type Target struct {
 
 // Key returns the target's key.
 func (t Target) Key() Key { return Key{Pool: t.Pool, Address: t.Address} }
+
+// Reading is what one scrape of an endpoint found: the values the picker
+// uses and when the page was read. It is a plain value, so that it can
+// as well come from another replica that scraped the endpoint (see
+// Manager.Ingest and Options.OnReading).
+type Reading struct {
+	// At is when the page was read.
+	At time.Time
+	// Values are the page's figures; zero when Err is set.
+	Values Values
+	// Err, when not empty, says why the scrape failed.
+	Err string
+	// Interval is the interval the scraper planned until its next
+	// scrape; a reading older than StaleIntervals of it is stale.
+	Interval time.Duration
+}
+
+// FilterState says whether an endpoint honours the name[] filter.
+type FilterState uint8
+
+// FilterState values.
+const (
+	// FilterUnknown: not sent, or no page read since.
+	FilterUnknown FilterState = iota
+	// FilterHonoured: the page had only the families asked for.
+	FilterHonoured
+	// FilterIgnored: the page had others too (vLLM 0.32 ignores it).
+	FilterIgnored
+	// FilterRejected: the server refused the query string (an HTTP 4xx
+	// that a page without it did not get); it is no longer sent.
+	FilterRejected
+)
+
+func (f FilterState) String() string {
+	switch f {
+	case FilterHonoured:
+		return "honoured"
+	case FilterIgnored:
+		return "ignored"
+	case FilterRejected:
+		return "rejected"
+	}
+	return "unknown"
+}
 
 // Snapshot is the latest known state of one endpoint. It is immutable once
 // published: readers may keep and share it without locking.
@@ -79,8 +126,25 @@ type Snapshot struct {
 	// Failing is set once ConsecutiveFailures reaches the failure threshold
 	// and cleared by the next success.
 	Failing bool
-	// MaxAge is how old LastSuccess may be for Values to count as fresh.
+	// MaxAge is how old LastSuccess may be for Values to count as fresh:
+	// StaleIntervals times Interval, at least MinMaxAge.
 	MaxAge time.Duration
+	// Interval is the time planned until the next scrape: the target's
+	// interval while the endpoint is in use, its idle interval while not,
+	// stretched to keep within the engine budget, backed off while
+	// failing.
+	Interval time.Duration
+	// Cost is the endpoint's time to answer a scrape (the shortest of the
+	// recent exchanges, the network's round trip included): what the
+	// engine budget is reckoned from. Zero until measured.
+	Cost time.Duration
+	// PageBytes is the size of the latest page read.
+	PageBytes int
+	// Filter says whether the endpoint honours the name[] filter.
+	Filter FilterState
+	// From is the replica whose scrape this is ("" for this process's
+	// own).
+	From string
 	// ServedModels are the model names the server's GET /v1/models lists
 	// (its served model names and LoRA adapters), refreshed every
 	// ModelsInterval; nil while unknown (never answered, or no such API).
@@ -123,13 +187,43 @@ type Transition struct {
 	Snapshot *Snapshot
 }
 
+// Demand is what the picker's own accounting knows of the traffic it
+// sends an endpoint: sent counts the requests sent there (it only grows),
+// inFlight those not finished (sent by this process or, when replicas
+// share their picks, another). picker/sched.Load implements it.
+type Demand interface {
+	Demand() (sent, inFlight int64)
+}
+
 // Options configure a Manager. Zero fields take the Default* values.
 type Options struct {
-	// Client is shared by every scrape; nil means a keep-alive client owned
-	// by the Manager.
+	// Client, when set, makes every request (tests serve pages from
+	// memory through it); nil means the Manager's own HTTP/1.1 getter,
+	// one kept-alive connection per endpoint.
 	Client *http.Client
-	// Interval is the scrape interval for targets that set none.
+	// Interval is the scrape interval for targets that set none: how
+	// often an endpoint in use is read.
 	Interval time.Duration
+	// IdleInterval is how often an idle endpoint is read: one the picker
+	// sent nothing since its last scrape, with nothing in flight, whose
+	// page showed nothing running or waiting. 0 means DefaultIdleFactor
+	// times the target's interval; negative, never slower than Interval.
+	// An endpoint that gets traffic is read again within WatchInterval.
+	// Without Demand, every endpoint counts as in use.
+	IdleInterval time.Duration
+	// EngineBudget bounds the share of an engine's time spent answering
+	// scrapes, summed over the replicas that scrape it (see
+	// Manager.SetScrapers): an endpoint whose answers take Cost is read
+	// at most every Cost*scrapers/EngineBudget. 0 means
+	// DefaultEngineBudget; negative, no bound.
+	EngineBudget float64
+	// NoNameFilter stops sending Prometheus' name[] filter, which asks a
+	// server that honours it (prometheus_client pages: SGLang, and
+	// others) for only the families read.
+	NoNameFilter bool
+	// Demand, if set, resolves an endpoint's Demand; it may return nil
+	// while unknown (asked again later).
+	Demand func(Key) Demand
 	// Timeout bounds each scrape request.
 	Timeout time.Duration
 	// MaxBodyBytes caps a metrics page; larger pages fail the scrape.
@@ -153,7 +247,11 @@ type Options struct {
 	// reader of the snapshot finds what the callback recorded). It must
 	// not block.
 	OnScrape func(*Snapshot)
-	Logger   *slog.Logger
+	// OnReading, if set, is called with every scrape this process made
+	// (successful or not), after it is published: what a replica that
+	// owns the endpoint would pass on to the others. It must not block.
+	OnReading func(Key, Reading)
+	Logger    *slog.Logger
 	// MaxParallelParses bounds the pages parsed at once (0: GOMAXPROCS-1,
 	// at least 1: one processor is always left to the rest).
 	// Parsing is CPU-bound: more at once gains nothing, and a thousand
@@ -163,9 +261,16 @@ type Options struct {
 	MaxParallelParses int
 }
 
+// WatchInterval is how often the endpoints scraped at their idle interval
+// are checked for traffic the picker sent them.
+const WatchInterval = 20 * time.Millisecond
+
 func (o *Options) setDefaults() {
 	if o.Interval <= 0 {
 		o.Interval = DefaultInterval
+	}
+	if o.EngineBudget == 0 {
+		o.EngineBudget = DefaultEngineBudget
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
@@ -193,9 +298,10 @@ func (o *Options) setDefaults() {
 	}
 }
 
-// NewHTTPClient returns the keep-alive client a Manager uses by default:
+// NewHTTPClient returns a keep-alive net/http client suited to scraping:
 // plain text (no gzip on a hot loopback/LAN path), a few idle connections
-// per endpoint, short dial timeout.
+// per endpoint, short dial timeout. A Manager does not need one (it has
+// its own getter); it is for callers that set Options.Client.
 func NewHTTPClient() *http.Client {
 	return &http.Client{
 		Transport: &http.Transport{
@@ -212,9 +318,14 @@ func NewHTTPClient() *http.Client {
 
 // Manager scrapes a changing set of endpoints, one goroutine each, and
 // publishes each endpoint's latest Snapshot for lock-free reads.
+//
+// How often: an endpoint in use is read every Interval, an idle one every
+// IdleInterval (and at once when the picker sends it something), never
+// more often than the engine budget allows, less often while it fails.
+// Which: every endpoint, unless SetOwner says another replica reads it
+// (its readings then come in through Ingest).
 type Manager struct {
-	opts       Options
-	ownsClient bool
+	opts Options
 	// parsing holds one token per page being parsed.
 	parsing chan struct{}
 	ctx     context.Context
@@ -225,6 +336,14 @@ type Manager struct {
 	view    atomic.Pointer[map[Key]*worker] // immutable once stored
 	wg      sync.WaitGroup
 	running atomic.Int32 // scrape goroutines alive, for tests
+	// scrapers is how many processes scrape each endpoint (the engine
+	// budget is shared among them).
+	scrapers atomic.Int32
+	// owns says which endpoints this process scrapes (nil: all).
+	owns atomic.Pointer[func(Key) bool]
+	// schemas are the parsers' shared parts by engine and overrides
+	// (guarded by mu): endpoints alike share one.
+	schemas map[string]*schema
 }
 
 // NewManager returns a Manager with no targets. It stops scraping when ctx
@@ -232,14 +351,57 @@ type Manager struct {
 func NewManager(ctx context.Context, opts Options) *Manager {
 	opts.setDefaults()
 	m := &Manager{opts: opts, parsing: make(chan struct{}, opts.MaxParallelParses)}
-	if m.opts.Client == nil {
-		m.opts.Client = NewHTTPClient()
-		m.ownsClient = true
-	}
+	m.scrapers.Store(1)
 	m.ctx, m.cancel = context.WithCancel(ctx)
 	empty := map[Key]*worker{}
 	m.view.Store(&empty)
+	if opts.Demand != nil {
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			m.watch()
+		}()
+	}
 	return m
+}
+
+// SetScrapers says how many processes scrape each endpoint (n < 1 counts
+// as 1): every replica while each scrapes every endpoint. The engine
+// budget is shared among them.
+func (m *Manager) SetScrapers(n int) {
+	m.scrapers.Store(int32(max(n, 1)))
+}
+
+// SetOwner sets which endpoints this process scrapes: those for which
+// owns returns true (nil: every one). The others are not scraped; their
+// snapshots come from Ingest, and turn stale when nothing comes. Every
+// endpoint re-examines its ownership at once.
+func (m *Manager) SetOwner(owns func(Key) bool) {
+	if owns == nil {
+		m.owns.Store(nil)
+	} else {
+		m.owns.Store(&owns)
+	}
+	for _, w := range *m.view.Load() {
+		w.wake()
+	}
+}
+
+func (m *Manager) owned(k Key) bool {
+	f := m.owns.Load()
+	return f == nil || (*f)(k)
+}
+
+// Ingest publishes a reading of k made elsewhere (by the replica that
+// owns k), as if this process had scraped it; from names that replica.
+// It fails for an endpoint not in the scraped set.
+func (m *Manager) Ingest(k Key, from string, r Reading) error {
+	w := (*m.view.Load())[k]
+	if w == nil {
+		return fmt.Errorf("endpoint %s is not scraped here", k.name())
+	}
+	w.ingest(from, r)
+	return nil
 }
 
 // Sync makes the scraped set equal to targets: new endpoints start, missing
@@ -263,7 +425,7 @@ func (m *Manager) Sync(targets []Target) error {
 			next[k] = w
 			continue
 		}
-		p, err := NewParser(t.Engine, t.Overrides)
+		p, err := m.parser(t.Engine, t.Overrides)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("endpoint %s: %w", k.name(), err))
 			if w, ok := old[k]; ok {
@@ -303,6 +465,30 @@ func (m *Manager) Sync(targets []Target) error {
 	return errors.Join(errs...)
 }
 
+// parser returns a Parser for engine and overrides, sharing the schema
+// of every parser alike. m.mu must be held.
+func (m *Manager) parser(engine registry.Engine, overrides map[string]string) (*Parser, error) {
+	keys := slices.Sorted(maps.Keys(overrides))
+	var b strings.Builder
+	b.WriteString(string(engine))
+	for _, k := range keys {
+		b.WriteString("\x00" + k + "=" + overrides[k])
+	}
+	key := b.String()
+	s := m.schemas[key]
+	if s == nil {
+		var err error
+		if s, err = newSchema(engine, overrides); err != nil {
+			return nil, err
+		}
+		if m.schemas == nil {
+			m.schemas = map[string]*schema{}
+		}
+		m.schemas[key] = s
+	}
+	return s.parser(), nil
+}
+
 func (m *Manager) normalize(t Target) Target {
 	if t.MetricsPath == "" {
 		t.MetricsPath = DefaultMetricsPath
@@ -312,8 +498,36 @@ func (m *Manager) normalize(t Target) Target {
 	if t.Interval <= 0 {
 		t.Interval = m.opts.Interval
 	}
+	if t.IdleInterval == 0 {
+		t.IdleInterval = m.opts.IdleInterval
+	}
+	switch {
+	case t.IdleInterval == 0:
+		t.IdleInterval = DefaultIdleFactor * t.Interval
+	case t.IdleInterval < t.Interval:
+		t.IdleInterval = t.Interval
+	}
 	t.Overrides = maps.Clone(t.Overrides)
 	return t
+}
+
+// watch wakes the endpoints waiting out their idle interval once the
+// picker sends them something.
+func (m *Manager) watch() {
+	t := time.NewTicker(WatchInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, w := range *m.view.Load() {
+			if w.idle.Load() && w.demanded() {
+				w.wake()
+			}
+		}
+	}
 }
 
 // Handle is a stable reference to one endpoint's latest Snapshot, for hot
@@ -341,216 +555,9 @@ func (m *Manager) Stop() {
 	m.mu.Lock()
 	m.stopped = true
 	m.cancel()
+	for _, w := range *m.view.Load() {
+		w.stop()
+	}
 	m.mu.Unlock()
 	m.wg.Wait()
-	if m.ownsClient {
-		m.opts.Client.CloseIdleConnections()
-	}
-}
-
-type worker struct {
-	m      *Manager
-	t      Target
-	url    string
-	parser *Parser
-	maxAge time.Duration
-	h      *Handle
-	ctx    context.Context
-	cancel context.CancelFunc
-	body   bytes.Buffer
-	// modelsDue is when /v1/models is read next.
-	modelsDue time.Time
-}
-
-func (m *Manager) newWorker(t Target, p *Parser, h *Handle) *worker {
-	if h == nil {
-		h = &Handle{}
-	}
-	w := &worker{m: m, t: t, parser: p, h: h, url: "http://" + t.Address + t.MetricsPath}
-	w.maxAge = max(time.Duration(m.opts.StaleIntervals)*t.Interval, m.opts.MinMaxAge)
-	w.ctx, w.cancel = context.WithCancel(m.ctx)
-	return w
-}
-
-func (w *worker) sameTarget(t Target) bool {
-	return w.t.MetricsPath == t.MetricsPath && w.t.Engine == t.Engine &&
-		w.t.Interval == t.Interval && maps.Equal(w.t.Overrides, t.Overrides) && w.t.APIKey == t.APIKey
-}
-
-func (w *worker) stop() { w.cancel() }
-
-func (w *worker) run() {
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-w.ctx.Done():
-			return
-		case <-timer.C:
-		}
-		start := time.Now()
-		fails := w.once()
-		if w.ctx.Err() != nil {
-			return
-		}
-		delay := w.t.Interval
-		if fails > 1 {
-			// Back off a dead endpoint: interval doubles per failure.
-			delay = min(w.t.Interval<<min(fails-1, 16), max(w.m.opts.MaxBackoff, w.t.Interval))
-		}
-		// Keep the period steady, but never spin if a scrape ran long.
-		delay = max(delay-time.Since(start), w.t.Interval/4)
-		timer.Reset(delay)
-	}
-}
-
-// once scrapes and publishes; it returns the consecutive failure count.
-func (w *worker) once() int {
-	vals, err := w.scrape()
-	if err != nil && w.ctx.Err() != nil {
-		return 0 // stopping; publish nothing
-	}
-	now := time.Now()
-	prev := w.h.Load()
-	s := &Snapshot{Key: w.t.Key(), ScrapedAt: now, MaxAge: w.maxAge, Err: err}
-	if prev != nil {
-		s.ServedModels = prev.ServedModels
-		s.Perf = prev.Perf
-	}
-	if err == nil {
-		s.Values = vals
-		var before *Values
-		var dt time.Duration
-		if prev != nil && !prev.LastSuccess.IsZero() {
-			before, dt = &prev.Values, now.Sub(prev.LastSuccess)
-		}
-		s.Perf = s.Perf.next(before, &s.Values, dt)
-		s.LastSuccess = now
-		if !now.Before(w.modelsDue) {
-			w.modelsDue = now.Add(ModelsInterval)
-			if models, merr := w.servedModels(); merr == nil {
-				s.ServedModels = models
-			} else {
-				w.m.opts.Logger.Debug("reading served models failed", "pool", w.t.Pool, "endpoint", w.t.Address, "err", merr)
-			}
-		}
-	} else {
-		if prev != nil {
-			s.Values = prev.Values
-			s.LastSuccess = prev.LastSuccess
-			s.ConsecutiveFailures = prev.ConsecutiveFailures
-		}
-		s.ConsecutiveFailures++
-		s.Failing = s.ConsecutiveFailures >= w.m.opts.FailureThreshold
-	}
-	if w.ctx.Err() != nil {
-		return 0 // replaced or stopped meanwhile: the handle is not ours
-	}
-	if cb := w.m.opts.OnScrape; cb != nil && err == nil {
-		cb(s)
-	}
-	w.h.cur.Store(s)
-	wasFailing := prev != nil && prev.Failing
-	firstSuccess := err == nil && (prev == nil || prev.LastSuccess.IsZero())
-	if wasFailing != s.Failing || firstSuccess {
-		log := w.m.opts.Logger
-		switch {
-		case s.Failing:
-			log.Warn("metrics endpoint failing", "pool", w.t.Pool, "endpoint", w.t.Address, "failures", s.ConsecutiveFailures, "err", err)
-		case wasFailing:
-			log.Info("metrics endpoint recovered", "pool", w.t.Pool, "endpoint", w.t.Address)
-		default:
-			log.Debug("metrics endpoint answered its first scrape", "pool", w.t.Pool, "endpoint", w.t.Address)
-		}
-		if cb := w.m.opts.OnTransition; cb != nil {
-			cb(Transition{Key: s.Key, Healthy: !s.Failing, Snapshot: s})
-		}
-	} else if err != nil {
-		w.m.opts.Logger.Debug("metrics scrape failed", "pool", w.t.Pool, "endpoint", w.t.Address, "err", err)
-	}
-	return s.ConsecutiveFailures
-}
-
-// servedModels reads the server's OpenAI model list (GET /v1/models): the
-// ids of its "data" entries, sorted.
-func (w *worker) servedModels() ([]string, error) {
-	ctx, cancel := context.WithTimeout(w.ctx, w.m.opts.Timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+w.t.Address+"/v1/models", nil)
-	if err != nil {
-		return nil, err
-	}
-	if w.t.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+w.t.APIKey)
-	}
-	resp, err := w.m.opts.Client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return nil, fmt.Errorf("GET /v1/models: HTTP %d", resp.StatusCode)
-	}
-	var list struct {
-		Data []struct {
-			ID string `json:"id"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, w.m.opts.MaxBodyBytes)).Decode(&list); err != nil {
-		return nil, fmt.Errorf("GET /v1/models: %w", err)
-	}
-	models := make([]string, 0, len(list.Data))
-	for _, d := range list.Data {
-		if d.ID != "" {
-			models = append(models, d.ID)
-		}
-	}
-	if len(models) == 0 {
-		return nil, errors.New("GET /v1/models: no models listed")
-	}
-	slices.Sort(models)
-	return models, nil
-}
-
-func (w *worker) scrape() (Values, error) {
-	ctx, cancel := context.WithTimeout(w.ctx, w.m.opts.Timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.url, nil)
-	if err != nil {
-		return Values{}, fmt.Errorf("scrape %s: %w", w.url, err)
-	}
-	req.Header.Set("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1")
-	resp, err := w.m.opts.Client.Do(req)
-	if err != nil {
-		return Values{}, fmt.Errorf("scrape %s: %w", w.url, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		// Drain a little so the connection can be reused.
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return Values{}, fmt.Errorf("scrape %s: HTTP %d", w.url, resp.StatusCode)
-	}
-	limit := w.m.opts.MaxBodyBytes
-	w.body.Reset()
-	n, err := w.body.ReadFrom(io.LimitReader(resp.Body, limit+1))
-	if err != nil {
-		return Values{}, fmt.Errorf("scrape %s: read body: %w", w.url, err)
-	}
-	if n > limit {
-		return Values{}, fmt.Errorf("scrape %s: body exceeds %d bytes", w.url, limit)
-	}
-	// The page is read: waiting for a parse slot is not the server's
-	// slowness, so it is bounded by the worker's life, not the timeout.
-	select {
-	case w.m.parsing <- struct{}{}:
-	case <-w.ctx.Done():
-		return Values{}, w.ctx.Err()
-	}
-	v, err := w.parser.Parse(w.body.Bytes())
-	<-w.m.parsing
-	if err != nil {
-		return Values{}, fmt.Errorf("scrape %s: %w", w.url, err)
-	}
-	return v, nil
 }

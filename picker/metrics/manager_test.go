@@ -71,8 +71,10 @@ vllm:cache_config_info{block_size="16",num_gpu_blocks="1000"} 1
 `, waiting, running, kv)
 }
 
+// fastOptions scrape every 5 ms, whatever the page costs the server.
 func fastOptions() Options {
-	return Options{Interval: 5 * time.Millisecond, Timeout: 200 * time.Millisecond, FailureThreshold: 2, MaxBackoff: 20 * time.Millisecond}
+	return Options{Interval: 5 * time.Millisecond, Timeout: 200 * time.Millisecond, FailureThreshold: 2, MaxBackoff: 20 * time.Millisecond,
+		EngineBudget: -1}
 }
 
 // waitValues polls until the endpoint's latest successful values satisfy ok.
@@ -340,4 +342,45 @@ func TestManagerStopsWithContext(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A page waits for a parse slot once it is read (MaxParallelParses), and
+// the wait is not the server's slowness: however long it lasts, the
+// scrape does not fail for the timeout, and it publishes once parsed.
+func TestManagerParseSlotWaitIsNotATimeout(t *testing.T) {
+	t.Parallel()
+	f := newFakeServer(t, vllmPage(4, 2, 0.25))
+	opts := fastOptions()
+	opts.Timeout = 50 * time.Millisecond
+	opts.MaxParallelParses = 1
+	m := NewManager(context.Background(), opts)
+	defer m.Stop()
+	m.parsing <- struct{}{} // the only slot, held
+	k := Key{Pool: "p", Address: f.addr()}
+	if err := m.Sync([]Target{{Pool: "p", Address: f.addr(), Engine: registry.EngineVLLM}}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, "page read", func() error {
+		if f.hits.Load() == 0 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	// Hold the slot for several timeouts: the worker waits, neither
+	// publishing a failure nor asking again.
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for deadline := time.Now().Add(4 * opts.Timeout); time.Now().Before(deadline); <-tick.C {
+		if s := m.Get(k); s != nil {
+			t.Fatalf("published while waiting for a parse slot: %+v", *s)
+		}
+	}
+	if n := f.hits.Load(); n != 1 {
+		t.Errorf("%d scrapes while the first waited for its parse", n)
+	}
+	<-m.parsing
+	s := waitValues(t, m, k, "parsed once the slot is free", func(v Values) bool { return v.Waiting == 4 && v.Running == 2 })
+	if s.ConsecutiveFailures != 0 {
+		t.Errorf("failures %d after waiting for a slot", s.ConsecutiveFailures)
+	}
 }

@@ -73,7 +73,24 @@ const (
 	NoPrefillServer  Reason = "no-prefill-server"
 	PrefillSaturated Reason = "prefill-saturated"
 	DecodeRole       Reason = "decode-role"
+	// Off: the request's model (or its pool) turns the split off; the
+	// request stage decides it without calling Decide.
+	Off Reason = "off"
 )
+
+// Reasons lists every Reason in a fixed order (the decision counter
+// exports each, from zero).
+var Reasons = [...]Reason{Split, ShortPrompt, Cached, NoPrefillServer, PrefillSaturated, DecodeRole, Off}
+
+// Index returns r's position in Reasons (len(Reasons) for an unknown one).
+func (r Reason) Index() int {
+	for i, x := range Reasons {
+		if x == r {
+			return i
+		}
+	}
+	return len(Reasons)
+}
 
 // Decision is the outcome for one request.
 type Decision struct {

@@ -12,6 +12,13 @@
 // dies takes its in-flight counts with it. A peer that cannot keep up
 // (its queue is full) has its stream reset rather than fall out of step.
 //
+// A replica also answers the others' questions about itself (Ask): its
+// replica ID, whether it is ready and the xDS versions it serves, so that
+// a replica that restarts can tell whether it serves what the others
+// serve before it reports itself ready, and so that every replica names
+// the others by the ID they gave themselves (a static peers list only
+// knows addresses).
+//
 // Messages are protobuf BytesValues carrying a compact binary encoding
 // (wire.go), so the service needs no generated code.
 package peers
@@ -33,6 +40,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -50,6 +58,13 @@ type Applier interface {
 type Options struct {
 	// Self names this replica in its hello (its replica ID).
 	Self string
+	// Address is this replica's picker address as the others know it;
+	// it goes with every stream, so a receiver can tell which of its
+	// peers the stream comes from ("" sends none).
+	Address string
+	// Report returns what this replica answers another that asks (Ask);
+	// nil answers with Self only, not ready.
+	Report func() Report
 	// Credentials returns the transport credentials for dialling the
 	// replica at addr (mutual TLS when the picker port uses it); nil
 	// dials in plaintext.
@@ -59,7 +74,12 @@ type Options struct {
 	// BatchMax bounds the events of one message (default 512).
 	BatchMax int
 	// MinBackoff and MaxBackoff bound reconnection delays (100 ms, 2 s).
+	// A stream that stayed up for StableAfter (default 1 s) resets the
+	// delay to MinBackoff, so a replica that restarts is reconnected to
+	// within about MinBackoff however it fared before; a replica whose
+	// own stream arrives (it started) is reconnected to at once.
 	MinBackoff, MaxBackoff time.Duration
+	StableAfter            time.Duration
 	// Logger defaults to a discarding one.
 	Logger *slog.Logger
 }
@@ -76,6 +96,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxBackoff < o.MinBackoff {
 		o.MaxBackoff = max(2*time.Second, o.MinBackoff)
+	}
+	if o.StableAfter <= 0 {
+		o.StableAfter = time.Second
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -169,7 +192,8 @@ func (m *Mesh) Run(ctx context.Context) error {
 				continue
 			}
 			pctx, cancel := context.WithCancel(ctx)
-			o := &outPeer{m: m, addr: addr, cancel: cancel, queue: make(chan event, m.opts.QueueLen), reset: make(chan struct{}, 1)}
+			o := &outPeer{m: m, addr: addr, cancel: cancel, queue: make(chan event, m.opts.QueueLen), reset: make(chan struct{}, 1),
+				kick: make(chan struct{}, 1)}
 			m.out[addr] = o
 			wg.Add(1)
 			go func() {
@@ -193,11 +217,15 @@ type outPeer struct {
 	cancel context.CancelFunc
 	queue  chan event
 	reset  chan struct{} // 1-buffered: the queue overflowed
+	kick   chan struct{} // 1-buffered: reconnect now (the peer started)
 
 	connected atomic.Bool
 	sent      atomic.Uint64
 	dropped   atomic.Uint64
 	resets    atomic.Uint64
+
+	// id is the replica ID the peer gave when asked ("" not known).
+	id atomic.Pointer[string]
 }
 
 // enqueue queues e while the stream is up; on overflow it asks run to
@@ -229,10 +257,14 @@ const ServiceName = "switchyard.peers.v1.Peers"
 func (o *outPeer) run(ctx context.Context) {
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
-		err := o.stream(ctx)
+		up, err := o.stream(ctx)
 		o.connected.Store(false)
 		if ctx.Err() != nil {
 			return
+		}
+		if up >= o.m.opts.StableAfter {
+			// A good stream: whatever failed before it is history.
+			backoff = 0
 		}
 		backoff = min(max(2*backoff, o.m.opts.MinBackoff), o.m.opts.MaxBackoff)
 		o.m.log.Debug("peers: stream to replica ended; reconnecting", "peer", o.addr, "err", err, "in", backoff)
@@ -241,32 +273,62 @@ func (o *outPeer) run(ctx context.Context) {
 		case <-ctx.Done():
 			t.Stop()
 			return
+		case <-o.kick:
+			t.Stop()
+			o.m.log.Debug("peers: replica is back; reconnecting now", "peer", o.addr)
 		case <-t.C:
 		}
 	}
 }
 
-// stream runs one stream to the peer until it fails, ctx ends or the
-// queue overflows.
-func (o *outPeer) stream(ctx context.Context) error {
-	creds := insecure.NewCredentials()
-	if c := o.m.opts.Credentials; c != nil {
-		creds = c(o.addr)
+// wake cuts a reconnection delay short: the peer just opened its own
+// stream to this replica, so it is up.
+func (o *outPeer) wake() {
+	if o.connected.Load() {
+		return
 	}
-	conn, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(creds))
+	select {
+	case o.kick <- struct{}{}:
+	default:
+	}
+}
+
+// stream runs one stream to the peer until it fails, ctx ends or the
+// queue overflows; up is how long it was connected.
+func (o *outPeer) stream(ctx context.Context) (up time.Duration, err error) {
+	conn, err := o.m.dial(o.addr)
 	if err != nil {
-		return fmt.Errorf("dial: %w", err)
+		return 0, err
 	}
 	defer conn.Close()
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if a := o.m.opts.Address; a != "" {
+		sctx = metadata.AppendToOutgoingContext(sctx, addressKey, a)
+	}
 	cs, err := conn.NewStream(sctx, &streamDesc, method)
 	if err != nil {
-		return fmt.Errorf("open stream: %w", err)
+		return 0, fmt.Errorf("open stream: %w", err)
 	}
 	if err := cs.SendMsg(&wrapperspb.BytesValue{Value: encodeHello(o.m.opts.Self)}); err != nil {
-		return fmt.Errorf("hello: %w", err)
+		return 0, fmt.Errorf("hello: %w", err)
 	}
+	// Learn the peer's name on the side, on the same connection: a peer
+	// that does not answer (an older one) stays known by its address.
+	go func() {
+		actx, cancel := context.WithTimeout(sctx, askTimeout)
+		defer cancel()
+		if r, err := ask(actx, conn); err == nil && r.ID != "" {
+			o.id.Store(&r.ID)
+		}
+	}()
+	// The peer never answers on this stream; a receive returns only when
+	// the stream ends (the peer died, restarted or closed it), which an
+	// idle stream would otherwise notice only at its next send.
+	ended := make(chan error, 1)
+	go func() { ended <- cs.RecvMsg(&wrapperspb.BytesValue{}) }()
+	start := time.Now()
+	defer func() { up = time.Since(start) }()
 	// Events queued before a reset belong to the stream the receiver has
 	// forgotten; start clean.
 	for len(o.queue) > 0 {
@@ -284,10 +346,12 @@ func (o *outPeer) stream(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			_ = cs.CloseSend()
-			return ctx.Err()
+			return 0, ctx.Err()
 		case <-o.reset:
 			o.resets.Add(1)
-			return errors.New("queue overflow: the replica could not keep up")
+			return 0, errors.New("queue overflow: the replica could not keep up")
+		case err := <-ended:
+			return 0, fmt.Errorf("stream ended by the replica: %w", err)
 		case e := <-o.queue:
 			batch = append(batch[:0], e)
 		}
@@ -302,15 +366,77 @@ func (o *outPeer) stream(ctx context.Context) error {
 		}
 		buf = encodeBatch(buf[:0], time.Now(), batch)
 		if err := cs.SendMsg(&wrapperspb.BytesValue{Value: buf}); err != nil {
-			return fmt.Errorf("send: %w", err)
+			return 0, fmt.Errorf("send: %w", err)
 		}
 		o.sent.Add(uint64(len(batch)))
 	}
 }
 
+// dial returns a client connection to the replica at addr, with the
+// transport credentials Options.Credentials gives (it connects lazily).
+func (m *Mesh) dial(addr string) (*grpc.ClientConn, error) {
+	creds := insecure.NewCredentials()
+	if c := m.opts.Credentials; c != nil {
+		creds = c(addr)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, fmt.Errorf("dial: %w", err)
+	}
+	return conn, nil
+}
+
+// addressKey is the stream metadata carrying the sender's picker address.
+const addressKey = "switchyard-replica-address"
+
+// askTimeout bounds the question a new stream asks its peer.
+const askTimeout = 2 * time.Second
+
+// reportMethod is the full gRPC method name of Ask.
+const reportMethod = "/" + ServiceName + "/Report"
+
+// Report is what a replica says about itself when another asks.
+type Report struct {
+	// ID is its replica ID (Options.Self).
+	ID string
+	// Ready is whether it reports itself ready (serving what it should).
+	Ready bool
+	// Versions are the xDS versions it serves, by resource type.
+	Versions map[string]string
+}
+
+// Ask asks the replica at addr for its Report. A replica too old to
+// answer fails with codes.Unimplemented.
+func (m *Mesh) Ask(ctx context.Context, addr string) (Report, error) {
+	conn, err := m.dial(addr)
+	if err != nil {
+		return Report{}, err
+	}
+	defer conn.Close()
+	return ask(ctx, conn)
+}
+
+func ask(ctx context.Context, conn *grpc.ClientConn) (Report, error) {
+	out := &wrapperspb.BytesValue{}
+	if err := conn.Invoke(ctx, reportMethod, &wrapperspb.BytesValue{}, out); err != nil {
+		return Report{}, err
+	}
+	return decodeReport(out.GetValue())
+}
+
+// report answers Ask.
+func (m *Mesh) report() *wrapperspb.BytesValue {
+	r := Report{ID: m.opts.Self}
+	if m.opts.Report != nil {
+		r = m.opts.Report()
+	}
+	return &wrapperspb.BytesValue{Value: encodeReport(r)}
+}
+
 // inStream is the receiving side of one stream from another replica.
 type inStream struct {
 	from     string
+	address  string // the sender's picker address ("" not sent)
 	received atomic.Uint64
 	open     atomic.Int64
 	lagNanos atomic.Int64 // the latest batch's age when it arrived
@@ -321,6 +447,15 @@ func (m *Mesh) Register(g *grpc.Server) {
 	g.RegisterService(&grpc.ServiceDesc{
 		ServiceName: ServiceName,
 		HandlerType: (*receiver)(nil),
+		Methods: []grpc.MethodDesc{{
+			MethodName: "Report",
+			Handler: func(srv any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+				if err := dec(&wrapperspb.BytesValue{}); err != nil {
+					return nil, err
+				}
+				return srv.(receiver).report(), nil
+			},
+		}},
 		Streams: []grpc.StreamDesc{{
 			StreamName:    "Publish",
 			ClientStreams: true,
@@ -333,6 +468,7 @@ func (m *Mesh) Register(g *grpc.Server) {
 // receiver is the handler type the service is registered with.
 type receiver interface {
 	receive(grpc.ServerStream) error
+	report() *wrapperspb.BytesValue
 }
 
 func (m *Mesh) receive(ss grpc.ServerStream) error {
@@ -345,10 +481,20 @@ func (m *Mesh) receive(ss grpc.ServerStream) error {
 		return err
 	}
 	st := &inStream{from: from}
+	if md, ok := metadata.FromIncomingContext(ss.Context()); ok {
+		if v := md.Get(addressKey); len(v) > 0 {
+			st.address = v[0]
+		}
+	}
 	m.mu.Lock()
 	m.inSeq++
 	id := m.inSeq
 	m.in[id] = st
+	// The sender is up: if the stream towards it waits to reconnect, it
+	// need not.
+	if o, ok := m.out[st.address]; ok {
+		o.wake()
+	}
 	m.mu.Unlock()
 	open := map[uint64]Pick{}
 	defer func() {
@@ -397,7 +543,9 @@ func (m *Mesh) receive(ss grpc.ServerStream) error {
 
 // PeerStats describes the stream to one other replica.
 type PeerStats struct {
-	Address   string
+	Address string
+	// ID is the replica ID the peer gave when asked ("" not known yet).
+	ID        string
 	Connected bool
 	// Sent counts events sent; Dropped events that found the queue full;
 	// Resets the streams reset because of that.
@@ -406,7 +554,9 @@ type PeerStats struct {
 
 // InboundStats describes one stream from another replica.
 type InboundStats struct {
-	From string
+	// From is the replica ID the sender gave, Address its picker address
+	// ("" from a replica that does not send it).
+	From, Address string
 	// Received counts events; Open is the picks not ended yet.
 	Received uint64
 	Open     int64
@@ -428,11 +578,15 @@ func (m *Mesh) Stats() Stats {
 	var s Stats
 	for _, addr := range slices.Sorted(maps.Keys(m.out)) {
 		o := m.out[addr]
-		s.Peers = append(s.Peers, PeerStats{Address: addr, Connected: o.connected.Load(),
-			Sent: o.sent.Load(), Dropped: o.dropped.Load(), Resets: o.resets.Load()})
+		ps := PeerStats{Address: addr, Connected: o.connected.Load(),
+			Sent: o.sent.Load(), Dropped: o.dropped.Load(), Resets: o.resets.Load()}
+		if id := o.id.Load(); id != nil {
+			ps.ID = *id
+		}
+		s.Peers = append(s.Peers, ps)
 	}
 	for _, st := range m.in {
-		s.Inbound = append(s.Inbound, InboundStats{From: st.from, Received: st.received.Load(),
+		s.Inbound = append(s.Inbound, InboundStats{From: st.from, Address: st.address, Received: st.received.Load(),
 			Open: st.open.Load(), Lag: time.Duration(st.lagNanos.Load())})
 	}
 	sort.Slice(s.Inbound, func(i, j int) bool { return s.Inbound[i].From < s.Inbound[j].From })

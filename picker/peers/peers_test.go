@@ -2,6 +2,7 @@ package peers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"reflect"
@@ -45,6 +46,29 @@ func TestWireRoundTrip(t *testing.T) {
 	}
 	if _, _, err := decodeBatch(append(b, 0), nil); err == nil {
 		t.Fatal("trailing byte accepted")
+	}
+}
+
+func TestReportRoundTrip(t *testing.T) {
+	t.Parallel()
+	for _, r := range []Report{
+		{ID: "r1", Ready: true, Versions: map[string]string{"ClusterLoadAssignment": "abc", "Listener": "def"}},
+		{ID: "10.0.0.1:9002"},
+	} {
+		b := encodeReport(r)
+		got, err := decodeReport(b)
+		if err != nil || !reflect.DeepEqual(got, r) {
+			t.Fatalf("round trip of %+v: %+v, %v", r, got, err)
+		}
+		// Fields a later version appends are ignored; a cut is an error.
+		if got, err := decodeReport(append(b, 7, 7)); err != nil || !reflect.DeepEqual(got, r) {
+			t.Fatalf("with trailing bytes: %+v, %v", got, err)
+		}
+		for i := range len(b) {
+			if _, err := decodeReport(b[:i]); err == nil {
+				t.Fatalf("report cut at %d of %d decoded without error", i, len(b))
+			}
+		}
 	}
 }
 
@@ -118,13 +142,22 @@ type node struct {
 
 func startNode(t *testing.T, name string, o Options) *node {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	return startNodeAt(t, name, "127.0.0.1:0", o)
+}
+
+// startNodeAt starts a node listening on addr (a restarted node reuses
+// its predecessor's). Backoffs are short unless o sets them.
+func startNodeAt(t *testing.T, name, addr string, o Options) *node {
+	t.Helper()
+	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := &node{name: name, addr: lis.Addr().String(), rec: newRecorder(), srv: grpc.NewServer(), done: make(chan struct{})}
-	o.Self = name
-	o.MinBackoff, o.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
+	o.Self, o.Address = name, n.addr
+	if o.MinBackoff == 0 {
+		o.MinBackoff, o.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
+	}
 	n.mesh = New(n.rec, o)
 	n.mesh.Register(n.srv)
 	go func() { _ = n.srv.Serve(lis) }()
@@ -232,4 +265,109 @@ func TestMeshResetsAPeerThatCannotKeepUp(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestMeshNamesPeersAsTheyNameThemselves: each side of a stream learns
+// the other's replica ID and picker address, whatever it was configured
+// with (a static peers list has addresses only), and Ask reports what
+// Options.Report says.
+func TestMeshNamesPeersAsTheyNameThemselves(t *testing.T) {
+	t.Parallel()
+	report := func() Report {
+		return Report{ID: "b", Ready: true, Versions: map[string]string{"ClusterLoadAssignment": "v1"}}
+	}
+	a, b := startNode(t, "a", Options{}), startNode(t, "b", Options{Report: report})
+	connectAll(a, b)
+	waitConnected(t, a, b)
+	testutil.Eventually(t, 5*time.Second, "a knows b by its ID", func() error {
+		if p := a.mesh.Stats().Peers[0]; p.Address != b.addr || p.ID != "b" {
+			return fmt.Errorf("a's stream to b: %+v", p)
+		}
+		return nil
+	})
+	if in := b.mesh.Stats().Inbound[0]; in.From != "a" || in.Address != a.addr {
+		t.Errorf("b's stream from a: %+v, want from a at %s", in, a.addr)
+	}
+	got, err := a.mesh.Ask(context.Background(), b.addr)
+	if err != nil || !reflect.DeepEqual(got, report()) {
+		t.Fatalf("Ask(b) = %+v, %v; want %+v", got, err, report())
+	}
+	if got, err := b.mesh.Ask(context.Background(), a.addr); err != nil || got.ID != "a" || got.Ready {
+		t.Fatalf("Ask(a) without Options.Report = %+v, %v; want ID a, not ready", got, err)
+	}
+}
+
+// reconnected waits until a's stream to addr is up again and returns how
+// long that took from since.
+func reconnected(t *testing.T, a *node, addr string, since time.Time) time.Duration {
+	t.Helper()
+	testutil.Eventually(t, 10*time.Second, "a reconnects", func() error {
+		for _, p := range a.mesh.Stats().Peers {
+			if p.Address == addr && p.Connected {
+				return nil
+			}
+		}
+		return errors.New("not connected")
+	})
+	return time.Since(since)
+}
+
+// disconnected waits until a noticed that its stream to addr ended.
+func disconnected(t *testing.T, a *node, addr string) {
+	t.Helper()
+	testutil.Eventually(t, 10*time.Second, "a notices the replica left", func() error {
+		for _, p := range a.mesh.Stats().Peers {
+			if p.Address == addr && p.Connected {
+				return errors.New("still connected")
+			}
+		}
+		return nil
+	})
+}
+
+// TestMeshRejoinsARestartedReplicaQuickly: a stream that was good resets
+// the reconnection delay, so a replica that restarts after a long uptime
+// is reconnected to within about MinBackoff even if earlier failures had
+// grown the delay to MaxBackoff; and a replica that comes back after a
+// long outage (the delay at MaxBackoff) is reconnected to as soon as its
+// own stream arrives.
+func TestMeshRejoinsARestartedReplicaQuickly(t *testing.T) {
+	t.Parallel()
+	slow := Options{MinBackoff: 50 * time.Millisecond, MaxBackoff: 2 * time.Second, StableAfter: 200 * time.Millisecond}
+	a := startNode(t, "a", slow)
+	// Reserve b's address, then let a fail against it until its delay
+	// reached the maximum (50 ms doubling: 1.55 s of failures).
+	b := startNode(t, "b", Options{})
+	addr := b.addr
+	b.stop()
+	a.mesh.SetPeers([]string{addr})
+	time.Sleep(2 * time.Second) // the outage under test, not a wait for an outcome
+	// b comes back without dialling a: a finds it by its own schedule.
+	b = startNodeAt(t, "b", addr, Options{})
+	reconnected(t, a, addr, time.Now())
+	time.Sleep(300 * time.Millisecond) // longer than StableAfter: a good stream
+
+	b.stop()
+	disconnected(t, a, addr)
+	restarted := time.Now()
+	b = startNodeAt(t, "b", addr, Options{})
+	took := reconnected(t, a, addr, restarted)
+	t.Logf("after a good stream, a restarted replica is reconnected to in %v", took.Round(time.Millisecond))
+	if took > 600*time.Millisecond {
+		t.Errorf("reconnected after %v, want about MinBackoff (50 ms): the delay was not reset", took)
+	}
+
+	// A long outage grows the delay to MaxBackoff again; b's own stream
+	// to a ends it.
+	b.stop()
+	disconnected(t, a, addr)
+	time.Sleep(4 * time.Second) // the outage under test
+	back := time.Now()
+	b = startNodeAt(t, "b", addr, Options{})
+	b.mesh.SetPeers([]string{a.addr})
+	took = reconnected(t, a, addr, back)
+	t.Logf("after a 4 s outage, a replica that dials in is reconnected to in %v", took.Round(time.Millisecond))
+	if took > 600*time.Millisecond {
+		t.Errorf("reconnected after %v, want at once when the replica's own stream arrives", took)
+	}
 }

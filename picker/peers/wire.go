@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 )
 
@@ -39,11 +41,15 @@ type event struct {
 //	       string session
 //	       0x02 done: uvarint id
 //	string: uvarint length, bytes
+//	report (the answer to Ask): 0x02, string id, byte ready (0 or 1),
+//	       uvarint n, n x (string type, string version); a reader
+//	       ignores bytes after them (fields added later)
 const (
 	wireVersion = 1
 
-	msgHello = 0x00
-	msgBatch = 0x01
+	msgHello  = 0x00
+	msgBatch  = 0x01
+	msgReport = 0x02
 
 	evPick = 0x01
 	evDone = 0x02
@@ -213,4 +219,49 @@ func decodeBatch(b []byte, evs []event) (time.Time, []event, error) {
 		r.fail(errors.New("peers: trailing bytes after batch"))
 	}
 	return sent, evs, r.err
+}
+
+func encodeReport(r Report) []byte {
+	b := []byte{msgReport}
+	b = appendString(b, r.ID)
+	ready := byte(0)
+	if r.Ready {
+		ready = 1
+	}
+	b = append(b, ready)
+	b = binary.AppendUvarint(b, uint64(len(r.Versions)))
+	for _, k := range slices.Sorted(maps.Keys(r.Versions)) {
+		b = appendString(b, k)
+		b = appendString(b, r.Versions[k])
+	}
+	return b
+}
+
+// maxVersions bounds a report's versions (xDS has a handful of types).
+const maxVersions = 64
+
+// decodeReport returns the Report encoded in b.
+func decodeReport(b []byte) (Report, error) {
+	r := &reader{b: b}
+	if r.byte() != msgReport {
+		return Report{}, errors.New("peers: not a report")
+	}
+	var rep Report
+	rep.ID = r.string()
+	rep.Ready = r.byte() == 1
+	n := r.uvarint()
+	if r.err == nil && n > maxVersions {
+		r.fail(fmt.Errorf("peers: report with %d versions", n))
+	}
+	for i := uint64(0); i < n && r.err == nil; i++ {
+		if rep.Versions == nil {
+			rep.Versions = map[string]string{}
+		}
+		k := r.string()
+		rep.Versions[k] = r.string()
+	}
+	if r.err != nil {
+		return Report{}, r.err
+	}
+	return rep, nil
 }

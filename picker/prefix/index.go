@@ -15,6 +15,11 @@ const (
 	DefaultCapacity = 16384
 	// DefaultMaxCapacity clamps any endpoint's LRU size.
 	DefaultMaxCapacity = 1 << 18
+	// DefaultMaxEntries bounds an Index's LRU entries over all its
+	// endpoints (about 80 bytes each: ~330 MB when full): a pool of 150
+	// servers with 28k-block caches fits whole; beyond that each endpoint
+	// keeps its share, its most recent blocks.
+	DefaultMaxEntries = 1 << 22
 	// MaxEndpoints is how many endpoints one Index tracks at once.
 	MaxEndpoints = 1 << 16
 )
@@ -32,6 +37,10 @@ type Config struct {
 	// MaxCapacity clamps every endpoint's capacity; 0 means
 	// DefaultMaxCapacity.
 	MaxCapacity int
+	// MaxEntries bounds the LRU entries of all endpoints together: each
+	// endpoint's capacity is at most MaxEntries divided by the number of
+	// endpoints; 0 means DefaultMaxEntries.
+	MaxEntries int
 }
 
 // Hit says an endpoint likely holds the first Blocks blocks of a prompt.
@@ -56,6 +65,9 @@ type Index struct {
 	nextID  int
 	// clock numbers changes to endpoints' LRUs (endpoint.version).
 	clock atomic.Uint64
+	// share is every endpoint's capacity bound (MaxEntries over the
+	// endpoints), as last applied to them; written under mu.
+	share atomic.Int64
 
 	scratch sync.Pool // *matchScratch
 }
@@ -92,7 +104,8 @@ type endpoint struct {
 
 	mu         sync.Mutex
 	removed    bool
-	capacity   int
+	asked      int          // the capacity asked for (SetCapacity, or the default)
+	capacity   int          // asked, within the Index's share
 	slots      table[int32] // hash -> node index
 	nodes      []lruNode
 	head, tail int32
@@ -127,7 +140,11 @@ func NewIndex(cfg Config) *Index {
 		cfg.DefaultCapacity = DefaultCapacity
 	}
 	cfg.DefaultCapacity = min(cfg.DefaultCapacity, cfg.MaxCapacity)
+	if cfg.MaxEntries <= 0 {
+		cfg.MaxEntries = DefaultMaxEntries
+	}
 	x := &Index{cfg: cfg}
+	x.share.Store(int64(cfg.MaxEntries))
 	for i := range x.shards {
 		x.shards[i].m = newTable[holders](0)
 	}
@@ -218,7 +235,7 @@ func (x *Index) lookup(name string, create bool) *endpoint {
 	default:
 		return nil
 	}
-	ep := &endpoint{name: name, id: id, capacity: x.cfg.DefaultCapacity, slots: newTable[int32](min(x.cfg.DefaultCapacity, 1024)), head: -1, tail: -1}
+	ep := &endpoint{name: name, id: id, asked: x.cfg.DefaultCapacity, slots: newTable[int32](min(x.cfg.DefaultCapacity, 1024)), head: -1, tail: -1}
 	next := &epTable{byName: make(map[string]*endpoint, len(old.byName)+1), byID: make([]*endpoint, max(len(old.byID), int(id)+1))}
 	for k, v := range old.byName {
 		next.byName[k] = v
@@ -226,8 +243,57 @@ func (x *Index) lookup(name string, create bool) *endpoint {
 	copy(next.byID, old.byID)
 	next.byName[name] = ep
 	next.byID[id] = ep
+	x.rebalance(len(next.byName))
+	ep.capacity = min(ep.asked, int(x.share.Load()))
 	x.table.Store(next)
 	return ep
+}
+
+// rebalance sets the share of each of n endpoints in MaxEntries and, when
+// it moved by more than an eighth since last applied, resizes every
+// endpoint to it (shrinking LRUs evict their least recent entries). x.mu
+// must be held.
+func (x *Index) rebalance(n int) {
+	share := max(x.cfg.MaxEntries/max(n, 1), 1)
+	old := int(x.share.Load())
+	if d := share - old; d < old/8 && -d < old/8 {
+		// Small moves wait for a larger one (adding endpoints one by one
+		// does not resize every LRU each time); the bound is then
+		// exceeded by at most an eighth.
+		return
+	}
+	x.share.Store(int64(share))
+	for _, ep := range x.table.Load().byID {
+		if ep == nil {
+			continue
+		}
+		ep.mu.Lock()
+		if !ep.removed {
+			x.resize(ep, min(ep.asked, share))
+		}
+		x.unlock(ep)
+	}
+}
+
+// resize sets ep's capacity to blocks, evicting its least recent entries
+// beyond it. ep.mu must be held.
+func (x *Index) resize(ep *endpoint, blocks int) {
+	if ep.capacity == blocks {
+		return
+	}
+	shrunk := blocks < len(ep.nodes)
+	ep.capacity = blocks
+	for ep.slots.n > blocks {
+		s := ep.tail
+		h := ep.nodes[s].hash
+		ep.unlink(s)
+		ep.slots.del(h)
+		x.dropHolder(h, ep.id)
+	}
+	if shrunk {
+		ep.compact()
+	}
+	x.changed(ep)
 }
 
 // locked returns the live endpoint called name, created if needed (nil if
@@ -400,9 +466,10 @@ func (ep *endpoint) compact() {
 	}
 }
 
-// SetCapacity sizes endpoint's LRU to blocks (clamped to MaxCapacity;
-// <= 0 means the default), creating the endpoint if needed and evicting its
-// least recent entries if it shrinks. Callers pass the server's KV block
+// SetCapacity sizes endpoint's LRU to blocks (clamped to MaxCapacity and
+// to the endpoint's share of MaxEntries; <= 0 means the default), creating
+// the endpoint if needed and evicting its least recent entries if it
+// shrinks. Callers pass the server's KV block
 // count (vLLM num_gpu_blocks) once known.
 func (x *Index) SetCapacity(endpoint string, blocks int) {
 	if blocks <= 0 {
@@ -413,21 +480,8 @@ func (x *Index) SetCapacity(endpoint string, blocks int) {
 	if ep == nil {
 		return
 	}
-	if ep.capacity != blocks {
-		shrunk := blocks < len(ep.nodes)
-		ep.capacity = blocks
-		for ep.slots.n > blocks {
-			s := ep.tail
-			h := ep.nodes[s].hash
-			ep.unlink(s)
-			ep.slots.del(h)
-			x.dropHolder(h, ep.id)
-		}
-		if shrunk {
-			ep.compact()
-		}
-		x.changed(ep)
-	}
+	ep.asked = blocks
+	x.resize(ep, min(blocks, int(x.share.Load())))
 	x.unlock(ep)
 }
 
@@ -459,6 +513,7 @@ func (x *Index) Remove(name string) {
 	next.byID[ep.id] = nil
 	x.table.Store(next)
 	x.freeIDs = append(x.freeIDs, ep.id)
+	x.rebalance(len(next.byName))
 }
 
 // Endpoints returns the tracked endpoint names, sorted.
@@ -475,6 +530,7 @@ func (x *Index) Endpoints() []string {
 type matchScratch struct {
 	active []uint64 // bitset of endpoint ids still matching
 	next   []uint64
+	live   []int // the words of active that are not zero
 	hits   []idHit
 	byID   []int32 // MatchInto's per-id counts, all zero between uses
 }
@@ -502,27 +558,66 @@ func (x *Index) match(hashes []uint64, sc *matchScratch) {
 	if !x.holdersInto(hashes[0], active) {
 		return
 	}
+	// Only the words with an endpoint still matching are looked at from
+	// here on: a prefix is usually held by a few endpoints of many.
+	live := sc.live[:0]
+	for w, a := range active {
+		if a != 0 {
+			live = append(live, w)
+		}
+	}
+	defer func() { sc.live = live[:0] }()
 	for i := 1; i < len(hashes); i++ {
-		any := x.holdersInto(hashes[i], next)
-		alive := false
-		for w := range active {
+		any := x.liveHoldersInto(hashes[i], live, next)
+		kept := live[:0]
+		for _, w := range live {
 			n := next[w] & active[w]
 			// Endpoints that dropped out matched exactly i blocks.
 			for gone := active[w] &^ n; gone != 0; gone &= gone - 1 {
 				sc.hits = append(sc.hits, idHit{id: uint16(w*64 + bits.TrailingZeros64(gone)), blocks: i})
 			}
 			active[w] = n
-			alive = alive || n != 0
+			if n != 0 {
+				kept = append(kept, w)
+			}
 		}
-		if !any || !alive {
+		live = kept
+		if !any || len(live) == 0 {
 			return
 		}
 	}
-	for w := range active {
+	for _, w := range live {
 		for rest := active[w]; rest != 0; rest &= rest - 1 {
 			sc.hits = append(sc.hits, idHit{id: uint16(w*64 + bits.TrailingZeros64(rest)), blocks: len(hashes)})
 		}
 	}
+}
+
+// liveHoldersInto sets dst[w], for each word w of live, to that word of
+// h's holder bitset, and reports whether any endpoint holds h. The
+// overflow words (ids of 256 and up) are looked up only when live has
+// one.
+func (x *Index) liveHoldersInto(h uint64, live []int, dst []uint64) bool {
+	s := x.shardOf(h)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	p, ok := s.m.get(h)
+	var o []uint64
+	if len(live) > 0 && live[len(live)-1] >= holderWords {
+		o = s.over[h]
+		ok = ok || o != nil
+	}
+	for _, w := range live {
+		switch {
+		case w < holderWords && p != nil:
+			dst[w] = p[w]
+		case w >= holderWords && w-holderWords < len(o):
+			dst[w] = o[w-holderWords]
+		default:
+			dst[w] = 0
+		}
+	}
+	return ok
 }
 
 // holdersInto overwrites dst with the holder bitset of h and reports
@@ -564,6 +659,10 @@ func (x *Index) Match(hashes []uint64, dst []Hit) []Hit {
 	return dst
 }
 
+// fewHits is how many matching endpoints MatchInto finds among the
+// candidates one by one.
+const fewHits = 4
+
 // MatchInto sets out[i] to the number of leading blocks of hashes that
 // endpoints[i] likely holds (0 if none or unknown). out must be at least as
 // long as endpoints. It does not allocate; scorers can use it directly.
@@ -571,8 +670,23 @@ func (x *Index) MatchInto(hashes []uint64, endpoints []string, out []int) {
 	clear(out[:len(endpoints)])
 	sc := x.scratch.Get().(*matchScratch)
 	x.match(hashes, sc)
-	if len(sc.hits) > 0 {
-		t := x.table.Load()
+	switch t := x.table.Load(); {
+	case len(sc.hits) > 0 && len(sc.hits) <= fewHits:
+		// A prompt's prefix is usually held by one or a few endpoints:
+		// find each among the candidates by name, rather than look up
+		// every candidate (a thousand map lookups per decision).
+		for _, h := range sc.hits {
+			if int(h.id) >= len(t.byID) || t.byID[h.id] == nil {
+				continue
+			}
+			name := t.byID[h.id].name
+			for i, n := range endpoints {
+				if len(n) == len(name) && n == name {
+					out[i] = h.blocks
+				}
+			}
+		}
+	case len(sc.hits) > 0:
 		// Spread the hits by endpoint id, then read them back by name.
 		if len(sc.byID) < len(t.byID) {
 			sc.byID = make([]int32, len(t.byID))

@@ -155,6 +155,79 @@ func TestMatchLongestPrefix(t *testing.T) {
 	}
 }
 
+// MatchInto gives the same answer whether few endpoints hold the prefix
+// (found among the candidates one by one) or many (looked up by name),
+// with ids past the inline holder words.
+func TestMatchIntoFewAndMany(t *testing.T) {
+	t.Parallel()
+	h := NewHasher(HashConfig{})
+	p := h.Hash(nil, "m", block('a')+block('b')+block('c'))
+	for _, holders := range []int{1, fewHits, fewHits + 1, 300} {
+		x := NewIndex(Config{})
+		var eps []string
+		want := map[string]int{}
+		for i := range 600 {
+			name := fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250)
+			eps = append(eps, name)
+			// Spread the holders over the ids, past 256.
+			if i%(600/holders) == 0 && len(want) < holders {
+				n := 1 + i%3
+				x.Add(name, p[:n])
+				want[name] = n
+			}
+		}
+		out := make([]int, len(eps))
+		x.MatchInto(p, eps, out)
+		for i, name := range eps {
+			if out[i] != want[name] {
+				t.Fatalf("%d holders: %s matched %d blocks, want %d", holders, name, out[i], want[name])
+			}
+		}
+	}
+}
+
+// The index's entries over all endpoints stay within MaxEntries (plus the
+// eighth a share may lag): each endpoint keeps its share, its most recent
+// blocks, and gets room back when endpoints go.
+func TestMaxEntriesBoundsTheIndex(t *testing.T) {
+	t.Parallel()
+	x := NewIndex(Config{MaxEntries: 1000})
+	fill := func(name string, from int) {
+		hs := make([]uint64, 600)
+		for i := range hs {
+			hs[i] = uint64(from + i + 1)
+		}
+		x.Add(name, hs)
+	}
+	for e := range 10 {
+		name := fmt.Sprintf("ep%d", e)
+		x.SetCapacity(name, 600)
+		fill(name, e*10000)
+	}
+	st := x.Stats()
+	if st.Entries > 1000*9/8 {
+		t.Fatalf("%d entries for MaxEntries 1000", st.Entries)
+	}
+	for name, es := range st.PerEndpoint {
+		if es.Capacity > 1000/10*9/8 || es.Entries > es.Capacity {
+			t.Errorf("%s: %+v, want its share of about 100", name, es)
+		}
+	}
+	// What is kept is the most recently touched: a chain's leading
+	// blocks (Add touches them last).
+	if hits(x, []uint64{1})["ep0"] != 1 || hits(x, []uint64{600})["ep0"] != 0 {
+		t.Errorf("ep0 kept the wrong end of its chain: %v %v", hits(x, []uint64{1}), hits(x, []uint64{600}))
+	}
+	for e := 2; e < 10; e++ {
+		x.Remove(fmt.Sprintf("ep%d", e))
+	}
+	fill("ep0", 50000)
+	st = x.Stats()
+	if c := st.PerEndpoint["ep0"].Capacity; c != 500 || st.PerEndpoint["ep0"].Entries != 500 {
+		t.Errorf("two endpoints left: ep0 %+v, want capacity and entries 500", st.PerEndpoint["ep0"])
+	}
+}
+
 func TestLRUEvictionAndCapacity(t *testing.T) {
 	t.Parallel()
 	x := NewIndex(Config{DefaultCapacity: 4})

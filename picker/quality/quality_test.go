@@ -41,12 +41,17 @@ type fleetConfig struct {
 // fleet is N vllm-sim processes behind one picker (or several replicas)
 // and the data plane.
 type fleet struct {
-	t       testing.TB
-	url     string
-	addrs   []string
-	pub     *registry.Publisher
-	srvs    []*picker.Server
-	version uint64
+	t     testing.TB
+	url   string
+	addrs []string
+	// sims are the simulators' processes (for their CPU time).
+	sims []*testutil.Process
+	// pickerAddrs are the replicas' addresses, listed in the state's
+	// replicas (as a replicas block would) when there are several.
+	pickerAddrs []string
+	pub         *registry.Publisher
+	srvs        []*picker.Server
+	version     uint64
 	// admission is the pool's admission block use publishes (nil: the
 	// defaults).
 	admission *registry.Admission
@@ -64,6 +69,7 @@ func startReplicaFleet(t testing.TB, cfg fleetConfig, replicas int, share bool) 
 	t.Helper()
 	bin := testutil.Binary(t, "vllm-sim")
 	var addrs []string
+	var sims []*testutil.Process
 	for i := range cfg.sims {
 		port := testutil.FreePort(t)
 		args := append([]string{"-port", strconv.Itoa(port), "-model", modelName,
@@ -72,13 +78,42 @@ func startReplicaFleet(t testing.TB, cfg fleetConfig, replicas int, share bool) 
 			// 1,024-token answers.
 			"-max-model-len", "10240",
 			"-num-gpu-blocks", strconv.Itoa(cfg.gpuBlocks), "-seed", strconv.Itoa(i + 1), "-log-level", "warn"}, cfg.simArgs...)
-		testutil.Start(t, fmt.Sprintf("vllm-sim-%d", i), bin, args...)
+		if d := os.Getenv("SWITCHYARD_QUALITY_METRICS_DELAY"); d != "" {
+			// Each /metrics answer takes this long, as real vLLM's page
+			// costs its API server ~3-5 ms: the scraper's engine budget
+			// then spaces scrapes as it would for real servers.
+			args = append(args, "-metrics-delay", d)
+		}
+		sims = append(sims, testutil.Start(t, fmt.Sprintf("vllm-sim-%d", i), bin, args...))
 		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(port))
 	}
 	for _, a := range addrs {
 		testutil.WaitHTTP(t, "http://"+a+"/health", 15*time.Second)
 	}
-	return startPickers(t, addrs, cfg.scrape, replicas, share, decisionLog(t))
+	f := startPickers(t, addrs, cfg.scrape, replicas, share, decisionLog(t))
+	f.sims = sims
+	return f
+}
+
+// simCPU is the simulators' CPU time so far (user plus system, from
+// /proc; zero where unreadable).
+func (f *fleet) simCPU() time.Duration {
+	var total time.Duration
+	for _, p := range f.sims {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Cmd.Process.Pid))
+		if err != nil {
+			continue
+		}
+		s := string(raw)
+		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(fields) < 13 {
+			continue
+		}
+		ut, _ := strconv.ParseInt(fields[11], 10, 64)
+		st, _ := strconv.ParseInt(fields[12], 10, 64)
+		total += time.Duration(ut+st) * 10 * time.Millisecond // clock ticks of 1/100 s
+	}
+	return total
 }
 
 // startPickers runs replicas pickers (sharing their picks or not) for the
@@ -87,17 +122,22 @@ func startPickers(t testing.TB, addrs []string, scrape time.Duration, replicas i
 	t.Helper()
 	sort.Strings(addrs)
 	f := &fleet{t: t, addrs: addrs}
+	var lis []net.Listener
+	for range replicas {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lis = append(lis, l)
+		f.pickerAddrs = append(f.pickerAddrs, l.Addr().String())
+	}
+	pickerAddrs := f.pickerAddrs
 	f.pub = registry.NewPublisher(f.state(nil))
-	var pickerAddrs []string
 	var meshes []*peers.Mesh
 	for i := range replicas {
 		srv := picker.New(f.pub, picker.Options{Metrics: metrics.Options{Interval: scrape}}, logger)
 		f.srvs = append(f.srvs, srv)
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		pickerAddrs = append(pickerAddrs, lis.Addr().String())
+		lis := lis[i]
 		g := grpc.NewServer(srv.GRPCServerOptions()...)
 		srv.Register(g)
 		if share {
@@ -174,6 +214,13 @@ func (f *fleet) stateWith(sc *registry.Scheduling, adm *registry.Admission) *reg
 	}
 	st.Pools[poolName] = p
 	st.Models[modelName] = &registry.Model{Name: modelName, Pool: poolName}
+	if len(f.pickerAddrs) > 1 {
+		// Each replica scrapes every endpoint: they share its engine
+		// budget.
+		for i, a := range f.pickerAddrs {
+			st.Replicas = append(st.Replicas, registry.Replica{ID: fmt.Sprintf("replica-%d", i), Address: a})
+		}
+	}
 	return st
 }
 
@@ -318,7 +365,8 @@ func TestQualitySmoke(t *testing.T) {
 // tokens, 128), SWITCHYARD_QUALITY_PROFILES (comma list),
 // SWITCHYARD_QUALITY_ONLY (prefix, random or mixed),
 // SWITCHYARD_QUALITY_RR_SAT / _RANDOM_SAT / _MIXED_SAT (skip a saturation
-// measurement).
+// measurement), SWITCHYARD_QUALITY_METRICS_DELAY (vllm-sim -metrics-delay,
+// e.g. 4ms: each page answered as slowly as real vLLM's).
 func TestQuality(t *testing.T) {
 	if os.Getenv("SWITCHYARD_QUALITY") == "" {
 		t.Skip("set SWITCHYARD_QUALITY=1 to run the routing-quality comparison (minutes)")

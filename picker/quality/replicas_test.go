@@ -3,6 +3,8 @@ package quality
 import (
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,6 +42,34 @@ func TestQualityReplicasSmoke(t *testing.T) {
 // saturation rate (measured first on the single picker, or given by
 // SWITCHYARD_QUALITY_RR_SAT). Issue 12's target: with three sharing
 // replicas, hit rate >= 0.95x and TTFT p90 <= 1.2x the single picker's.
+// It also reports the simulators' CPU during each run (what serving and
+// being watched cost them); with SWITCHYARD_QUALITY_METRICS_DELAY=4ms
+// their pages answer as slowly as real vLLM's, so the scrapers space
+// their reads as they would for real servers (issue 25).
+// scrapeIntervals samples the first picker's planned scrape interval of
+// every endpoint every 250 ms until stop, and returns them sorted.
+func (f *fleet) scrapeIntervals(stop <-chan struct{}) []time.Duration {
+	var out []time.Duration
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		for _, e := range f.srvs[0].Stats().Endpoints {
+			if e.Metrics != nil {
+				out = append(out, e.Metrics.Interval)
+			}
+		}
+		select {
+		case <-stop:
+			slices.Sort(out)
+			if len(out) == 0 {
+				out = []time.Duration{0}
+			}
+			return out
+		case <-t.C:
+		}
+	}
+}
+
 func TestQualityReplicas(t *testing.T) {
 	if os.Getenv("SWITCHYARD_QUALITY") == "" {
 		t.Skip("set SWITCHYARD_QUALITY=1 to run the replica comparison (minutes)")
@@ -68,18 +98,30 @@ func TestQualityReplicas(t *testing.T) {
 		return load.Stage{Rate: rate, Duration: warmDur}, load.Stage{Rate: rate, Duration: dur}
 	}
 	var rows []row
+	var cpu []string
 	label := fmt.Sprintf("shared-prefix %.0f%%", 100*frac)
-	a, b := stage()
-	one := single.run("default", w, load.ArrivalPoisson, a, b, seed+2)
-	rows = append(rows, row{label + ", 1 picker", "default", rate, one})
-	a, b = stage()
-	shared := startReplicaFleet(t, cfg, 3, true).run("default", w, load.ArrivalPoisson, a, b, seed+2)
-	rows = append(rows, row{label + ", 3 replicas sharing picks", "default", rate, shared})
-	a, b = stage()
-	alone := startReplicaFleet(t, cfg, 3, false).run("default", w, load.ArrivalPoisson, a, b, seed+2)
-	rows = append(rows, row{label + ", 3 replicas not sharing", "default", rate, alone})
-	fmt.Printf("\nReplicas: 4 x vllm-sim (-time-scale %g, -num-gpu-blocks %d), round-robin saturation %.1f req/s, measured %v per run\n\n%s\n",
-		scale, blocks, rrSat, dur, table(rows))
+	// measured runs the workload on f, noting the simulators' CPU time
+	// over the run (warm-up included): what being watched and serving
+	// cost them.
+	measured := func(name string, f *fleet) load.StageReport {
+		a, b := stage()
+		c0 := f.simCPU()
+		stop := make(chan struct{})
+		intervals := make(chan []time.Duration, 1)
+		go func() { intervals <- f.scrapeIntervals(stop) }()
+		r := f.run("default", w, load.ArrivalPoisson, a, b, seed+2)
+		close(stop)
+		iv := <-intervals
+		cpu = append(cpu, fmt.Sprintf("%s: simulators' CPU %.1f s, scrape interval p50 %v, max %v", name, (f.simCPU()-c0).Seconds(),
+			iv[len(iv)/2].Round(time.Millisecond), iv[len(iv)-1].Round(time.Millisecond)))
+		rows = append(rows, row{label + ", " + name, "default", rate, r})
+		return r
+	}
+	one := measured("1 picker", single)
+	shared := measured("3 replicas sharing picks", startReplicaFleet(t, cfg, 3, true))
+	alone := measured("3 replicas not sharing", startReplicaFleet(t, cfg, 3, false))
+	fmt.Printf("\nReplicas: 4 x vllm-sim (-time-scale %g, -num-gpu-blocks %d), round-robin saturation %.1f req/s, measured %v per run\n\n%s\n%s\n",
+		scale, blocks, rrSat, dur, table(rows), strings.Join(cpu, "; "))
 	fmt.Printf("3 sharing replicas vs 1 picker: hit rate %.3fx, TTFT p90 %.2fx (targets >= 0.95x, <= 1.2x); not sharing: %.3fx, %.2fx\n",
 		shared.PrefixCacheHitRate/one.PrefixCacheHitRate, shared.TTFT.P90Ms/one.TTFT.P90Ms,
 		alone.PrefixCacheHitRate/one.PrefixCacheHitRate, alone.TTFT.P90Ms/one.TTFT.P90Ms)

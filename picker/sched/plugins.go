@@ -14,7 +14,29 @@ const (
 	FilterSubset      = "subset-hint"
 	FilterModel       = "model"
 	FilterLoRASlot    = "lora-slot"
+	FilterRole        = "role"
 )
+
+// RoleFilter keeps the endpoints of a disaggregated pool that may receive
+// a client's request: those whose role decodes (decode, or both). The
+// picker puts it first in such a pool's profile, so a prefill server is
+// never a destination, and the pool's other filters (health above all)
+// judge the decode servers alone, as EDS, which has only them, does.
+type RoleFilter struct{}
+
+// Name implements Filter.
+func (RoleFilter) Name() string { return FilterRole }
+
+// Filter implements Filter.
+func (RoleFilter) Filter(_ *Request, eps []*Endpoint) []*Endpoint {
+	out := eps[:0]
+	for _, e := range eps {
+		if e.Role.Decodes() {
+			out = append(out, e)
+		}
+	}
+	return out
+}
 
 // drainingFilter drops endpoints that are draining.
 type drainingFilter struct{}

@@ -170,6 +170,9 @@ func Rules(sc *registry.Scheduling) []registry.Problem {
 	if sc.ScrapeIntervalMS < 0 {
 		add("scrape_interval", "scrape_interval %d ms is negative", sc.ScrapeIntervalMS)
 	}
+	if sc.IdleScrapeIntervalMS < 0 {
+		add("idle_scrape_interval", "idle_scrape_interval %d ms is negative", sc.IdleScrapeIntervalMS)
+	}
 	if sc.QueueThreshold < 0 {
 		add("queue_threshold", "queue_threshold %d is negative; want 0 or more", sc.QueueThreshold)
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/switchyard/switchyard/picker/metrics"
+	"github.com/switchyard/switchyard/registry"
 )
 
 // Load holds an endpoint's live counters. One Load exists per pool+address
@@ -39,6 +40,11 @@ type Load struct {
 	// the TTFT scorer keep them; see StartPrefill).
 	PrefillRequests atomic.Int64
 	PrefillTokens   atomic.Int64
+	// PrefillFailed is when (Unix ns) a split request's prefill on the
+	// endpoint last failed, as the decode server's sidecar reported it (0:
+	// never); the picker chooses the endpoint for prefills again once a
+	// later scrape of it succeeds.
+	PrefillFailed atomic.Int64
 	// prefillUntil (Unix nanoseconds) is when the prefill work counted
 	// in PrefillRequests is predicted to be done.
 	prefillUntil atomic.Int64
@@ -70,6 +76,16 @@ type scrapeMark struct {
 	at       time.Time
 	inFlight int64
 }
+
+// Demand reports what the picker sent the endpoint: every pick so far and
+// the requests in flight (its own, and other replicas' when they share
+// picks). It makes Load a metrics.Demand: the scraper reads an endpoint
+// that gets traffic at its interval, an idle one rarely.
+func (l *Load) Demand() (sent, inFlight int64) {
+	return l.Picked.Load(), l.InFlightRequests.Load()
+}
+
+var _ metrics.Demand = (*Load)(nil)
 
 // MarkScrape records, for the successful scrape s about to be published,
 // the requests in flight now, so that what was sent and what finished
@@ -123,6 +139,10 @@ type Endpoint struct {
 	// Models the endpoint advertises; empty means it serves the whole pool.
 	Models   []string
 	Draining bool
+	// Role is the endpoint's part in a disaggregated pool (RoleBoth in
+	// every other pool): RoleFilter keeps clients' requests off prefill
+	// servers.
+	Role registry.Role
 	// Load is shared across snapshots (never nil).
 	Load *Load
 	// Metrics is the endpoint's scraped load; nil when it is not scraped
@@ -173,6 +193,22 @@ func (e *Endpoint) Freshness(now time.Time) (Freshness, *metrics.Snapshot) {
 func (e *Endpoint) fresh(now time.Time) *metrics.Snapshot {
 	_, s := e.Freshness(now)
 	return s
+}
+
+// isFresh reports whether snapshot s counts as fresh at now (Freshness).
+func isFresh(s *metrics.Snapshot, now time.Time) bool {
+	return !s.Failing && s.Fresh(now)
+}
+
+// freshAt returns eps[i]'s snapshot if it is fresh at the decision's
+// time, else nil. While Rank runs, eps being its candidates, the answer
+// comes from the snapshots it looked up once for the whole decision (the
+// scorers ask again and again over a thousand endpoints).
+func (req *Request) freshAt(eps []*Endpoint, i int) *metrics.Snapshot {
+	if sc := req.scratch; sc != nil && sc.memoOK && len(eps) == len(sc.memo) && &eps[0] == sc.memoOf {
+		return sc.memo[i]
+	}
+	return eps[i].fresh(req.Now)
 }
 
 // Serves reports whether the endpoint advertises model (or advertises
@@ -334,6 +370,11 @@ type Scratch struct {
 	// The TTFT scorer's predictions, by the candidate order in names.
 	preds   []Prediction
 	predsOK bool
+	// memo holds each candidate's fresh snapshot (nil: none) while Rank
+	// runs on the candidates starting at memoOf (see freshAt).
+	memo   []*metrics.Snapshot
+	memoOf **Endpoint
+	memoOK bool
 	// What Record keeps (see Breakdown).
 	rec recorded
 }
@@ -421,7 +462,19 @@ func (p *Profile) Rank(req *Request, cands []*Endpoint, n int, sc *Scratch) []*E
 	}
 	req.scratch = sc
 	sc.matchedOK, sc.predsOK = false, false
-	defer func() { req.scratch = nil }()
+	if cap(sc.memo) < len(cands) {
+		sc.memo = make([]*metrics.Snapshot, len(cands))
+	}
+	sc.memo = sc.memo[:len(cands)]
+	for i, e := range cands {
+		sc.memo[i] = e.fresh(req.Now)
+	}
+	sc.memoOf, sc.memoOK = &cands[0], true
+	defer func() {
+		req.scratch = nil
+		sc.memoOK, sc.memoOf = false, nil
+		clear(sc.memo) // keep no snapshot alive
+	}()
 	sc.scores = grow(sc.scores, len(cands))
 	sc.tmp = grow(sc.tmp, len(cands))
 	clear(sc.scores)

@@ -4,6 +4,8 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/switchyard/switchyard/registry"
 )
 
 func eps(loads ...[2]int64) []*Endpoint {
@@ -61,6 +63,8 @@ func TestFilters(t *testing.T) {
 	e := eps([2]int64{}, [2]int64{}, [2]int64{})
 	e[0].Draining = true
 	e[1].Models = []string{"m1"}
+	e[1].Role = registry.RolePrefill
+	e[2].Role = registry.RoleDecode
 	for _, tc := range []struct {
 		desc string
 		f    Filter
@@ -73,6 +77,7 @@ func TestFilters(t *testing.T) {
 		{"no subset keeps all", subsetFilter{}, Request{}, "abc"},
 		{"subset", subsetFilter{}, Request{HasSubset: true, Subset: []string{"c", "zz"}}, "c"},
 		{"empty subset keeps none", subsetFilter{}, Request{HasSubset: true}, ""},
+		{"role keeps decode and both", RoleFilter{}, Request{}, "ac"},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			t.Parallel()

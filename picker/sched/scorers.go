@@ -24,8 +24,12 @@ const (
 // (in flight beyond scraped running + waiting). Without fresh metrics it is
 // the in-flight count.
 func queueLoad(e *Endpoint, now time.Time) float64 {
+	return queueLoadOf(e, e.fresh(now))
+}
+
+// queueLoadOf is queueLoad given e's fresh snapshot (nil: none).
+func queueLoadOf(e *Endpoint, s *metrics.Snapshot) float64 {
 	inflight := e.Load.InFlightRequests.Load()
-	s := e.fresh(now)
 	if s == nil {
 		return float64(inflight)
 	}
@@ -74,6 +78,20 @@ func waitingIfSent(e *Endpoint, s *metrics.Snapshot, now time.Time) (n float64, 
 		held-- // the probe
 	}
 	return float64(max(held+1-b, 0)), true
+}
+
+// QueueIfSent is how many requests would wait in e's server queue if one
+// more were sent now, as the saturation rule counts them (Thresholds):
+// from a fresh scrape and what the picker sent and saw finish since, and
+// for an endpoint never scraped 0 (it is not judged); with its freshness,
+// so that a caller can leave out endpoints whose scrapes fail.
+func (e *Endpoint) QueueIfSent(now time.Time) (float64, Freshness) {
+	f, s := e.Freshness(now)
+	if f != Fresh {
+		return 0, f
+	}
+	n, _ := waitingIfSent(e, s, now)
+	return n, f
 }
 
 // staleWaitingIfSent is waitingIfSent for an endpoint whose metrics are
@@ -149,7 +167,7 @@ func (queueScorer) Name() string { return "queue" }
 // Score implements Scorer.
 func (queueScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	for i, e := range eps {
-		scores[i] = queueLoad(e, req.Now)
+		scores[i] = queueLoadOf(e, req.freshAt(eps, i))
 	}
 	lowerIsBetter(scores[:len(eps)], queueSpan)
 }
@@ -163,9 +181,9 @@ func (runningScorer) Name() string { return "running" }
 
 // Score implements Scorer.
 func (runningScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
-	for i, e := range eps {
+	for i := range eps {
 		scores[i] = math.NaN()
-		if s := e.fresh(req.Now); s != nil {
+		if s := req.freshAt(eps, i); s != nil {
 			scores[i] = float64(s.Running)
 		}
 	}
@@ -190,9 +208,9 @@ func (kvCacheScorer) Name() string { return "kv-cache" }
 // Score implements Scorer.
 func (kvCacheScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	known, sum := 0, 0.0
-	for i, e := range eps {
+	for i := range eps {
 		scores[i] = math.NaN()
-		if s := e.fresh(req.Now); s != nil {
+		if s := req.freshAt(eps, i); s != nil {
 			scores[i] = min(max((1-s.KVUsage)/(1-kvKnee), 0), 1)
 			known++
 			sum += scores[i]
@@ -254,7 +272,7 @@ type loadGuard struct {
 var DefaultLoadGuard = loadGuard{Queue: 8, Tokens: 32768}
 
 // factors writes each candidate's affinity multiplier in [0,1] into out.
-func (g loadGuard) factors(now time.Time, eps []*Endpoint, out []float64) {
+func (g loadGuard) factors(req *Request, eps []*Endpoint, out []float64) {
 	if g.Queue <= 0 && g.Tokens <= 0 {
 		for i := range eps {
 			out[i] = 1
@@ -263,7 +281,7 @@ func (g loadGuard) factors(now time.Time, eps []*Endpoint, out []float64) {
 	}
 	qlo, tlo := math.Inf(1), int64(math.MaxInt64)
 	for i, e := range eps {
-		out[i] = queueLoad(e, now)
+		out[i] = queueLoadOf(e, req.freshAt(eps, i))
 		qlo = min(qlo, out[i])
 		tlo = min(tlo, e.Load.InFlightTokens.Load())
 	}
@@ -385,13 +403,13 @@ func (p *prefixScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		if req.Cache == nil || len(req.Hashes) == 0 || sc == nil || len(sc.estimated) < len(eps) || !slices.ContainsFunc(sc.estimated[:len(eps)], func(n int) bool { return n > 0 }) {
 			return
 		}
-		p.Guard.factors(req.Now, eps, scores)
+		p.Guard.factors(req, eps, scores)
 		for i := range eps {
 			scores[i] *= float64(sc.estimated[i]) / float64(len(req.Hashes))
 		}
 		return
 	}
-	p.Guard.factors(req.Now, eps, scores)
+	p.Guard.factors(req, eps, scores)
 	for i := range eps {
 		_, share := req.cachedTokens(i, m)
 		scores[i] *= share
@@ -403,13 +421,20 @@ func (p *prefixScorer) Picked(req *Request, primary *Endpoint) {
 	if p.Index == nil || len(req.Hashes) == 0 {
 		return
 	}
-	if s := primary.Snapshot(); s != nil && s.NumBlocks > 0 {
-		if old := primary.Load.cacheBlocks.Load(); old != int64(s.NumBlocks) &&
-			primary.Load.cacheBlocks.CompareAndSwap(old, int64(s.NumBlocks)) {
-			p.Index.SetCapacity(primary.Address, s.NumBlocks)
+	LearnPrefix(p.Index, primary, req.Hashes)
+}
+
+// LearnPrefix records in idx that e holds the prompt blocks hashes, after
+// sizing e's LRU from its scraped KV block count when that changed: what
+// a server computed or received is in its cache.
+func LearnPrefix(idx *prefix.Index, e *Endpoint, hashes []uint64) {
+	if s := e.Snapshot(); s != nil && s.NumBlocks > 0 {
+		if old := e.Load.cacheBlocks.Load(); old != int64(s.NumBlocks) &&
+			e.Load.cacheBlocks.CompareAndSwap(old, int64(s.NumBlocks)) {
+			idx.SetCapacity(e.Address, s.NumBlocks)
 		}
 	}
-	p.Index.Add(primary.Address, req.Hashes)
+	idx.Add(e.Address, hashes)
 }
 
 // LoRA affinity levels.
@@ -434,8 +459,9 @@ func target(req *Request) string {
 func isAdapter(req *Request, eps []*Endpoint) bool {
 	t := target(req)
 	for _, e := range eps {
-		if s := e.fresh(req.Now); s != nil && s.MaxLoras > 0 &&
-			(slices.Contains(s.RunningAdapters, t) || slices.Contains(s.WaitingAdapters, t)) {
+		// Freshness last: most servers run no adapters at all.
+		if s := e.Snapshot(); s != nil && s.MaxLoras > 0 &&
+			(slices.Contains(s.RunningAdapters, t) || slices.Contains(s.WaitingAdapters, t)) && isFresh(s, req.Now) {
 			return true
 		}
 	}
@@ -446,7 +472,11 @@ func isAdapter(req *Request, eps []*Endpoint) bool {
 // adapter slot 0.5, otherwise (only waiting, or every slot taken by other
 // adapters) 0; -1 without fresh LoRA metrics.
 func loraAffinity(req *Request, e *Endpoint) float64 {
-	s := e.fresh(req.Now)
+	return loraAffinityOf(req, e.fresh(req.Now))
+}
+
+// loraAffinityOf is loraAffinity given the endpoint's fresh snapshot.
+func loraAffinityOf(req *Request, s *metrics.Snapshot) float64 {
 	if s == nil || s.MaxLoras <= 0 {
 		return loraUnknown
 	}
@@ -476,9 +506,9 @@ func (loraScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		return
 	}
 	known, sum := 0, 0.0
-	for i, e := range eps {
+	for i := range eps {
 		scores[i] = math.NaN()
-		if a := loraAffinity(req, e); a != loraUnknown {
+		if a := loraAffinityOf(req, req.freshAt(eps, i)); a != loraUnknown {
 			scores[i] = a
 			known++
 			sum += a
@@ -515,10 +545,10 @@ func (s *sessionScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		}
 		if s.Guard.Queue > 0 {
 			lo := math.Inf(1)
-			for _, o := range eps {
-				lo = min(lo, queueLoad(o, req.Now))
+			for j, o := range eps {
+				lo = min(lo, queueLoadOf(o, req.freshAt(eps, j)))
 			}
-			if queueLoad(e, req.Now)-lo >= s.Guard.Queue {
+			if queueLoadOf(e, req.freshAt(eps, i))-lo >= s.Guard.Queue {
 				return // overloaded: let load decide
 			}
 		}

@@ -649,3 +649,20 @@ func TestBatchLearning(t *testing.T) {
 		t.Fatalf("batch %d after 7 ran with nothing waiting, want 7", b)
 	}
 }
+
+// QueueIfSent is the saturation rule's queue with the endpoint's
+// freshness: a fresh endpoint's waitingIfSent, 0 for one never scraped,
+// and a stale one is reported stale.
+func TestQueueIfSent(t *testing.T) {
+	t.Parallel()
+	e := mkEps(m{waiting: 2, running: 8, inflight: 10}, m{none: true, inflight: 7}, m{stale: true, waiting: 9})
+	e[0].Load.MarkScrape(e[0].Snapshot())
+	for i, want := range []struct {
+		n float64
+		f Freshness
+	}{{3, Fresh}, {0, Unscraped}, {0, Stale}} {
+		if n, f := e[i].QueueIfSent(now); n != want.n || f != want.f {
+			t.Errorf("%s: %v %v, want %v %v", e[i].Address, n, f, want.n, want.f)
+		}
+	}
+}

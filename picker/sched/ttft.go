@@ -356,7 +356,11 @@ func poolPrior(preds []Prediction) (pr ttftPrior, ok bool) {
 // must be loaded (1) or wait for a slot (2) there. An endpoint that is
 // not measured yet takes pool as its prior when given (poolPrior).
 func predict(req *Request, e *Endpoint, cached int64, lora loraNeed, pool *ttftPrior) Prediction {
-	s := e.fresh(req.Now)
+	return predictWith(req, e, e.fresh(req.Now), cached, lora, pool)
+}
+
+// predictWith is predict given e's fresh snapshot s (nil: none).
+func predictWith(req *Request, e *Endpoint, s *metrics.Snapshot, cached int64, lora loraNeed, pool *ttftPrior) Prediction {
 	st := e.Load.ttft.fit.Load()
 	pr := prior(s)
 	known := measured(s, st)
@@ -541,9 +545,9 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		sc = new(Scratch)
 	}
 	adapter := isAdapter(req, eps)
-	need := func(e *Endpoint) loraNeed {
+	need := func(i int) loraNeed {
 		if adapter {
-			switch loraAffinity(req, e) {
+			switch loraAffinityOf(req, req.freshAt(eps, i)) {
 			case loraFreeSlot:
 				return loraLoad
 			case loraNoSlot:
@@ -559,7 +563,7 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	unmeasured := 0
 	for i, e := range eps {
 		cached, _ := req.cachedTokens(i, m)
-		sc.preds[i] = predict(req, e, cached, need(e), nil)
+		sc.preds[i] = predictWith(req, e, req.freshAt(eps, i), cached, need(i), nil)
 		if !sc.preds[i].measured {
 			unmeasured++
 		}
@@ -571,7 +575,7 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 			for i, e := range eps {
 				if !sc.preds[i].measured {
 					cached, _ := req.cachedTokens(i, m)
-					sc.preds[i] = predict(req, e, cached, need(e), &pool)
+					sc.preds[i] = predictWith(req, e, req.freshAt(eps, i), cached, need(i), &pool)
 				}
 			}
 		}

@@ -229,6 +229,10 @@ const (
 	keyOutcome      = "switchyard.admission.outcome"
 	keyOutputTokens = "switchyard.output_tokens"
 	keyTTFTMS       = "switchyard.ttft_ms"
+	keyPDDecision   = "switchyard.pd.decision"
+	keyPDPrefill    = "switchyard.pd.prefill"
+	keyPDUncached   = "switchyard.pd.uncached_tokens"
+	keyPDResult     = "switchyard.pd.result"
 )
 
 // Parsed records the parsed request: its model, the target it is sent as,
@@ -296,6 +300,28 @@ func (sp *Span) Picked(primary, fallbacks string) {
 		return
 	}
 	sp.attrs = append(sp.attrs, attribute.String(keyPicked, primary), attribute.String(keyFallbacks, fallbacks))
+}
+
+// PD records a prefill/decode decision: "split" (the prefill on
+// prefill) or why not, and the prompt's tokens not cached on the decode
+// server.
+func (sp *Span) PD(decision, prefill string, uncached int) {
+	if sp == nil {
+		return
+	}
+	sp.attrs = append(sp.attrs, attribute.String(keyPDDecision, decision), attribute.Int(keyPDUncached, uncached))
+	if prefill != "" {
+		sp.attrs = append(sp.attrs, attribute.String(keyPDPrefill, prefill))
+	}
+}
+
+// PDResult records what the decode server's sidecar reported having done
+// (split, fallback, local).
+func (sp *Span) PDResult(result string) {
+	if sp == nil || result == "" {
+		return
+	}
+	sp.attrs = append(sp.attrs, attribute.String(keyPDResult, result))
 }
 
 // Rejected records a local reply.

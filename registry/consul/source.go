@@ -164,7 +164,8 @@ type Options struct {
 	// (from Indexes, persisted by the store together with the state). A
 	// watcher whose selector has one contributes, until Consul first
 	// answers, the Source "consul" endpoints the view's initial state lists
-	// for its pools, so a restored state stays in force even when Consul is
+	// for its pools (and, for the replicas' service, its Source "consul"
+	// replicas), so a restored state stays in force even when Consul is
 	// unreachable at start. The first query is still a full read: after a
 	// restart Consul's index may be lower than the persisted one, and a
 	// query blocking on it would hang until WaitTime.
@@ -536,6 +537,9 @@ func (s *Source) reconcile(ctx context.Context, wg *sync.WaitGroup, wants Wants)
 		if idx, ok := s.opts.InitialIndexes[sel]; ok && idx > 0 && s.opts.Restored != nil {
 			w.initialIndex = idx
 			w.seed = restored(s.opts.Restored, names)
+			if isReplicas {
+				w.seedReplicas = restoredReplicas(s.opts.Restored)
+			}
 		}
 		s.watchers[sel] = w
 		started = true
@@ -563,6 +567,17 @@ func restored(st *registry.State, pools []string) map[string][]registry.Endpoint
 				ep.Models = slices.Clone(ep.Models)
 				out[name] = append(out[name], ep)
 			}
+		}
+	}
+	return out
+}
+
+// restoredReplicas returns the Source "consul" replicas st lists.
+func restoredReplicas(st *registry.State) []registry.Replica {
+	var out []registry.Replica
+	for _, r := range st.Replicas {
+		if r.Source == SourceName {
+			out = append(out, r)
 		}
 	}
 	return out
@@ -609,10 +624,13 @@ func (s *Source) build(wants Wants) (registry.Update, []string) {
 		}
 	}
 	if wants.Replicas != "" {
-		if w, ok := s.watchers[replicaSelector(wants.Replicas)]; ok && w.answered {
+		switch w, ok := s.watchers[replicaSelector(wants.Replicas)]; {
+		case ok && w.answered:
 			reps, warn := convertReplicas(w.entries)
 			u.Replicas = reps
 			warnings = append(warnings, warn...)
+		case ok:
+			u.Replicas = slices.Clone(w.seedReplicas)
 		}
 	}
 	return u, warnings

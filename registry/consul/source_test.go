@@ -377,6 +377,33 @@ func TestSourceRestoredStateStandsInUntilConsulAnswers(t *testing.T) {
 	}
 }
 
+// TestSourceRestoredReplicasStandInUntilConsulAnswers: the replicas a
+// previous run learned from Consul (persisted with its state) are the
+// replicas until Consul answers, so a restarted replica's picker cluster
+// lists the others from the start.
+func TestSourceRestoredReplicasStandInUntilConsulAnswers(t *testing.T) {
+	t.Parallel()
+	fake := newFake()
+	st := registry.Empty()
+	st.ReplicaDiscovery = &registry.ReplicaDiscovery{ConsulService: "switchyard"}
+	st.Replicas = []registry.Replica{
+		{ID: "10.0.0.5:9002", Address: "10.0.0.5:9002", Source: "file"},
+		{ID: "sy-1", Address: "10.0.0.9:9002", Admin: "10.0.0.9:9090", Source: SourceName},
+	}
+	sel := replicaSelector("switchyard")
+	_, up := runSource(t, registry.NewPublisher(st), fake, Options{InitialIndexes: map[registry.ConsulSelector]uint64{sel: 7}})
+	u := next(t, up)
+	if len(u.Replicas) != 1 || u.Replicas[0].ID != "sy-1" || u.Replicas[0].Admin != "10.0.0.9:9090" {
+		t.Fatalf("replicas before Consul answered = %+v, want the restored Consul one (sy-1)", u.Replicas)
+	}
+	fake.reply("switchyard", answer{index: 8, entries: []*api.ServiceEntry{
+		inst("n", "sy-2", "", "10.0.0.8", 9002, nil, api.HealthPassing)}})
+	u = next(t, up)
+	if len(u.Replicas) != 1 || u.Replicas[0].ID != "sy-2" {
+		t.Fatalf("replicas once Consul answered = %+v, want Consul's (sy-2)", u.Replicas)
+	}
+}
+
 // TestSourceWatchesWhatItIsTold: the Wants given at construction are
 // watched before any Apply (the first contribution already has the
 // members), and an applied configuration without Consul pools empties the

@@ -20,6 +20,9 @@ type watcher struct {
 	replicas     bool     // the selector is the replicas' service
 	initialIndex uint64   // Options.InitialIndexes entry, 0 if none
 	seed         map[string][]registry.Endpoint
+	// seedReplicas are the restored state's Consul replicas, which stand
+	// in for the replicas' service until Consul answers (nil: none).
+	seedReplicas []registry.Replica
 	answered     bool // Consul has answered at least once
 	attempts     int  // queries finished (either way)
 	entries      []*api.ServiceEntry

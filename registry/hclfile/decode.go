@@ -168,6 +168,7 @@ var (
 		strAttr("profile", func(s *registry.Scheduling, v string) { s.Profile = v }),
 		strAttr("picker", func(s *registry.Scheduling, v string) { s.Picker = v }),
 		durationAttr("scrape_interval", func(s *registry.Scheduling, ms int) { s.ScrapeIntervalMS = ms }),
+		durationAttr("idle_scrape_interval", func(s *registry.Scheduling, ms int) { s.IdleScrapeIntervalMS = ms }),
 		boolAttr("adapters_on_demand", func(s *registry.Scheduling, v bool) { s.AdaptersOnDemand = v }),
 		intAttr("queue_threshold", func(s *registry.Scheduling, v int) { s.QueueThreshold = v }),
 		numAttr("kv_threshold", func(s *registry.Scheduling, v float64) { s.KVThreshold = v }),

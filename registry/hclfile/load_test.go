@@ -166,6 +166,7 @@ func TestLoadErrors(t *testing.T) {
 		{"durations.hcl", []string{
 			`3:23: Invalid duration: scrape_interval "fast" is not a duration`,
 			`9:23: Invalid duration: scrape_interval "100us" must be at least 1ms`,
+			`15:28: Invalid duration: idle_scrape_interval "rarely" is not a duration`,
 		}},
 		{"unknown.hcl", []string{
 			`2:3: Unsupported argument: An argument named "endpoint" is not expected here. Did you mean "endpoints"?`,
@@ -555,5 +556,18 @@ pool "plain" { endpoints = ["127.0.0.1:9001"] }
 	}
 	if p := cfg.State.Pools["plain"]; p.KVEvents != nil || p.Endpoints[0].EffectiveKVEvents(p) != nil {
 		t.Errorf("plain pool has kv_events %+v", p.KVEvents)
+	}
+}
+
+// idle_scrape_interval reads like scrape_interval.
+func TestIdleScrapeInterval(t *testing.T) {
+	t.Parallel()
+	cfg, diags := Parse([]Input{{Name: "a.hcl", Src: []byte("pool \"p\" {\n  scheduling {\n    scrape_interval = \"100ms\"\n    idle_scrape_interval = \"5s\"\n  }\n}\n")}}, sched.Rules)
+	if diags.HasErrors() {
+		t.Fatal(FormatDiagnostics(diags))
+	}
+	sc := cfg.State.Pools["p"].Scheduling
+	if sc == nil || sc.ScrapeIntervalMS != 100 || sc.IdleScrapeIntervalMS != 5000 {
+		t.Fatalf("scheduling %+v", sc)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/switchyard/switchyard/internal/contract"
+	"github.com/switchyard/switchyard/internal/pd"
 	"github.com/switchyard/switchyard/registry"
 )
 
@@ -46,7 +47,17 @@ const (
 	// its own model's pool when the picker is unavailable.
 	ModelNamespace = contract.ModelNamespace
 	ModelKey       = contract.ModelKey
+	// PDNamespace is the dynamic metadata of the picker's prefill/decode
+	// decision, kept for access logs.
+	PDNamespace = contract.PDNamespace
 )
+
+// StrippedRequestHeaders are the request headers Envoy removes from every
+// request before the picker sees it: the prefill/decode routing headers a
+// decode server's sidecar acts on (pd.ClientHeaders). The picker sets
+// them itself; a request that bypasses it (a fail_open pool while the
+// picker is down) must not carry a client's.
+var StrippedRequestHeaders = pd.ClientHeaders
 
 // Sentinel errors returned (wrapped, joined) by Build and Validate.
 var (
@@ -81,13 +92,28 @@ type Options struct {
 	PickerConnectTimeout time.Duration
 	// PickerHealthInterval is how often Envoy health-checks the picker,
 	// healthy or not, with or without traffic (default 100ms). An idle
-	// Envoy notices a dead picker within two intervals (two refused
-	// connections); with traffic the first refused stream ejects it at
-	// once. A restarted picker is used again within one interval of
-	// answering SERVING.
+	// Envoy notices a dead picker within PickerUnhealthyThreshold
+	// intervals (refused connections fail at once); with traffic the
+	// first refused stream ejects it at once. A restarted picker is used
+	// again within one interval of answering SERVING.
 	PickerHealthInterval time.Duration
-	// PickerHealthTimeout bounds one health check (default 500ms).
+	// PickerHealthTimeout bounds one health check (default 1s). With
+	// PickerUnhealthyThreshold it sets the longest stall (a GC pause, a
+	// busy VM not scheduling the process) a picker survives: checks that
+	// time out mark it unhealthy only after threshold x (timeout +
+	// interval), about 3.3 s by default.
 	PickerHealthTimeout time.Duration
+	// PickerUnhealthyThreshold is how many health checks in a row must
+	// fail (refused, reset or timed out) before Envoy stops using the
+	// picker (default 3). A NOT_SERVING answer (draining, not ready yet)
+	// takes it out at once.
+	PickerUnhealthyThreshold uint32
+	// PickerStreamRetries is how often Envoy retries opening an ext_proc
+	// stream on another picker when the one it chose cannot be reached
+	// or resets the stream before answering (default 3): a request whose
+	// picker died before it answered is picked by another replica
+	// instead of failing.
+	PickerStreamRetries uint32
 	// PickerEjectionTime is the outlier-detection base ejection time of
 	// the picker (default 1s). A passing health check unejects the picker
 	// sooner, so this only bounds how long a picker whose health checks
@@ -149,18 +175,20 @@ type ListenerOptions struct {
 
 // Defaults for Options.
 const (
-	DefaultPickerAddr             = "127.0.0.1:9002"
-	DefaultPickerConnectTimeout   = time.Second
-	DefaultPickerHealthInterval   = 100 * time.Millisecond
-	DefaultPickerHealthTimeout    = 500 * time.Millisecond
-	DefaultPickerEjectionTime     = time.Second
-	DefaultMessageTimeout         = 10 * time.Second
-	DefaultUpstreamConnectTimeout = 2 * time.Second
-	DefaultMaxRequests            = 100000
-	DefaultPickerMaxStreams       = 100000
-	DefaultModelBodyLimit         = 4 << 20
-	DefaultNumRetries             = 2
-	DefaultStreamIdleTimeout      = 5 * time.Minute
+	DefaultPickerAddr               = "127.0.0.1:9002"
+	DefaultPickerConnectTimeout     = time.Second
+	DefaultPickerHealthInterval     = 100 * time.Millisecond
+	DefaultPickerHealthTimeout      = time.Second
+	DefaultPickerUnhealthyThreshold = 3
+	DefaultPickerStreamRetries      = 3
+	DefaultPickerEjectionTime       = time.Second
+	DefaultMessageTimeout           = 10 * time.Second
+	DefaultUpstreamConnectTimeout   = 2 * time.Second
+	DefaultMaxRequests              = 100000
+	DefaultPickerMaxStreams         = 100000
+	DefaultModelBodyLimit           = 4 << 20
+	DefaultNumRetries               = 2
+	DefaultStreamIdleTimeout        = 5 * time.Minute
 )
 
 // WithDefaults returns o with every zero field set to its default.
@@ -176,6 +204,12 @@ func (o Options) WithDefaults() Options {
 	}
 	if o.PickerHealthTimeout <= 0 {
 		o.PickerHealthTimeout = DefaultPickerHealthTimeout
+	}
+	if o.PickerUnhealthyThreshold == 0 {
+		o.PickerUnhealthyThreshold = DefaultPickerUnhealthyThreshold
+	}
+	if o.PickerStreamRetries == 0 {
+		o.PickerStreamRetries = DefaultPickerStreamRetries
 	}
 	if o.PickerEjectionTime <= 0 {
 		o.PickerEjectionTime = DefaultPickerEjectionTime
@@ -249,8 +283,14 @@ type Picker struct {
 	ConnectTimeout time.Duration
 	HealthInterval time.Duration
 	HealthTimeout  time.Duration
-	HealthService  string
-	EjectionTime   time.Duration
+	// UnhealthyThreshold is how many failed health checks in a row take
+	// a picker out (Options.PickerUnhealthyThreshold).
+	UnhealthyThreshold uint32
+	HealthService      string
+	EjectionTime       time.Duration
+	// StreamRetries is how often Envoy retries opening an ext_proc
+	// stream elsewhere (Options.PickerStreamRetries).
+	StreamRetries  uint32
 	MessageTimeout time.Duration
 	// MaxMessageTimeout bounds how long the picker may ask Envoy to wait
 	// for its answer (override_message_timeout): a request waiting in an
@@ -411,7 +451,8 @@ const PickerUnavailableRoute = "picker-unavailable"
 // metrics scrapes fail (Endpoint.ScrapeFailing, the registry's health
 // input) are left out of EDS, except that a pool whose every non-draining
 // endpoint fails keeps them all: a picker that cannot scrape metrics must
-// not black-hole a pool. Errors are joined; on error the returned Config
+// not black-hole a pool. A disaggregated pool's prefill servers are left
+// out of EDS altogether: only the decode servers' sidecars contact them. Errors are joined; on error the returned Config
 // must not be used.
 func Build(s *registry.State, o Options) (*Config, error) {
 	o = o.WithDefaults()
@@ -442,14 +483,16 @@ func Build(s *registry.State, o Options) (*Config, error) {
 		errs = append(errs, fmt.Errorf("replicas: %w", err))
 	}
 	cfg.Picker = Picker{
-		ClusterName:    PickerCluster,
-		Addresses:      pickerAddrs,
-		ConnectTimeout: o.PickerConnectTimeout,
-		HealthInterval: o.PickerHealthInterval,
-		HealthTimeout:  o.PickerHealthTimeout,
-		HealthService:  PickerHealthService,
-		EjectionTime:   o.PickerEjectionTime,
-		MessageTimeout: o.MessageTimeout,
+		ClusterName:        PickerCluster,
+		Addresses:          pickerAddrs,
+		ConnectTimeout:     o.PickerConnectTimeout,
+		HealthInterval:     o.PickerHealthInterval,
+		HealthTimeout:      o.PickerHealthTimeout,
+		UnhealthyThreshold: o.PickerUnhealthyThreshold,
+		HealthService:      PickerHealthService,
+		EjectionTime:       o.PickerEjectionTime,
+		StreamRetries:      o.PickerStreamRetries,
+		MessageTimeout:     o.MessageTimeout,
 		// The longest admission wait a pool may configure, and a margin.
 		MaxMessageTimeout: registry.MaxAdmissionTTL + time.Minute,
 		MaxStreams:        o.PickerMaxStreams,
@@ -505,6 +548,12 @@ func Build(s *registry.State, o Options) (*Config, error) {
 				cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("pool %q endpoint %q is not in canonical form %q; picks of it will not match", name, ep.Address, a.String()))
 			}
 			if ep.Draining {
+				continue
+			}
+			if p.Disaggregation != nil && !ep.Role.Decodes() {
+				// A prefill server takes prefills from the sidecars, never
+				// a client's request: not even a fail-open pool's
+				// balancer may send it one.
 				continue
 			}
 			if ep.ScrapeFailing {

@@ -15,6 +15,7 @@ import (
 	xdsmatcherv3 "github.com/cncf/xds/go/xds/type/matcher/v3"
 	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	mutationrulesv3 "github.com/envoyproxy/go-control-plane/envoy/config/common/mutation_rules/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -25,6 +26,7 @@ import (
 	matchingv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/matching/v3"
 	skipv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/matcher/action/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	jsonmetav3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/json_to_metadata/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -197,12 +199,19 @@ const (
 //     it ends. A crash soon after the picker came back (its unejection
 //     starts a window) would then leave the ejected picker in use for up
 //     to a second, every stream failing after its body was sent.
-//   - a crash under traffic: the first refused stream ejects the picker
-//     (outlier detection below), at once.
-//   - an idle crash: health checks every HealthInterval, healthy or not,
-//     two refused connections in a row mark it unhealthy; NOT_SERVING
-//     does at once (Envoy applies the threshold to network failures only).
-//     Two, so that one slow check under load cannot take the picker out.
+//   - a crash under traffic: the first refused or reset stream ejects the
+//     picker (outlier detection below), at once, and that stream is
+//     retried on another picker (extProc's retry policy).
+//   - an idle crash: health checks every HealthInterval, healthy or not;
+//     UnhealthyThreshold (3) refused connections in a row mark it
+//     unhealthy, a few hundred milliseconds; NOT_SERVING does at once
+//     (Envoy applies the threshold to network failures only).
+//   - a stall (a stopped process, a GC pause, a VM not scheduled): its
+//     connections stay up and its streams wait, so only health checks can
+//     take it out. Each waits HealthTimeout (1s) and UnhealthyThreshold
+//     must time out in a row, so a picker is taken out only after about
+//     3 x (1s + HealthInterval) = 3.3 s without an answer; a stall of a
+//     second or two delays requests and fails none.
 //   - recovery: checks continue every HealthInterval while it is down; the
 //     first SERVING answer marks it healthy and also lifts an outlier
 //     ejection (successful_active_health_check_uneject_host).
@@ -237,7 +246,7 @@ func (t *translation) pickerCluster(p ir.Picker) *clusterv3.Cluster {
 			UnhealthyInterval:        dur(p.HealthInterval),
 			UnhealthyEdgeInterval:    dur(p.HealthInterval),
 			HealthyEdgeInterval:      dur(p.HealthInterval),
-			UnhealthyThreshold:       wrapperspb.UInt32(2),
+			UnhealthyThreshold:       wrapperspb.UInt32(p.UnhealthyThreshold),
 			HealthyThreshold:         wrapperspb.UInt32(1),
 			HealthChecker: &corev3.HealthCheck_GrpcHealthCheck_{GrpcHealthCheck: &corev3.HealthCheck_GrpcHealthCheck{
 				ServiceName: p.HealthService,
@@ -254,6 +263,9 @@ func (t *translation) pickerCluster(p ir.Picker) *clusterv3.Cluster {
 		// fail-open work. gRPC errors the picker returns on purpose never
 		// eject it (consecutive 5xx enforcement is off). max_ejection_percent
 		// 100 lets the only host be ejected (the default 10% would not).
+		// A stalled picker has no local-origin failure (its connections and
+		// streams stay open), so this never takes out a picker that is only
+		// slow.
 		OutlierDetection: &clusterv3.OutlierDetection{
 			SplitExternalLocalOriginErrors:         true,
 			ConsecutiveLocalOriginFailure:          wrapperspb.UInt32(1),
@@ -437,12 +449,47 @@ func loadAssignment(p ir.Pool) *endpointv3.ClusterLoadAssignment {
 	return cla
 }
 
+// Retry backoff of an ext_proc stream that could not reach its picker:
+// short, since the retry goes to another picker (previous_hosts), and the
+// request waits for it.
+const (
+	pickerRetryBase = 5 * time.Millisecond
+	pickerRetryMax  = 50 * time.Millisecond
+)
+
+// pickerStreamRetry is the ext_proc streams' retry policy. Envoy's gRPC
+// client opens each stream through the picker cluster like any upstream
+// request, so when the picker it chose refuses the connection (it died),
+// or resets the stream before sending anything back (it died with the
+// stream open, or the connection Envoy picked was already closing), the
+// stream is opened again on another picker. With a retry policy the
+// ext_proc filter makes Envoy keep a copy of what it sent on the stream
+// (the request headers and the body streamed so far) until the picker's
+// first answer, and replays it there; after that first answer nothing is
+// kept and a reset fails the request as before. Only those transport
+// failures are retried: a gRPC status the picker returns never is.
+func (t *translation) pickerStreamRetry(p ir.Picker) *corev3.RetryPolicy {
+	return &corev3.RetryPolicy{
+		RetryOn:    "connect-failure,refused-stream,reset",
+		NumRetries: wrapperspb.UInt32(p.StreamRetries),
+		RetryBackOff: &corev3.BackoffStrategy{
+			BaseInterval: dur(pickerRetryBase),
+			MaxInterval:  dur(pickerRetryMax),
+		},
+		RetryHostPredicate: []*corev3.RetryPolicy_RetryHostPredicate{{
+			Name:       previousHostsName,
+			ConfigType: &corev3.RetryPolicy_RetryHostPredicate_TypedConfig{TypedConfig: t.any(&previoushostsv3.PreviousHostsPredicate{})},
+		}},
+		HostSelectionRetryMaxAttempts: 5,
+	}
+}
+
 // extProc is the picker filter of every listener.
 func (t *translation) extProc(p ir.Picker, l ir.Listener) *extprocv3.ExternalProcessor {
 	return &extprocv3.ExternalProcessor{
 		GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{
 			ClusterName: p.ClusterName,
-		}}},
+		}}, RetryPolicy: t.pickerStreamRetry(p)},
 		// Always allow: a request the picker could not process continues
 		// without its metadata and the routes decide (fail-open pool or a
 		// 503), so editing pools never changes the Listener (which would
@@ -455,13 +502,32 @@ func (t *translation) extProc(p ir.Picker, l ir.Listener) *extprocv3.ExternalPro
 		StatusOnError:     &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable},
 		MetadataOptions: &extprocv3.MetadataOptions{
 			ForwardingNamespaces: &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{ir.LBNamespace, ir.SubsetHintNamespace}},
-			ReceivingNamespaces:  &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{ir.LBNamespace}},
+			ReceivingNamespaces:  &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{ir.LBNamespace, ir.PDNamespace}},
 		},
 	}
 }
 
-// modelFilterName names the listener's second filter: json_to_metadata,
-// run only for requests the picker did not process.
+// stripFilterName names the listener's first filter: header_mutation,
+// removing ir.StrippedRequestHeaders before the picker runs.
+const stripFilterName = "switchyard.strip_client_headers"
+
+// stripHeaders removes the prefill/decode routing headers from every
+// request, ahead of the picker: the picker sets them for the requests it
+// splits, and a request it does not process (a fail_open pool while it is
+// down) reaches a sidecar without a client's. Unconditional, so editing
+// pools never changes the listener.
+func stripHeaders() *headermutationv3.HeaderMutation {
+	m := &headermutationv3.Mutations{}
+	for _, h := range ir.StrippedRequestHeaders {
+		m.RequestMutations = append(m.RequestMutations, &mutationrulesv3.HeaderMutation{
+			Action: &mutationrulesv3.HeaderMutation_Remove{Remove: h},
+		})
+	}
+	return &headermutationv3.HeaderMutation{Mutations: m}
+}
+
+// modelFilterName names the listener's json_to_metadata filter, run only
+// for requests the picker did not process.
 const modelFilterName = "switchyard.request_model"
 
 // modelFilter reads the request body's top-level "model" into
@@ -549,6 +615,7 @@ func (t *translation) listener(p ir.Picker, l ir.Listener) *listenerv3.Listener 
 		UseRemoteAddress:      wrapperspb.Bool(true),
 		InternalAddressConfig: &hcmv3.HttpConnectionManager_InternalAddressConfig{},
 		HttpFilters: []*hcmv3.HttpFilter{
+			{Name: stripFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: t.any(stripHeaders())}},
 			{Name: extProcFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: t.any(t.extProc(p, l))}},
 			{Name: modelFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: t.any(t.modelFilter(l))}},
 			{Name: routerFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: t.any(&routerv3.Router{})}},

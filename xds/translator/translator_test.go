@@ -75,8 +75,18 @@ func goldenCases() map[string]struct {
 		vllmPool("llama", registry.FailOpen, "10.0.0.1:8000"),
 		vllmPool("qwen", registry.FailClosed, "10.0.1.1:8000"))
 	failOpenDefault.Routing.DefaultPool = "llama"
+	// A disaggregated fail-open pool: its prefill server is in neither
+	// cluster; a pool without a disaggregation block keeps an endpoint
+	// marked prefill (roles matter only with the block).
+	disagg := vllmPool("big", registry.FailOpen, "10.0.2.1:8000", "10.0.2.2:8000", "10.0.2.3:8000")
+	disagg.Disaggregation = &registry.Disaggregation{}
+	disagg.Endpoints[0].Role = registry.RolePrefill
+	disagg.Endpoints[1].Role = registry.RoleDecode
+	plain := vllmPool("small", registry.FailClosed, "10.0.3.1:8000")
+	plain.Endpoints[0].Role = registry.RolePrefill
 	return map[string]tc{
-		"single-pool": {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000", "10.0.0.2:8000"))},
+		"disaggregated": {state: state(oneListener, disagg, plain)},
+		"single-pool":   {state: state(oneListener, vllmPool("llama", registry.FailClosed, "10.0.0.1:8000", "10.0.0.2:8000"))},
 		"multi-pool": {
 			state: state([]registry.Listener{{Name: "public", Address: "0.0.0.0:8080"}, {Name: "internal", Address: "127.0.0.1:8081"}},
 				vllmPool("llama", registry.FailClosed, "10.0.0.1:8000", "10.0.0.2:8000"),

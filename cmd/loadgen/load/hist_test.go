@@ -28,7 +28,7 @@ func TestHistogramQuantilesWithinOnePercent(t *testing.T) {
 		}
 	}
 	s := h.summary()
-	if s.Count != 50000 || s.Min != exact[0] || s.Max != exact[len(exact)-1] {
+	if s.Count != 50000 || s.Min != exact[0] || s.Max != exact[len(exact)-1] || s.P999 != h.quantile(0.999) || s.P999Ms != math.Round(float64(s.P999)/1e3)/1e3 {
 		t.Errorf("summary %+v", s)
 	}
 }

@@ -201,6 +201,7 @@ type seq struct {
 	lastToken       time.Time
 	aborted         atomic.Bool
 	finished        bool
+	preempted       int // times preempted
 	out             chan Event
 }
 
@@ -226,6 +227,12 @@ type Engine struct {
 	lastEnd time.Time // scheduled end of the previous step while busy
 	stats   counters
 	held    map[string]*heldKV
+	// version counts changes of state; page is the metrics page rendered
+	// at pageVersion (an idle engine's page is rendered once).
+	version     uint64
+	page        []byte
+	pageVersion uint64
+	created     time.Time
 }
 
 // heldKV is a finished prefill's KV kept for a remote decode.
@@ -276,12 +283,14 @@ func New(cfg Config, clock Clock) (*Engine, error) {
 		clock = RealClock{}
 	}
 	return &Engine{
-		cfg:   cfg,
-		clock: clock,
-		wake:  make(chan struct{}, 1),
-		kv:    newKVCache(cfg.NumGPUBlocks, cfg.BlockSize, cfg.EnablePrefixCaching, cfg.OnKVEvents != nil),
-		stats: newCounters(cfg.MaxModelLen),
-		held:  make(map[string]*heldKV),
+		cfg:     cfg,
+		clock:   clock,
+		wake:    make(chan struct{}, 1),
+		kv:      newKVCache(cfg.NumGPUBlocks, cfg.BlockSize, cfg.EnablePrefixCaching, cfg.OnKVEvents != nil),
+		stats:   newCounters(cfg.MaxModelLen),
+		held:    make(map[string]*heldKV),
+		version: 1,
+		created: clock.Now(),
 	}, nil
 }
 
@@ -348,6 +357,7 @@ func (e *Engine) Submit(ctx context.Context, r Request) (*Handle, error) {
 		out:            make(chan Event, r.MaxTokens),
 	}
 	e.mu.Lock()
+	e.version++
 	e.nextID++
 	s.id = e.nextID
 	s.queued = e.clock.Now()
@@ -386,6 +396,7 @@ func (e *Engine) Step(ctx context.Context) bool {
 	if !e.lastEnd.IsZero() && start.Sub(e.lastEnd) < maxCatchUp {
 		start = e.lastEnd
 	}
+	e.version++ // scheduling admits, preempts and drops aborted requests
 	plan := e.schedule(start)
 	if len(plan) == 0 {
 		e.lastEnd = time.Time{}
@@ -421,7 +432,11 @@ func (e *Engine) publishKVEvents() {
 func (e *Engine) ResetPrefixCache() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.kv.reset()
+	if !e.kv.reset() {
+		return false
+	}
+	e.version++
+	return true
 }
 
 // maxCatchUp bounds how late a step may start and still be timed from the
@@ -554,6 +569,7 @@ func (e *Engine) preempt(s *seq) {
 	s.remoteTokens = 0 // the transferred KV is gone with the blocks
 	e.waiting = append([]*seq{s}, e.waiting...)
 	e.stats.preemptions++
+	s.preempted++
 }
 
 // dropAborted removes cancelled requests; it reports whether there were any.
@@ -598,6 +614,14 @@ func (e *Engine) finish(s *seq, now time.Time, reason string) {
 		// As vLLM: the prompt less what the response reports cached (for a
 		// remote prefill, the prefill's own hits).
 		e.stats.prefillComputed.observe(float64(s.numPrompt - s.cachedTokens))
+		e.stats.reqMaxGen.observe(float64(s.maxTokens))
+		e.stats.paramsN.observe(1)
+		e.stats.paramsMaxTokens.observe(float64(s.maxTokens))
+		e.stats.decodeTime.observe(max(0, now.Sub(s.firstToken).Seconds()))
+		if s.generated > 1 {
+			e.stats.tpot.observe(max(0, now.Sub(s.firstToken).Seconds()) / float64(s.generated-1))
+		}
+		e.stats.numPreempt.observe(float64(s.preempted))
 	}
 }
 
@@ -605,11 +629,14 @@ func (e *Engine) finish(s *seq, now time.Time, reason string) {
 // request whose tokens are all computed produces its next token. Called with
 // e.mu held.
 func (e *Engine) commit(plan []work, now time.Time) {
+	e.version++
 	// Computed tokens enter the cache first, and the step's KV events go
 	// out before its tokens do, as vLLM publishes them from the
 	// scheduler's update before the step's outputs leave the engine: a
 	// client that reads a response sees its cache's events already sent.
+	stepTokens := 0
 	for _, w := range plan {
+		stepTokens += w.numNew
 		s := w.s
 		if s.aborted.Load() || s.finished {
 			continue
@@ -675,6 +702,7 @@ func (e *Engine) commit(plan []work, now time.Time) {
 		e.running = keep
 	}
 	e.stats.steps++
+	e.stats.iterTokens.observe(float64(stepTokens))
 	e.touchLoRAInfo(now)
 }
 
@@ -702,6 +730,7 @@ func (e *Engine) expireHeld(now time.Time) {
 		if !now.Before(h.expires) {
 			e.kv.releaseBlocks(h.blocks)
 			delete(e.held, k)
+			e.version++
 		}
 	}
 }
@@ -719,6 +748,7 @@ func (e *Engine) PullKV(key string) (int, error) {
 	}
 	delete(e.held, key)
 	e.kv.releaseBlocks(h.blocks)
+	e.version++
 	e.poke()
 	return h.tokens, nil
 }

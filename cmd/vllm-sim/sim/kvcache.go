@@ -14,6 +14,8 @@ type block struct {
 	// free-queue links; a block is in the free queue iff ref == 0.
 	prev, next *block
 	inFree     bool
+	// aheadFresh: in the free queue ahead of the never-used blocks.
+	aheadFresh bool
 }
 
 // kvCache manages the GPU KV blocks as vLLM's block pool does: a free
@@ -26,16 +28,28 @@ type block struct {
 // by a later request with the same prefix until it is evicted. With
 // events on, every change to the cached set is recorded as vLLM
 // publishes it (see KVEvent).
+//
+// Blocks are allocated when first used: the never-used ones (fresh)
+// stand in the free queue, in id order, where they would in a queue built
+// up front (behind the blocks pushed to its head, ahead of those appended
+// at its tail), so an idle engine with a large cache costs no memory (a
+// fleet of simulators in one process stays small).
 type kvCache struct {
 	blockSize     int
 	prefixCaching bool
-	blocks        []block
-	head, tail    *block // free queue
-	numFree       int
+	total         int
+	fresh         int     // blocks never used yet
+	slab          []block // where the next fresh block is allocated
+	head, tail    *block  // free queue of used blocks
+	ahead         int     // queued blocks ahead of the fresh ones (at the head)
+	numFree       int     // fresh plus queued
 	byHash        map[uint64][]*block
 	// events, when non-nil, collects the KV events of the current step.
 	events *[]KVEvent
 }
+
+// slabBlocks is how many blocks are allocated at a time.
+const slabBlocks = 1024
 
 // KVEventKind is the type of a KVEvent.
 type KVEventKind uint8
@@ -75,15 +89,13 @@ func newKVCache(numBlocks, blockSize int, prefixCaching, events bool) *kvCache {
 	c := &kvCache{
 		blockSize:     blockSize,
 		prefixCaching: prefixCaching,
-		blocks:        make([]block, numBlocks),
+		total:         numBlocks,
+		fresh:         numBlocks,
+		numFree:       numBlocks,
 		byHash:        make(map[uint64][]*block),
 	}
 	if events {
 		c.events = new([]KVEvent)
-	}
-	for i := range c.blocks {
-		c.blocks[i].id = i
-		c.pushFree(&c.blocks[i])
 	}
 	return c
 }
@@ -100,9 +112,14 @@ func (c *kvCache) pushFree(b *block) {
 	c.numFree++
 }
 
-// pushFreeFront puts b at the head of the free queue: reused first.
+// pushFreeFront puts b at the head of the free queue: reused first,
+// before any never-used block.
 func (c *kvCache) pushFreeFront(b *block) {
 	b.inFree = true
+	if c.fresh > 0 {
+		b.aheadFresh = true
+		c.ahead++
+	}
 	b.prev, b.next = nil, c.head
 	if c.head != nil {
 		c.head.prev = b
@@ -124,12 +141,26 @@ func (c *kvCache) removeFree(b *block) {
 	} else {
 		c.tail = b.prev
 	}
+	if b.aheadFresh {
+		b.aheadFresh = false
+		c.ahead--
+	}
 	b.prev, b.next, b.inFree = nil, nil, false
 	c.numFree--
 }
 
 // popFree takes the least recently freed block, evicting its cached content.
 func (c *kvCache) popFree() *block {
+	if c.fresh > 0 && c.ahead == 0 {
+		if len(c.slab) == cap(c.slab) {
+			// A new slab; blocks of the old ones stay where they are.
+			c.slab = make([]block, 0, min(slabBlocks, c.fresh))
+		}
+		c.slab = append(c.slab, block{id: c.total - c.fresh, ref: 1})
+		c.fresh--
+		c.numFree--
+		return &c.slab[len(c.slab)-1]
+	}
 	b := c.head
 	c.removeFree(b)
 	if b.cached {
@@ -160,11 +191,13 @@ func (c *kvCache) uncache(b *block) {
 // reset drops every cached hash, as vLLM's reset_prefix_cache: it fails
 // (false) while any block is in use.
 func (c *kvCache) reset() bool {
-	if c.numFree != len(c.blocks) {
+	if c.numFree != c.total {
 		return false
 	}
-	for i := range c.blocks {
-		c.blocks[i].cached = false
+	for _, list := range c.byHash {
+		for _, b := range list {
+			b.cached = false
+		}
 	}
 	clear(c.byHash)
 	c.emit(KVEvent{Kind: KVCleared})
@@ -173,10 +206,10 @@ func (c *kvCache) reset() bool {
 
 // usage is the fraction of blocks not in the free queue.
 func (c *kvCache) usage() float64 {
-	if len(c.blocks) == 0 {
+	if c.total == 0 {
 		return 0
 	}
-	return 1 - float64(c.numFree)/float64(len(c.blocks))
+	return 1 - float64(c.numFree)/float64(c.total)
 }
 
 // blocksFor is the number of blocks needed to hold n tokens.

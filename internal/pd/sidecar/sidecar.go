@@ -124,7 +124,7 @@ func (h *Handler) writeMetrics(w http.ResponseWriter) {
 	for _, v := range []struct {
 		result string
 		n      uint64
-	}{{"split", c.Split}, {"fallback", c.Fallback}, {"local", c.Local}} {
+	}{{pd.ResultSplit, c.Split}, {pd.ResultFallback, c.Fallback}, {pd.ResultLocal, c.Local}} {
 		fmt.Fprintf(w, "pd_sidecar_requests_total{result=%q} %d\n", v.result, v.n)
 	}
 	fmt.Fprintf(w, "# HELP pd_sidecar_refused_total Prefill servers named by a request that the sidecar does not trust.\n")
@@ -157,7 +157,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if prefiller == "" {
 		h.local.Add(1)
-		w.Header().Set(pd.ResultHeader, "local")
+		w.Header().Set(pd.ResultHeader, pd.ResultLocal)
 		h.proxy.ServeHTTP(w, r)
 		return
 	}
@@ -206,7 +206,7 @@ func (h *Handler) twoStep(w http.ResponseWriter, r *http.Request, prefiller stri
 	dec.UseNumber()
 	if err := dec.Decode(&req); err != nil || req == nil {
 		// Not a JSON object: the decode server gives the client its 400.
-		h.decode(w, r, body, nil, "local")
+		h.decode(w, r, body, nil, pd.ResultLocal)
 		return
 	}
 	reqID := r.Header.Get("X-Request-Id")
@@ -220,15 +220,15 @@ func (h *Handler) twoStep(w http.ResponseWriter, r *http.Request, prefiller stri
 			return // the client went away
 		}
 		h.cfg.Log.Warn("prefill failed; decoding locally", "prefiller", prefiller, "request_id", reqID, "err", err)
-		h.decode(w, r, body, nil, "fallback")
+		h.decode(w, r, body, nil, pd.ResultFallback)
 		return
 	}
 	dbody, err := json.Marshal(pd.DecodeRequest(req, params))
 	if err != nil {
-		h.decode(w, r, body, nil, "fallback")
+		h.decode(w, r, body, nil, pd.ResultFallback)
 		return
 	}
-	h.decode(w, r, dbody, body, "split")
+	h.decode(w, r, dbody, body, pd.ResultSplit)
 }
 
 // prefill sends the prefill request and returns the kv_transfer_params of
@@ -282,13 +282,13 @@ func (h *Handler) decode(w http.ResponseWriter, r *http.Request, body, fallbackB
 	if fallbackBody != nil && err == nil && failedBeforeOutput(resp, first) {
 		resp.Body.Close()
 		h.cfg.Log.Warn("decode could not load the prefill's KV; decoding locally", "status", resp.StatusCode, "request_id", r.Header.Get("X-Request-Id"))
-		result = "fallback"
+		result = pd.ResultFallback
 		resp, first, err = h.send(r, fallbackBody)
 	}
 	switch result {
-	case "split":
+	case pd.ResultSplit:
 		h.split.Add(1)
-	case "fallback":
+	case pd.ResultFallback:
 		h.fallback.Add(1)
 	default:
 		h.local.Add(1)

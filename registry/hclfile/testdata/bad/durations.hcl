@@ -9,3 +9,9 @@ pool "b" {
     scrape_interval = "100us"
   }
 }
+
+pool "c" {
+  scheduling {
+    idle_scrape_interval = "rarely"
+  }
+}

@@ -1,0 +1,157 @@
+package metrics
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/switchyard/switchyard/internal/realvllm"
+	"github.com/switchyard/switchyard/registry"
+)
+
+// processCPU is a process's CPU time so far (user plus system, all its
+// threads, not its children), from /proc.
+func processCPU(b *testing.B, pid int) time.Duration {
+	b.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The fields after the command's closing parenthesis start at field
+	// 3 (state); utime and stime are fields 14 and 15, in clock ticks.
+	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		b.Fatalf("/proc/%d/stat: %q", pid, raw)
+	}
+	const clkTck = 100 // sysconf(_SC_CLK_TCK) on Linux
+	return time.Duration(ut+st) * time.Second / clkTck
+}
+
+// BenchmarkRealVLLMScrapeCost measures what being watched costs a real
+// vLLM 0.32 server (the CPU build, the tiny generated model, idle): the
+// CPU of its API server process per /metrics scrape (with and without the
+// name[] filter, which vLLM 0.32 ignores) and per GET /load, then its CPU
+// per second while one or three replicas' scrapers read it for 30 s:
+// "before" as every endpoint was read before issue 25 (every 50 ms,
+// whatever it costs), "after" with the defaults, the endpoint idle (no
+// traffic from the picker) and busy (the picker has requests in flight
+// there: read at its interval, within the engine budget). The server's
+// own idle CPU is measured first and subtracted. Sub-benchmarks select
+// cases (the server starts once). Run (about 6 minutes):
+//
+//	SWITCHYARD_REQUIRE_VLLM=1 go test -run '^$' -bench RealVLLMScrapeCost -benchtime 1x -timeout 30m ./picker/metrics/
+func BenchmarkRealVLLMScrapeCost(b *testing.B) {
+	py := realvllm.Require(b)
+	model := realvllm.EnsureModel(b, py)
+	srv := realvllm.StartFleet(b, py, model, realvllm.Options{Extra: []string{"--enable-server-load-tracking"}})[0]
+	pid := srv.Pid()
+	ctx := context.Background()
+	client := &http.Client{Timeout: 10 * time.Second}
+	get := func(path string) int {
+		resp, err := client.Get(srv.URL() + path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer resp.Body.Close()
+		n, _ := io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("GET %s: HTTP %d", path, resp.StatusCode)
+		}
+		return int(n)
+	}
+	p, err := NewParser(registry.EngineVLLM, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	filter := "/metrics?" + url.Values{"name[]": p.SampleNames()}.Encode()
+	for range 20 { // warm up every path
+		get("/metrics")
+		get(filter)
+		get("/load")
+	}
+	per := func(name, path string, n int) {
+		b.Run(name, func(b *testing.B) {
+			cpu0 := processCPU(b, pid)
+			size := 0
+			for range n {
+				size = get(path)
+			}
+			cost := processCPU(b, pid) - cpu0
+			b.ReportMetric(float64(cost)/float64(n)/1e6, "engine-cpu-ms/request")
+			b.ReportMetric(float64(size), "bytes")
+		})
+	}
+	per("page", "/metrics", 200)
+	per("page-name-filter", filter, 200)
+	per("load", "/load", 200)
+
+	window := 30 * time.Second
+	cpu0 := processCPU(b, pid)
+	time.Sleep(window) // the server alone: its own idle CPU
+	idle := processCPU(b, pid) - cpu0
+	b.Logf("idle, not scraped: engine CPU %v per %v", idle, window)
+
+	run := func(name string, replicas int, opts Options, busy bool) {
+		b.Run(name, func(b *testing.B) {
+			var ms []*Manager
+			var attempts, failures atomic.Int64
+			for range replicas {
+				o := opts
+				d := &fakeDemand{}
+				if busy {
+					d.inFlight.Store(1)
+				}
+				o.Demand = func(Key) Demand { return d }
+				o.OnReading = func(_ Key, r Reading) {
+					attempts.Add(1)
+					if r.Err != "" {
+						failures.Add(1)
+					}
+				}
+				m := NewManager(ctx, o)
+				m.SetScrapers(replicas)
+				if err := m.Sync([]Target{{Pool: "p", Address: srv.Addr, Engine: registry.EngineVLLM}}); err != nil {
+					b.Fatal(err)
+				}
+				ms = append(ms, m)
+			}
+			time.Sleep(5 * time.Second) // the cost is learned, the intervals settle
+			a0, f0 := attempts.Load(), failures.Load()
+			cpu0 := processCPU(b, pid)
+			time.Sleep(window)
+			cpu := processCPU(b, pid) - cpu0 - idle
+			a, f := attempts.Load()-a0, failures.Load()-f0
+			var interval, cost time.Duration
+			if s := ms[0].Get(Key{Pool: "p", Address: srv.Addr}); s != nil {
+				interval, cost = s.Interval, s.Cost
+			}
+			for _, m := range ms {
+				m.Stop()
+			}
+			share := 100 * float64(cpu) / float64(window)
+			b.ReportMetric(share, "engine-cpu-%")
+			b.ReportMetric(float64(a)/window.Seconds(), "scrapes/s")
+			b.Logf("%d replica(s): %.1f scrapes/s in all (%d failed; interval %v, answer time %v), engine CPU %.2f%% of a core above idle (%v in %v)",
+				replicas, float64(a)/window.Seconds(), f, interval, cost, share, cpu, window)
+		})
+	}
+	// Before: each replica reads the page every 50 ms through net/http,
+	// whatever it costs, without the filter; the cost measure is kept
+	// (Options.Client makes the exchange the same as before).
+	before := Options{Client: NewHTTPClient(), IdleInterval: -1, EngineBudget: -1, NoNameFilter: true}
+	for _, replicas := range []int{1, 3} {
+		run(fmt.Sprintf("before-%dr", replicas), replicas, before, true)
+		run(fmt.Sprintf("after-idle-%dr", replicas), replicas, Options{}, false)
+		run(fmt.Sprintf("after-busy-%dr", replicas), replicas, Options{}, true)
+	}
+}
