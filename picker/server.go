@@ -300,7 +300,7 @@ func (s *Server) Run(ctx context.Context) error {
 			defer func() { <-done }()
 		}
 	}
-	kv := kvevents.NewManager(ctx, s.kvOptions(), kvevents.TokenizerOptions{})
+	kv := kvevents.NewManager(ctx, s.kvOptions(), kvevents.TokenizerOptions{Busy: s.kvBusy})
 	s.kv.Store(kv)
 	defer func() {
 		kv.Stop()

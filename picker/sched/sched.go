@@ -363,10 +363,12 @@ type Scratch struct {
 	names     []string
 	matchedOK bool
 	// From Request.Cache, by the candidate order in names: exact cached
-	// tokens, and whether each is exact.
-	cached []int
-	exact  []bool
-	per    [][]float64
+	// tokens, and whether each is exact; estimated is the prefix index's
+	// counts before the exact ones replaced them.
+	cached    []int
+	exact     []bool
+	estimated []int
+	per       [][]float64
 	// The TTFT scorer's predictions, by the candidate order in names.
 	preds   []Prediction
 	predsOK bool
