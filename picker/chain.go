@@ -10,9 +10,10 @@ import (
 )
 
 // The chain: the optional stages of a request's path (tracing, decision
-// records, tenants, replica sharing, prefill/decode disaggregation, TTFT
-// accounting, the pool's upstream key) and the hook points where the
-// request's driver (request.go) calls them. A stage is a small type that implements only the hook interfaces
+// records, tenants, replica sharing, the KV-event cache view,
+// prefill/decode disaggregation, TTFT accounting, the pool's upstream key)
+// and the hook points where the request's driver (request.go) calls them.
+// A stage is a small type that implements only the hook interfaces
 // it needs; its per-request state is a field of request (one allocation
 // per request whatever the chain). Stages are called in chain order at
 // each hook point. A stage that is not configured is not in the chain.
@@ -88,6 +89,16 @@ type decisionStage interface {
 	admitted(r *request, waited time.Duration, outcome string)
 }
 
+// rankStage runs inside schedule, between the filters (and admission)
+// and the scorers: rank may prepare what the scorers read from the
+// candidates (the request's exact cache view, sched.Request.Cache).
+// ranked runs once the scorers have ranked them, whether or not one was
+// picked (primary nil), while the scratch holds their results.
+type rankStage interface {
+	rank(r *request, req *sched.Request, cands []*sched.Endpoint)
+	ranked(r *request, req *sched.Request, sc *sched.Scratch, primary *sched.Endpoint)
+}
+
 // pickedStage runs once the request is picked and counted in flight on
 // r.primary.
 type pickedStage interface {
@@ -141,6 +152,7 @@ type chain struct {
 	resolved        []resolvedStage
 	models          []modelsStage
 	decided         []decisionStage
+	rank            []rankStage
 	picked          []pickedStage
 	answer          []answerStage
 	replied         []replyStage
@@ -168,6 +180,10 @@ func (c *chain) add(st any) {
 	}
 	if h, ok := st.(decisionStage); ok {
 		c.decided = append(c.decided, h)
+		n++
+	}
+	if h, ok := st.(rankStage); ok {
+		c.rank = append(c.rank, h)
 		n++
 	}
 	if h, ok := st.(pickedStage); ok {
@@ -227,6 +243,7 @@ func stages() []stageDef {
 		{name: "decisions", build: recordStageFor},
 		{name: "tenants", build: tenantStageFor},
 		{name: "replicas", build: replicaStageFor},
+		{name: "kv-events", perPool: true, build: kvStageFor},
 		{name: "pd", perPool: true, build: pdStageFor}, // before ttft: a split's prefill is not the primary's
 		{name: "ttft", perPool: true, build: ttftStageFor},
 		{name: "upstream-key", perPool: true, build: upstreamKeyStageFor},

@@ -110,6 +110,7 @@ type request struct {
 	ten        tenantReq         // tenants.go
 	peerID     uint64            // replicas.go: the shared pick (0: none)
 	ttft       ttftState         // ttft.go
+	kv         kvReq             // kvstage.go
 	pd         pdState           // pd.go
 }
 

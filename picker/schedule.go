@@ -11,7 +11,8 @@ import (
 
 // The schedule stage: the pool's profile filters its endpoints, the
 // admission stage (admit.go) says whether the request may go now, the
-// scorers rank the candidates and the picker chooses the primary and the
+// rank hooks prepare what the scorers read (kvstage.go), the scorers
+// rank the candidates and the picker chooses the primary and the
 // fallbacks; the pick is counted in flight on the primary and the
 // profile's memory (prefix index, sessions) learns it. No candidate is
 // 503. Observers see every outcome (decided hooks), stages the pick
@@ -90,7 +91,19 @@ func (r *request) schedule(pv *poolView, mv *modelView, parsed openai.Request) (
 		sreq.Hashes = sc.Hashes
 		sreq.BlockTokens = ph.blockTokens
 	}
+	for _, h := range r.ch.rank {
+		h.rank(r, sreq, cands)
+	}
 	picked := prof.Rank(sreq, cands, s.opts.MaxEndpoints, sc)
+	if len(r.ch.rank) > 0 {
+		var primary *sched.Endpoint
+		if len(picked) > 0 {
+			primary = picked[0]
+		}
+		for _, h := range r.ch.rank {
+			h.ranked(r, sreq, sc, primary)
+		}
+	}
 	if len(picked) == 0 {
 		return reply{code: 503, msg: fmt.Sprintf("no ready endpoint in pool %q", pv.name)}
 	}

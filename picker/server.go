@@ -166,6 +166,10 @@ type Server struct {
 	// Metrics scraping: the manager exists while Run runs.
 	mgr *metrics.Manager
 	eh  *EndpointHealth
+	// sharing is the manager while it shares scrapes with the other
+	// replicas (nil otherwise); ownersMu orders updateOwners.
+	sharing  atomic.Pointer[metrics.Manager]
+	ownersMu sync.Mutex
 	// kv follows the servers' KV-cache events while Run runs (nil
 	// otherwise).
 	kv atomic.Pointer[kvevents.Manager]
@@ -184,8 +188,10 @@ type counters struct {
 	// responseBodies counts response body messages received: zero for
 	// requests whose response body the picker turned off.
 	responseBodies atomic.Int64
-	// peerPicks counts picks other replicas shared.
-	peerPicks atomic.Int64
+	// peerPicks counts picks other replicas shared; peerReadings the
+	// scrape readings they shared that were published.
+	peerPicks    atomic.Int64
+	peerReadings atomic.Int64
 	// queued counts requests that waited in an admission queue.
 	queued   atomic.Int64
 	rejected [len(rejectCodes)]atomic.Int64 // by rejectIndex
@@ -268,13 +274,33 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 			return nil
 		}
+		shared := s.mesh != nil && s.mesh.SharesReadings()
+		if shared {
+			// Each endpoint is read by one replica: pass this one's
+			// readings on.
+			if own := mo.OnReading; own != nil {
+				mo.OnReading = func(k metrics.Key, r metrics.Reading) { own(k, r); s.shareReading(k, r) }
+			} else {
+				mo.OnReading = s.shareReading
+			}
+		}
 		s.mgr = metrics.NewManager(ctx, mo)
 		defer func() {
 			s.mgr.Stop()
 			s.mgr = nil
 		}()
+		if shared {
+			done := make(chan struct{})
+			mgr := s.mgr
+			s.sharing.Store(mgr)
+			go func() {
+				defer close(done)
+				s.shareScrapes(ctx, mgr)
+			}()
+			defer func() { <-done }()
+		}
 	}
-	kv := kvevents.NewManager(ctx, s.kvOptions(), kvevents.TokenizerOptions{})
+	kv := kvevents.NewManager(ctx, s.kvOptions(), kvevents.TokenizerOptions{Busy: s.kvBusy})
 	s.kv.Store(kv)
 	defer func() {
 		kv.Stop()
@@ -312,8 +338,13 @@ func (s *Server) apply(st *registry.State) {
 	}
 	if s.mgr != nil {
 		targets := metrics.TargetsFromState(st)
-		// Every replica scrapes every endpoint: they share its budget.
-		s.mgr.SetScrapers(len(st.Replicas))
+		if s.sharing.Load() != nil {
+			s.updateOwners()
+		} else {
+			// Every replica scrapes every endpoint: they share its
+			// budget.
+			s.mgr.SetScrapers(len(st.Replicas))
+		}
 		if err := s.mgr.Sync(targets); err != nil {
 			s.log.Warn("metrics targets", "err", err)
 		}
@@ -462,6 +493,9 @@ type Stats struct {
 	ResponseBodies int64
 	// PeerPicks counts picks the other replicas shared with this one.
 	PeerPicks int64
+	// PeerReadings counts the scrape readings other replicas shared that
+	// this one published (-share-scrapes).
+	PeerReadings int64
 	// Rejected counts local replies by HTTP status.
 	Rejected  map[int]int64
 	Endpoints []EndpointStats // sorted by pool, address
@@ -478,6 +512,7 @@ func (s *Server) Stats() Stats {
 		FallbackServed: s.stats.fallbackServed.Load(),
 		ResponseBodies: s.stats.responseBodies.Load(),
 		PeerPicks:      s.stats.peerPicks.Load(),
+		PeerReadings:   s.stats.peerReadings.Load(),
 		Rejected:       map[int]int64{},
 	}
 	for i, code := range rejectCodes {

@@ -311,6 +311,12 @@ type status struct {
 			InFlightRequests int64  `json:"in_flight_requests"`
 			Picked           int64  `json:"picked"`
 			Served           int64  `json:"served"`
+			Scrape           *struct {
+				Stale      bool    `json:"stale"`
+				From       string  `json:"from"`
+				IntervalMS float64 `json:"interval_ms"`
+				CostMS     float64 `json:"cost_ms"`
+			} `json:"scrape"`
 		} `json:"endpoints"`
 		Admission *struct {
 			Queued int `json:"queued"`
@@ -323,6 +329,7 @@ type status struct {
 		FallbackServed int64            `json:"fallback_served"`
 		ResponseBodies int64            `json:"response_body_messages"`
 		PeerPicks      int64            `json:"peer_picks"`
+		PeerReadings   int64            `json:"peer_readings"`
 		Rejected       map[string]int64 `json:"rejected"`
 	} `json:"picker"`
 	XDS struct {

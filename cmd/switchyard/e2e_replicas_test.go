@@ -56,6 +56,8 @@ type replicaOptions struct {
 	env []string
 	// store gives every replica a -store of its own.
 	store bool
+	// args are more serve flags for every replica.
+	args []string
 }
 
 func newReplicaFleet(t *testing.T, n int, body string, o replicaOptions) *replicaFleet {
@@ -69,6 +71,7 @@ func newReplicaFleet(t *testing.T, n int, body string, o replicaOptions) *replic
 		if o.store {
 			r.args = []string{"-store", filepath.Join(t.TempDir(), r.id+".db")}
 		}
+		r.args = append(r.args, o.args...)
 		f.replicas = append(f.replicas, r)
 		peers = append(peers, strconv.Quote(r.extproc))
 		xdsServers = append(xdsServers, r.xds)

@@ -35,7 +35,8 @@ func (a *app) replicaSetup(cfg *hclfile.Config, picker string) error {
 	}
 	// Replicas share their picks over their picker ports, with the same
 	// mutual TLS Envoy uses (each presents its own certificate).
-	opts := peers.Options{Self: id, Address: picker, Report: a.peerReport, Logger: a.log.With("component", "peers")}
+	opts := peers.Options{Self: id, Address: picker, Report: a.peerReport, Logger: a.log.With("component", "peers"),
+		NoReadings: !a.flags.shareScrapes}
 	if a.tls != nil {
 		opts.Credentials = func(addr string) credentials.TransportCredentials {
 			host, _, _ := net.SplitHostPort(addr)

@@ -56,6 +56,7 @@ type serveFlags struct {
 	xdsAdvertise     string
 	adminAdvertise   string
 	replicaID        string
+	shareScrapes     bool
 	drainDelay       time.Duration
 	drainTimeout     time.Duration
 	storePath        string
@@ -79,6 +80,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.drainDelay, "drain-delay", time.Second, "on SIGTERM, how long switchyard keeps serving while it reports itself not ready (gRPC health, /readyz, Consul), so Envoys and the other replicas stop sending to it before its streams are waited for")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, after -drain-delay, the longest switchyard waits for the requests in flight through its picker to finish before it stops")
 	fs.StringVar(&f.replicaID, "replica-id", "", "`name` of this replica among the switchyard replicas of the configuration's replicas block (its Consul service ID); default <hostname>-<picker port>")
+	fs.BoolVar(&f.shareScrapes, "share-scrapes", true, "with a replicas block, read each model server's metrics from one replica only (rendezvous order over the replicas that share) and pass the readings on over the replica mesh, so engines are scraped as often with many replicas as with one; with -share-scrapes=false this replica reads every server itself")
 	fs.StringVar(&f.storePath, "store", "", "bbolt `file` that persists pool state and the picker's memory so a restart is warm (even with Consul down); empty disables persistence")
 	fs.StringVar(&f.adminAddr, "admin-addr", "127.0.0.1:9090", "`address` of the admin HTTP server (status page, /metrics, health)")
 	fs.StringVar(&f.debugAddr, "debug-addr", "", "`address` (loopback) of an HTTP server with Go's profiles at /debug/pprof/ (CPU, heap, goroutines; unauthenticated); empty: none")

@@ -259,6 +259,9 @@ type genRequest struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 	KVTransferParams *kvParams `json:"kv_transfer_params"`
+	// AddGenerationPrompt (chat; default true) ends the rendered
+	// conversation with the assistant marker.
+	AddGenerationPrompt *bool `json:"add_generation_prompt"`
 }
 
 type chatMessage struct {
@@ -419,7 +422,7 @@ func (s *server) promptTokens(req *genRequest, chat bool) ([]uint32, error) {
 	var toks []uint32
 	var err error
 	if chat {
-		text, err = renderMessages(req.Messages)
+		text, err = renderMessages(req.Messages, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
 	} else {
 		text, toks, err = parsePrompt(req.Prompt)
 	}
@@ -539,7 +542,7 @@ func parsePrompt(raw json.RawMessage) (string, []uint32, error) {
 
 // renderMessages applies the chat template; content may be a string or a
 // list of {"type":"text","text":...} parts.
-func renderMessages(msgs []chatMessage) (string, error) {
+func renderMessages(msgs []chatMessage, addGenerationPrompt bool) (string, error) {
 	if len(msgs) == 0 {
 		return "", errors.New("messages must not be empty")
 	}
@@ -569,7 +572,7 @@ func renderMessages(msgs []chatMessage) (string, error) {
 		}
 		out = append(out, sim.Message{Role: m.Role, Content: content})
 	}
-	return sim.RenderChat(out), nil
+	return sim.RenderChatPrompt(out, addGenerationPrompt), nil
 }
 
 // response builds the JSON bodies of one request's answer.

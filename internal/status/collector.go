@@ -63,6 +63,7 @@ var (
 	mPeerDropped    = desc("switchyard_replica_events_dropped_total", "Pick events the peer replica's full queue dropped (its stream is then reset).", "peer")
 	mPeerLag        = desc("switchyard_replica_lag_seconds", "Age of the latest batch of picks from the peer replica on arrival (replication lag; clocks of both hosts).", "peer")
 	mPeerPicks      = desc("switchyard_replica_peer_picks_total", "Picks the other replicas shared with this one.")
+	mPeerReadings   = desc("switchyard_replica_peer_readings_total", "Scrape readings the other replicas shared that this one published.")
 	mPoolSaturated  = desc("switchyard_pool_saturated", "1 while every eligible endpoint of the pool is over queue_threshold or kv_threshold (requests wait in the admission queue).", "name")
 	mFCSaturation   = desc("inference_extension_flow_control_pool_saturation", "Share (0..1) of the pool's ready endpoints over queue_threshold or kv_threshold.", "inference_pool")
 	mFCQueueSize    = desc("inference_extension_flow_control_queue_size", "Requests waiting in the pool's admission queue, by flow and priority band.", "fairness_id", "priority", "inference_pool")
@@ -92,8 +93,10 @@ var (
 	mKVReplayed    = desc("switchyard_kv_events_replayed_batches_total", "Batches received from the replay socket.", "pool", "endpoint")
 	mKVLost        = desc("switchyard_kv_events_lost_total", "Times batches were lost beyond replay (the view was dropped and turned partial).", "pool", "endpoint")
 	mKVRestarts    = desc("switchyard_kv_events_engine_restarts_total", "Engine restarts noticed (the old engine's blocks dropped).", "pool", "endpoint")
-	mKVPredicted   = desc("switchyard_kv_events_predictions_total", "Exact predictions of a request's cached tokens checked against what the server reported, by result: agree, over (predicted more), under.", "pool", "endpoint", "result")
-	mKVTokenize    = desc("switchyard_kv_tokenize_requests_total", "Prompts tokenized for the exact prefix index, by result: hit (cache), call (a server's /tokenize), failure.", "pool", "result")
+	mKVPredicted   = desc("switchyard_kv_events_predictions_total", "Predictions of a request's cached tokens checked against what the server reported, by result: agree, over (predicted more), under (exact predictions); bound (a lower bound met).", "pool", "endpoint", "result")
+	mKVTokenize    = desc("switchyard_kv_tokenize_requests_total", "Requests of the pools with KV events, by how their prompt was keyed: hit (its whole prompt's tokens), prefix (a stable prefix's), miss (neither yet: the estimate routed it), unkeyed (no stable prefix).", "pool", "result")
+	mKVTokCalls    = desc("switchyard_kv_tokenize_calls_total", "Background /tokenize calls, by result: ok, failure; dropped: no server had room in its budget.", "pool", "result")
+	mKVTokVerified = desc("switchyard_kv_tokenize_verified_total", "Stable prefixes checked against their whole prompt's tokens, by result: agree, mismatch (the model is matched by whole prompts only from then on).", "pool", "result")
 	mKVTokSecs     = desc("switchyard_kv_tokenize_seconds_total", "Time spent in /tokenize calls.", "pool")
 	mPDDecisions   = desc("switchyard_pd_decisions_total", "Prefill/decode decisions of a disaggregated pool's completions and chat requests, by decision: split, or why the request went whole to its decode server (short-prompt, below-threshold, no-prefill-server, prefill-saturated, decode-role, off).", "pool", "decision")
 	mDecisionDrops = desc("switchyard_decision_records_file_dropped_total", "Decision records the JSON-lines file missed because its writer fell behind.")
@@ -104,10 +107,10 @@ var allDescs = []*prometheus.Desc{mBuild, mRegVersion, mConfigError, mPoolReady,
 	mRequests, mRewrites, mFallback, mLocalReplies, mXDSSnapshots, mXDSFailures, mXDSAcks, mXDSNacks, mXDSStreams,
 	mConsulUp, mConsulInst, mConsulLastSync, mObjRequests, mObjErrors, mObjRunning, mDecision,
 	mPrefixSize, mPrefixBytes, mPrefixPrompt, mPrefixMatched, mPoolSaturated, mGuardHeld, mGuardStarts, mNodeUnreach,
-	mReplicas, mPeerSharing, mPeerDropped, mPeerLag, mPeerPicks, mTLSRejected, mTLSExpiry, mTLSReloads,
+	mReplicas, mPeerSharing, mPeerDropped, mPeerLag, mPeerPicks, mPeerReadings, mTLSRejected, mTLSExpiry, mTLSReloads,
 	mFCSaturation, mFCQueueSize, mFCQueueBytes, mFCQueueWait, mAdmDispatched, mAdmRejected, mAdmCancelled,
 	mObjTTFT, mObjTPOT, mObjDuration, mObjNTPOT, mEpTTFT, mEpTPOT, mEpDuration, mDecisionRecs, mDecisionDrops,
-	mKVExact, mKVConnected, mKVBlocks, mKVBatches, mKVGaps, mKVReplayed, mKVLost, mKVRestarts, mKVPredicted, mKVTokenize, mKVTokSecs, mPDDecisions}
+	mKVExact, mKVConnected, mKVBlocks, mKVBatches, mKVGaps, mKVReplayed, mKVLost, mKVRestarts, mKVPredicted, mKVTokenize, mKVTokCalls, mKVTokVerified, mKVTokSecs, mPDDecisions}
 
 // tlsZeroReasons are the rejection reasons exported as 0 before any
 // happens, so alerts on rate() see the counter from the start.
@@ -178,12 +181,19 @@ func collect(r *Report, now time.Time, ch chan<- prometheus.Metric) {
 				counter(mKVPredicted, float64(kv.PredictionsAgreed), p.Name, e.Address, "agree")
 				counter(mKVPredicted, float64(kv.PredictionsOver), p.Name, e.Address, "over")
 				counter(mKVPredicted, float64(kv.PredictionsUnder), p.Name, e.Address, "under")
+				counter(mKVPredicted, float64(kv.PredictionsBounded), p.Name, e.Address, "bound")
 			}
 		}
 		if tok := p.KVTokenize; tok != nil {
 			counter(mKVTokenize, float64(tok.Hits), p.Name, "hit")
-			counter(mKVTokenize, float64(tok.Calls-tok.Failures), p.Name, "call")
-			counter(mKVTokenize, float64(tok.Failures), p.Name, "failure")
+			counter(mKVTokenize, float64(tok.PrefixHits), p.Name, "prefix")
+			counter(mKVTokenize, float64(tok.Misses), p.Name, "miss")
+			counter(mKVTokenize, float64(tok.Unkeyed), p.Name, "unkeyed")
+			counter(mKVTokCalls, float64(tok.Calls-tok.Failures), p.Name, "ok")
+			counter(mKVTokCalls, float64(tok.Failures), p.Name, "failure")
+			counter(mKVTokCalls, float64(tok.Dropped), p.Name, "dropped")
+			counter(mKVTokVerified, float64(tok.Verified-tok.Mismatches), p.Name, "agree")
+			counter(mKVTokVerified, float64(tok.Mismatches), p.Name, "mismatch")
 			counter(mKVTokSecs, tok.CallSeconds, p.Name)
 		}
 		gauge(mPoolReady, float64(ready), p.Name)
@@ -272,6 +282,7 @@ func collect(r *Report, now time.Time, ch chan<- prometheus.Metric) {
 
 	gauge(mReplicas, float64(max(len(r.Replicas), 1)))
 	counter(mPeerPicks, float64(pk.PeerPicks))
+	counter(mPeerReadings, float64(pk.PeerReadings))
 	// Every peer label is the replica's one name (Report.Replicas' ID).
 	for _, p := range r.Peers {
 		name := peerName(r.Replicas, p.Address, p.ID)

@@ -107,7 +107,11 @@ func TestCollectorReadsTheReport(t *testing.T) {
 		{"KV restarts", "switchyard_kv_events_engine_restarts_total", map[string]string{"endpoint": "10.0.0.1:8000"}, 1},
 		{"KV losses", "switchyard_kv_events_lost_total", map[string]string{"endpoint": "10.0.0.2:8000"}, 1},
 		{"predictions checked", "switchyard_kv_events_predictions_total", map[string]string{"endpoint": "10.0.0.1:8000", "result": "agree"}, 95},
-		{"tokenize calls", "switchyard_kv_tokenize_requests_total", map[string]string{"pool": "llama", "result": "call"}, 10},
+		{"bounds met", "switchyard_kv_events_predictions_total", map[string]string{"endpoint": "10.0.0.1:8000", "result": "bound"}, 40},
+		{"tokenize calls", "switchyard_kv_tokenize_calls_total", map[string]string{"pool": "llama", "result": "ok"}, 10},
+		{"tokenize prefix hits", "switchyard_kv_tokenize_requests_total", map[string]string{"pool": "llama", "result": "prefix"}, 120},
+		{"tokenize misses", "switchyard_kv_tokenize_requests_total", map[string]string{"pool": "llama", "result": "miss"}, 14},
+		{"prefixes checked", "switchyard_kv_tokenize_verified_total", map[string]string{"pool": "llama", "result": "mismatch"}, 1},
 		{"tokenize hits", "switchyard_kv_tokenize_requests_total", map[string]string{"pool": "llama", "result": "hit"}, 30},
 	}
 	for _, c := range checks {

@@ -207,7 +207,7 @@ func build(in *inputs) *Report {
 		Ready:           in.ready,
 		NotReady:        in.notReady,
 		Picker: Picker{Requests: ps.Requests, Picked: ps.Picked, Rewritten: ps.Rewritten,
-			FallbackServed: ps.FallbackServed, ResponseBodies: ps.ResponseBodies, PeerPicks: ps.PeerPicks, Rejected: ps.Rejected},
+			FallbackServed: ps.FallbackServed, ResponseBodies: ps.ResponseBodies, PeerPicks: ps.PeerPicks, PeerReadings: ps.PeerReadings, Rejected: ps.Rejected},
 		ReplicaID: in.replicaID,
 		Replicas:  replicas(st.Replicas, in.replicaID, in.pickerAddr, in.mesh, in.nodes, in.peers),
 		Envoys:    []Envoy{},
@@ -348,7 +348,9 @@ func pools(in *inputs) []Pool {
 		}
 		var tok *KVTokenize
 		if ts, ok := in.kvTokenize[name]; ok {
-			tok = &KVTokenize{Hits: ts.Hits, Calls: ts.Calls, Failures: ts.Failures, CallSeconds: ts.CallSeconds, CachedTokens: ts.CachedTokens}
+			tok = &KVTokenize{Hits: ts.Hits, PrefixHits: ts.PrefixHits, Misses: ts.Misses, Unkeyed: ts.Unkeyed, Calls: ts.Calls,
+				Failures: ts.Failures, Dropped: ts.Dropped, CallSeconds: ts.CallSeconds, Verified: ts.Verified, Mismatches: ts.Mismatches,
+				Unstable: ts.Unstable, CachedTokens: ts.CachedTokens}
 		}
 		pool := Pool{Name: name, Engine: string(p.Engine), FailureMode: string(p.FailureMode), KVTokenize: tok,
 			Saturated: in.saturated[name], Guard: guards[name], Endpoints: eps,
@@ -372,7 +374,8 @@ func kvEventsOf(ks kvevents.Status) *KVEvents {
 	out := &KVEvents{State: ks.State.String(), Exact: ks.State == kvevents.Synced, Connected: ks.Connected, LastSeq: ks.LastSeq,
 		Blocks: ks.Server.Blocks, Media: ks.Server.Media, Batches: ks.Server.Batches, Gaps: ks.Gaps, Replayed: ks.Replayed,
 		Lost: ks.Lost, Restarts: ks.Restarts, DecodeErrors: ks.DecodeErrors, Orphans: ks.Server.Orphans, LastError: ks.LastError,
-		PredictionsAgreed: ks.Server.Agreed, PredictionsOver: ks.Server.Over, PredictionsUnder: ks.Server.Under}
+		PredictionsAgreed: ks.Server.Agreed, PredictionsOver: ks.Server.Over, PredictionsUnder: ks.Server.Under,
+		PredictionsBounded: ks.Server.Bounded}
 	if !ks.LastMessage.IsZero() {
 		t := ks.LastMessage.UTC()
 		out.LastMessage = &t

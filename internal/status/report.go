@@ -287,22 +287,34 @@ type KVEvents struct {
 	DecodeErrors int64 `json:"decode_errors"`
 	Orphans      int64 `json:"orphans"`
 	// Predictions checked against the cached tokens the server reported:
-	// equal, over, under.
-	PredictionsAgreed int64      `json:"predictions_agreed"`
-	PredictionsOver   int64      `json:"predictions_over"`
-	PredictionsUnder  int64      `json:"predictions_under"`
-	LastMessage       *time.Time `json:"last_message,omitempty"`
-	LastError         string     `json:"last_error,omitempty"`
+	// exact ones equal, over, under; lower bounds (a stable prefix the
+	// server held in full) met.
+	PredictionsAgreed  int64      `json:"predictions_agreed"`
+	PredictionsOver    int64      `json:"predictions_over"`
+	PredictionsUnder   int64      `json:"predictions_under"`
+	PredictionsBounded int64      `json:"predictions_bounded"`
+	LastMessage        *time.Time `json:"last_message,omitempty"`
+	LastError          string     `json:"last_error,omitempty"`
 }
 
 // KVTokenize is a pool's request tokenization for the exact prefix index
-// (the servers' /tokenize, cached).
+// (the servers' /tokenize, cached, called in the background): how
+// requests were keyed (their whole prompt, a stable prefix, neither yet,
+// no stable prefix), the calls, the prefixes checked against whole
+// prompts and the models whose prefixes are not used.
 type KVTokenize struct {
-	Hits         int64   `json:"cache_hits"`
-	Calls        int64   `json:"calls"`
-	Failures     int64   `json:"failures"`
-	CallSeconds  float64 `json:"call_seconds"`
-	CachedTokens int     `json:"cached_tokens"`
+	Hits         int64    `json:"cache_hits"`
+	PrefixHits   int64    `json:"prefix_hits"`
+	Misses       int64    `json:"misses"`
+	Unkeyed      int64    `json:"unkeyed"`
+	Calls        int64    `json:"calls"`
+	Failures     int64    `json:"failures"`
+	Dropped      int64    `json:"dropped"`
+	CallSeconds  float64  `json:"call_seconds"`
+	Verified     int64    `json:"verified"`
+	Mismatches   int64    `json:"mismatches"`
+	Unstable     []string `json:"unstable_models,omitempty"`
+	CachedTokens int      `json:"cached_tokens"`
 }
 
 // Model is one model name a request may use.
@@ -331,6 +343,9 @@ type Picker struct {
 	ResponseBodies int64 `json:"response_body_messages"`
 	// PeerPicks counts the picks the other replicas shared with this one.
 	PeerPicks int64 `json:"peer_picks"`
+	// PeerReadings counts the scrape readings the other replicas shared
+	// that this one published.
+	PeerReadings int64 `json:"peer_readings"`
 	// Rejected counts the picker's local replies by HTTP status.
 	Rejected map[int]int64 `json:"rejected"`
 }

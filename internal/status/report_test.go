@@ -60,7 +60,7 @@ func sample() *inputs {
 			Interval: time.Second, MaxAge: 3 * time.Second, Cost: 3300 * time.Microsecond, PageBytes: 48380, Filter: metrics.FilterIgnored}
 	}
 	ps := picker.Stats{
-		Version: 7, Requests: 100, Picked: 90, Rewritten: 5, FallbackServed: 2, ResponseBodies: 40, PeerPicks: 30,
+		Version: 7, Requests: 100, Picked: 90, Rewritten: 5, FallbackServed: 2, ResponseBodies: 40, PeerPicks: 30, PeerReadings: 12,
 		Rejected: map[int]int64{404: 3, 503: 1},
 		Endpoints: []picker.EndpointStats{
 			// Healthy, scraped, models from its server, LoRA state.
@@ -145,10 +145,11 @@ func sample() *inputs {
 		allowedSANs: []string{"envoy.internal"},
 		kvEvents: map[metrics.Key]kvevents.Status{
 			{Pool: "llama", Address: "10.0.0.1:8000"}: {State: kvevents.Synced, Connected: true, LastSeq: 41, Gaps: 2, Replayed: 3, Restarts: 1,
-				Server: kvevents.ServerStats{Blocks: 120, Batches: 42, Media: map[string]int{"CPU": 7}, Agreed: 95, Over: 3, Under: 2}, LastMessage: t0.Add(-time.Second)},
+				Server: kvevents.ServerStats{Blocks: 120, Batches: 42, Media: map[string]int{"CPU": 7}, Agreed: 95, Over: 3, Under: 2, Bounded: 40}, LastMessage: t0.Add(-time.Second)},
 			{Pool: "llama", Address: "10.0.0.2:8000"}: {State: kvevents.Partial, Connected: true, LastSeq: 9, Lost: 1, LastError: "batches 3-5 are no longer in the engine's replay buffer"},
 		},
-		kvTokenize: map[string]kvevents.TokenizerStats{"llama": {Hits: 30, Calls: 12, Failures: 2, CallSeconds: 0.06, CachedTokens: 5000}},
+		kvTokenize: map[string]kvevents.TokenizerStats{"llama": {Hits: 30, PrefixHits: 120, Misses: 14, Unkeyed: 3, Calls: 12, Failures: 2, Dropped: 1,
+			CallSeconds: 0.06, Verified: 9, Mismatches: 1, Unstable: []string{"mistral (chat)"}, CachedTokens: 5000}},
 		store: &storeInputs{path: "/var/lib/switchyard/switchyard.db", lastErr: errors.New("disk full"),
 			restored: picker.WarmStats{PrefixEndpoints: 2, PrefixBlocks: 30, Sessions: 4, Failing: 1}, saves: 12, lastSave: t0.Add(-time.Second)},
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/switchyard/switchyard/internal/realvllm"
 )
@@ -19,11 +20,16 @@ func chatBody(n int, question string) []byte {
 }
 
 // BenchmarkPrepareCached is the exact index's per-request cost when the
-// prompt's tokens are cached: parse the body, find its tokens, key them
-// and match 16 servers, each holding part of it.
+// prompt's tokens are cached, as Manager.Prepare pays it: parse the body,
+// find its tokens (its stable prefix, the system prompt: "prefix"; or
+// the whole prompt: "whole"), key them and match 16 servers, each holding
+// part of it.
 func BenchmarkPrepareCached(b *testing.B) {
 	f := newFakeTokenizeServer(b)
-	tok := NewTokenizer(TokenizerOptions{})
+	// One check against the whole prompt (the warm-up's), then none: a
+	// checked prompt's whole tokens would be cached too.
+	tok := NewTokenizer(TokenizerOptions{VerifyFirst: 1, VerifyEvery: 1 << 30})
+	b.Cleanup(tok.Close)
 	x := NewIndex()
 	body := chatBody(1500, "what now?")
 	p := Prompt{Model: "tiny", Chat: true, Body: body}
@@ -32,6 +38,15 @@ func BenchmarkPrepareCached(b *testing.B) {
 	ids, err := tok.Tokenize(ctx, servers, p)
 	if err != nil {
 		b.Fatal(err)
+	}
+	// The system prompt's tokens, cached by a first request's background
+	// call.
+	other := Prompt{Model: "tiny", Chat: true, Body: chatBody(1500, "another question")}
+	for {
+		if t, err := tok.Lookup(servers, other); err == nil && t.Prefix {
+			break
+		}
+		time.Sleep(time.Millisecond)
 	}
 	var addrs []string
 	for i := range 16 {
@@ -42,19 +57,27 @@ func BenchmarkPrepareCached(b *testing.B) {
 		n := min(16*(i+1), len(ids.IDs)/16)
 		apply(s, storeRun(ids.IDs, 16, 0, n, engineHashes(ids.IDs, 16, uint64(i)), ""))
 	}
-	n, ok := make([]int, len(addrs)), make([]bool, len(addrs))
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for b.Loop() {
-		t, err := tok.Tokenize(ctx, servers, p)
-		if err != nil {
-			b.Fatal(err)
-		}
-		q := x.NewQuery(t.IDs, t.Adapter, t.Salt)
-		q.CachedTokens(addrs, n, ok)
-		q.Release()
+	third := Prompt{Model: "tiny", Chat: true, Body: chatBody(1500, "a third question")}
+	for _, c := range []struct {
+		name string
+		p    Prompt
+	}{{"prefix", third}, {"whole", p}} {
+		b.Run(c.name, func(b *testing.B) {
+			n, ok := make([]int, len(addrs)), make([]bool, len(addrs))
+			b.SetBytes(int64(len(c.p.Body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				t, err := tok.Lookup(servers, c.p)
+				if err != nil || t.Prefix != (c.name == "prefix") {
+					b.Fatal(err, t.Prefix)
+				}
+				q := x.NewQuery(t.IDs, t.Adapter, t.Salt)
+				q.CachedTokens(addrs, n, ok)
+				q.Release()
+			}
+			b.ReportMetric(float64(len(ids.IDs)), "tokens")
+		})
 	}
-	b.ReportMetric(float64(len(ids.IDs)), "tokens")
 }
 
 // BenchmarkRealVLLMTokenize is what a prompt the cache does not have

@@ -33,8 +33,25 @@ func (h *holders) empty() bool {
 type shard struct {
 	mu sync.RWMutex
 	m  map[uint64]holders
-	_  [40]byte // keep neighbouring shards' locks on separate cache lines
+	// pend holds the keys of requests routed to servers whose events
+	// have not announced them yet (see Query.Routed), until they expire.
+	pend    map[pendKey]int64
+	sweepAt int
+	_       [24]byte // keep neighbouring shards' locks on separate cache lines
 }
+
+// pendKey is a block key on its way to a server; the map holds until
+// when (Unix nanoseconds).
+type pendKey struct {
+	key uint64
+	id  uint16
+}
+
+// PendingFor is how long a request routed to a server counts as putting
+// its prompt's blocks there before the server's events announce them:
+// long enough for its queue wait and prefill, short enough that a failed
+// request misleads little.
+const PendingFor = 10 * time.Second
 
 // Index is the exact residency of a pool's servers' KV caches, as their
 // events tell it: which block keys (see AppendKeys) each server holds in
@@ -60,6 +77,7 @@ func NewIndex() *Index {
 	x := &Index{}
 	for i := range x.shards {
 		x.shards[i].m = map[uint64]holders{}
+		x.shards[i].pend = map[pendKey]int64{}
 	}
 	x.table.Store(&serverTable{byName: map[string]*Server{}})
 	return x
@@ -67,12 +85,17 @@ func NewIndex() *Index {
 
 func (x *Index) shardOf(k uint64) *shard { return &x.shards[k>>(64-shardBits)] }
 
+// setHolder records that server id holds k's block: it is no longer on
+// its way there.
 func (x *Index) setHolder(k uint64, id uint16) {
 	s := x.shardOf(k)
 	s.mu.Lock()
 	h := s.m[k]
 	h[id/64] |= 1 << (id % 64)
 	s.m[k] = h
+	if len(s.pend) > 0 {
+		delete(s.pend, pendKey{k, id})
+	}
 	s.mu.Unlock()
 }
 
@@ -96,6 +119,60 @@ func (x *Index) holdersOf(k uint64) (holders, bool) {
 	h, ok := s.m[k]
 	s.mu.RUnlock()
 	return h, ok
+}
+
+// holdersAt is holdersOf, plus which of the servers in want k's block
+// is pending on at now (Unix nanoseconds).
+func (x *Index) holdersAt(k uint64, want *holders, now int64) (held, pend holders) {
+	s := x.shardOf(k)
+	s.mu.RLock()
+	held = s.m[k]
+	if len(s.pend) > 0 {
+		for w := range want {
+			for rest := want[w] &^ held[w]; rest != 0; rest &= rest - 1 {
+				id := uint16(w*64 + bits.TrailingZeros64(rest))
+				if s.pend[pendKey{k, id}] > now {
+					pend[w] |= 1 << (id % 64)
+				}
+			}
+		}
+	}
+	s.mu.RUnlock()
+	return held, pend
+}
+
+// setPending marks keys' blocks as on their way to server id until
+// until.
+func (x *Index) setPending(keys []uint64, id uint16, until int64) {
+	for _, k := range keys {
+		s := x.shardOf(k)
+		s.mu.Lock()
+		s.pend[pendKey{k, id}] = until
+		if len(s.pend) >= s.sweepAt {
+			now := time.Now().UnixNano()
+			for pk, u := range s.pend {
+				if u <= now {
+					delete(s.pend, pk)
+				}
+			}
+			s.sweepAt = 2*len(s.pend) + 256
+		}
+		s.mu.Unlock()
+	}
+}
+
+// clearPending forgets every pending block of server id.
+func (x *Index) clearPending(id uint16) {
+	for i := range x.shards {
+		s := &x.shards[i]
+		s.mu.Lock()
+		for pk := range s.pend {
+			if pk.id == id {
+				delete(s.pend, pk)
+			}
+		}
+		s.mu.Unlock()
+	}
 }
 
 // Server returns the server called name, creating it if needed; nil when
@@ -217,8 +294,9 @@ type Server struct {
 	// full-block BlockStored).
 	blockSize atomic.Int32
 
-	// Predictions checked against what the server reported (Observe).
-	agreed, over, under atomic.Int64
+	// Predictions checked against what the server reported (Observe,
+	// ObserveBound).
+	agreed, over, under, bounded atomic.Int64
 
 	mu      sync.Mutex
 	removed bool
@@ -260,10 +338,11 @@ type ServerStats struct {
 	Orphans, UnknownRemoved int64
 	// LastEvent is when the latest batch was applied.
 	LastEvent time.Time
-	// Agreed, Over and Under count the predictions checked against the
-	// cached tokens the server then reported (Index.Observe): equal, more
-	// than it had, less.
-	Agreed, Over, Under int64
+	// Agreed, Over and Under count the exact predictions checked against
+	// the cached tokens the server then reported (Index.Observe): equal,
+	// more than it had, less. Bounded counts lower bounds it met
+	// (ObserveBound; a bound it did not meet counts in Over).
+	Agreed, Over, Under, Bounded int64
 }
 
 func newServer(x *Index, name string, id uint16) *Server {
@@ -288,7 +367,7 @@ func (s *Server) Stats() ServerStats {
 	defer s.mu.Unlock()
 	st := s.stats
 	st.Blocks, st.Keys = len(s.gpu), len(s.keyRefs)
-	st.Agreed, st.Over, st.Under = s.agreed.Load(), s.over.Load(), s.under.Load()
+	st.Agreed, st.Over, st.Under, st.Bounded = s.agreed.Load(), s.over.Load(), s.under.Load(), s.bounded.Load()
 	st.Media = map[string]int{}
 	for m, blocks := range s.other {
 		if len(blocks) > 0 {
@@ -312,6 +391,7 @@ func (s *Server) clearLocked() {
 	for k := range s.keyRefs {
 		s.x.clearHolder(k, s.id)
 	}
+	s.x.clearPending(s.id)
 	clear(s.keyRefs)
 	clear(s.gpu)
 	clear(s.other)
@@ -485,6 +565,20 @@ func (x *Index) Observe(addr string, predicted, actual int) {
 	}
 }
 
+// ObserveBound checks a lower bound (Query.Bounded) against what the
+// server then reported: met when it reported at least that much, over
+// otherwise.
+func (x *Index) ObserveBound(addr string, predicted, actual int) {
+	s := x.Lookup(addr)
+	switch {
+	case s == nil:
+	case actual >= predicted:
+		s.bounded.Add(1)
+	default:
+		s.over.Add(1)
+	}
+}
+
 // Holds reports whether the server's GPU cache holds a block with key k.
 func (s *Server) Holds(k uint64) bool {
 	h, ok := s.x.holdersOf(k)
@@ -492,10 +586,12 @@ func (s *Server) Holds(k uint64) bool {
 }
 
 // matchInto sets out[i] to how many leading keys servers[i] holds (its
-// longest cached prefix, in blocks); nil servers get 0. It walks the
+// longest cached prefix, in blocks), counting blocks pending on it at now
+// (Unix nanoseconds; see Query.Routed); nil servers get 0. It walks the
 // chain once, intersecting the set of servers still matching with each
-// key's holders.
-func (x *Index) matchInto(keys []uint64, servers []*Server, out []int) {
+// key's holders. It returns the servers whose count includes pending
+// blocks.
+func (x *Index) matchInto(keys []uint64, servers []*Server, out []int, now int64) (tentative holders) {
 	clear(out[:len(servers)])
 	if len(keys) == 0 {
 		return
@@ -509,13 +605,11 @@ func (x *Index) matchInto(keys []uint64, servers []*Server, out []int) {
 	active := want
 	n := 0
 	for ; n < len(keys); n++ {
-		h, ok := x.holdersOf(keys[n])
-		if !ok {
-			break
-		}
+		h, p := x.holdersAt(keys[n], &active, now)
 		next, alive := holders{}, false
 		for w := range active {
-			next[w] = active[w] & h[w]
+			next[w] = active[w] & (h[w] | p[w])
+			tentative[w] |= next[w] & p[w] &^ h[w]
 			alive = alive || next[w] != 0
 			// Servers that drop out here matched n blocks.
 			for gone := active[w] &^ next[w]; gone != 0; gone &= gone - 1 {
@@ -524,7 +618,7 @@ func (x *Index) matchInto(keys []uint64, servers []*Server, out []int) {
 		}
 		active = next
 		if !alive {
-			return
+			return tentative
 		}
 	}
 	for w := range active {
@@ -532,6 +626,7 @@ func (x *Index) matchInto(keys []uint64, servers []*Server, out []int) {
 			setMatched(servers, out, uint16(w*64+bits.TrailingZeros64(rest)), n)
 		}
 	}
+	return tentative
 }
 
 func setMatched(servers []*Server, out []int, id uint16, n int) {

@@ -238,8 +238,45 @@ func TestIndexObserve(t *testing.T) {
 	x.Observe("a", 0, 32)
 	x.Observe("a", 0, 0)
 	x.Observe("gone", 1, 2)
-	if st := x.Lookup("a").Stats(); st.Agreed != 2 || st.Over != 1 || st.Under != 1 {
+	x.ObserveBound("a", 32, 64)
+	x.ObserveBound("a", 32, 32)
+	x.ObserveBound("a", 32, 0)
+	if st := x.Lookup("a").Stats(); st.Agreed != 2 || st.Over != 2 || st.Under != 1 || st.Bounded != 2 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A Query that knows only a stable prefix of the prompt counts what each
+// server holds of it: exactly where the server holds part of the
+// prefix, at least the prefix's full blocks where it holds them all.
+func TestQueryPrefix(t *testing.T) {
+	x := NewIndex()
+	prompt := seqTokens(100, 40) // 10 blocks of 4
+	for i, name := range []string{"a", "b", "c"} {
+		s := x.Server(name)
+		s.SetState(Synced)
+		n := []int{6, 3, 10}[i]
+		apply(s, storeRun(prompt, 4, 0, n, engineHashes(prompt, 4, uint64(i)), ""))
+	}
+	known := prompt[:26] // 6 full blocks and 2 tokens
+	q := x.NewQuery(known, "", "")
+	q.prefix, q.total = true, 60
+	defer q.Release()
+	addrs := []string{"a", "b", "c"}
+	n, ok := make([]int, 3), make([]bool, 3)
+	q.CachedTokens(addrs, n, ok)
+	if !eq(n, []int{24, 12, 24}) || !ok[0] || !ok[1] || !ok[2] {
+		t.Fatalf("cached %v %v, want [24 12 24]", n, ok)
+	}
+	if !q.Bounded(n[0]) || q.Bounded(n[1]) || !q.Bounded(n[2]) || q.Tokens() != 60 || q.Known() != 26 || !q.Prefix() {
+		t.Fatalf("bounded %v %v %v, tokens %d known %d", q.Bounded(n[0]), q.Bounded(n[1]), q.Bounded(n[2]), q.Tokens(), q.Known())
+	}
+	// The same tokens as a whole prompt: the last token is computed.
+	whole := x.NewQuery(prompt[:24], "", "")
+	defer whole.Release()
+	whole.CachedTokens(addrs, n, ok)
+	if !eq(n, []int{20, 12, 20}) || whole.Bounded(n[0]) {
+		t.Fatalf("whole prompt: cached %v", n)
 	}
 }
 
@@ -285,3 +322,57 @@ func BenchmarkQuery(b *testing.B) {
 
 // A Query is what picker/sched consults as a request's exact view.
 var _ sched.CacheView = (*Query)(nil)
+
+// A request routed to a server counts its prompt's blocks as on their
+// way there (tentatively) until the server's events announce them, or
+// for PendingFor; a cleared server loses them.
+func TestQueryRoutedPending(t *testing.T) {
+	x := NewIndex()
+	a, b := x.Server("a"), x.Server("b")
+	for _, s := range []*Server{a, b} {
+		s.SetState(Synced)
+		// Both learn their block size from an unrelated store.
+		other := seqTokens(9000, 8)
+		apply(s, storeRun(other, 4, 0, 2, engineHashes(other, 4, 7), ""))
+	}
+	prompt := seqTokens(100, 21)
+	q := x.NewQuery(prompt, "", "")
+	n, ok := make([]int, 2), make([]bool, 2)
+	q.CachedTokens([]string{"a", "b"}, n, ok)
+	if n[0] != 0 || n[1] != 0 {
+		t.Fatalf("cached %v before routing", n)
+	}
+	q.Routed("a")
+	q.Release()
+
+	q = x.NewQuery(prompt, "", "")
+	defer q.Release()
+	q.CachedTokens([]string{"a", "b"}, n, ok)
+	if n[0] != 20 || n[1] != 0 || !q.Tentative("a") || q.Tentative("b") {
+		t.Fatalf("after routing to a: cached %v, tentative %v %v", n, q.Tentative("a"), q.Tentative("b"))
+	}
+	// The events announce the first 3 blocks: exact for those, pending
+	// for the rest.
+	apply(a, storeRun(prompt, 4, 0, 3, engineHashes(prompt, 4, 1), ""))
+	q.CachedTokens([]string{"a"}, n, ok)
+	if n[0] != 20 || !q.Tentative("a") {
+		t.Fatalf("partly stored: cached %d, tentative %v", n[0], q.Tentative("a"))
+	}
+	apply(a, storeRun(prompt, 4, 3, 5, engineHashes(prompt, 4, 1), ""))
+	q.CachedTokens([]string{"a"}, n, ok)
+	if n[0] != 20 || q.Tentative("a") {
+		t.Fatalf("stored: cached %d, tentative %v", n[0], q.Tentative("a"))
+	}
+	// Expired pending blocks count for nothing; a cleared server loses
+	// its pending ones.
+	q.CachedTokens([]string{"b"}, n, ok)
+	x.setPending(q.keysFor(4), b.id, time.Now().Add(-time.Second).UnixNano())
+	if q.CachedTokens([]string{"b"}, n, ok); n[0] != 0 {
+		t.Fatalf("expired pending blocks counted: %d", n[0])
+	}
+	q.Routed("b")
+	b.Clear()
+	if q.CachedTokens([]string{"b"}, n, ok); n[0] != 0 || q.Tentative("b") {
+		t.Fatalf("cleared server: %d", n[0])
+	}
+}

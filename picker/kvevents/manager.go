@@ -111,7 +111,16 @@ func (m *Manager) Sync(targets []Target) {
 				}
 				o := m.tokOpts
 				o.APIKey = t.APIKey
-				pe = &poolEntry{index: x, tok: NewTokenizer(o), key: t.APIKey}
+				if o.OnUnstable == nil {
+					pool, log := t.Pool, m.opts.Logger
+					o.OnUnstable = func(model string, chat bool) {
+						log.Warn("KV events: the model's stable prompt prefixes are not a prefix of its prompts' tokens (chat template or tokenizer); its requests are matched by whole prompts only",
+							"pool", pool, "model", model, "chat", chat)
+					}
+				}
+				tok := NewTokenizer(o)
+				tok.pool = t.Pool
+				pe = &poolEntry{index: x, tok: tok, key: t.APIKey}
 			}
 			pools[t.Pool] = pe
 		}
@@ -148,6 +157,11 @@ func (m *Manager) Sync(targets []Target) {
 		}()
 	}
 	m.pools.Store(&pools)
+	for name, pe := range old {
+		if pools[name] == nil || pools[name].tok != pe.tok {
+			pe.tok.Close()
+		}
+	}
 }
 
 // Index returns the pool's Index, or nil when none of its servers
@@ -171,23 +185,31 @@ func (m *Manager) Tokenizer(pool string) *Tokenizer {
 // ErrNoEvents: the pool has no server publishing KV events.
 var ErrNoEvents = errors.New("no KV events for the pool")
 
-// Prepare turns a request for pool into a Query of its Index: the
-// prompt tokenized as the engines tokenize it (asking one of servers,
-// the request's candidates, when the cache does not have it). The caller
-// consults the Query while scheduling and Releases it. It fails with
-// ErrNoEvents for a pool without events, ErrUnsupported for a request
-// that cannot be matched exactly, or the tokenizer's error; the caller
-// then uses its estimate alone.
-func (m *Manager) Prepare(ctx context.Context, pool string, servers []string, p Prompt) (*Query, error) {
+// Prepare turns a request for pool into a Query of its Index, without
+// waiting for any server: the prompt's token ids as the engines compute
+// them, from the pool's Tokenizer cache (Tokenizer.Lookup): the whole
+// prompt's, or its longest stable prefix's (the Query then tells what
+// each server holds of that prefix; Query.Bounded). When neither is
+// cached it fails with ErrPending and a background call to the least
+// busy of servers (the request's candidates) fetches the prefix for the
+// requests that follow. It also fails with ErrNoEvents for a pool
+// without events, ErrNoPrefix or ErrUnsupported for a request that
+// cannot be matched exactly; the caller then uses its estimate alone.
+// The caller consults the Query while scheduling and Releases it.
+func (m *Manager) Prepare(_ context.Context, pool string, servers []string, p Prompt) (*Query, error) {
 	pe := (*m.pools.Load())[pool]
 	if pe == nil {
 		return nil, ErrNoEvents
 	}
-	tok, err := pe.tok.Tokenize(ctx, servers, p)
+	tok, err := pe.tok.Lookup(servers, p)
 	if err != nil {
 		return nil, err
 	}
-	return pe.index.NewQuery(tok.IDs, tok.Adapter, tok.Salt), nil
+	q := pe.index.NewQuery(tok.IDs, tok.Adapter, tok.Salt)
+	if tok.Prefix {
+		q.prefix, q.total = true, tok.Total
+	}
+	return q, nil
 }
 
 // Status returns every stream's status, sorted by pool and address.
@@ -221,4 +243,7 @@ func (m *Manager) Stop() {
 	m.cancel()
 	m.mu.Unlock()
 	m.wg.Wait()
+	for _, pe := range *m.pools.Load() {
+		pe.tok.Close()
+	}
 }

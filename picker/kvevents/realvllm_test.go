@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -64,7 +67,9 @@ func (s *kvServer) start() {
 	cfg := fmt.Sprintf(`{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "ipc://%s", "replay_endpoint": "ipc://%s"}`, s.pub, s.replay)
 	args, env := realvllm.Command(realvllm.Dir(s.t), s.model, s.addr, realvllm.Options{
 		Adapter: vllmAdapter, GPUBlocks: vllmBlocks, BlockSize: vllmBlock, MaxModelLen: vllmMaxLen,
-		Extra: []string{"--kv-events-config", cfg},
+		// Requests may bring their own chat template (the unstable
+		// template subtest).
+		Extra: []string{"--kv-events-config", cfg, "--trust-request-chat-template"},
 	})
 	s.proc = testutil.StartNoCleanupEnv(s.t, "vllm "+s.addr, s.python, env, args...)
 	s.stopped = false
@@ -248,14 +253,63 @@ func (w *workload) next(i int) Prompt {
 	return Prompt{Model: model, Chat: chat, Body: body}
 }
 
-// predict is what the exact index says srv holds of p now (-1: not
-// exact).
+// wholeTokenizers are the tests' blocking tokenizers, one per Manager:
+// kept apart from the Manager's own, whose cache requests key.
+var wholeTokenizers sync.Map
+
+func wholeTokenizer(t *testing.T, m *Manager) *Tokenizer {
+	t.Helper()
+	tok, loaded := wholeTokenizers.LoadOrStore(m, NewTokenizer(TokenizerOptions{Timeout: 5 * time.Second}))
+	if !loaded {
+		t.Cleanup(func() { wholeTokenizers.Delete(m); tok.(*Tokenizer).Close() })
+	}
+	return tok.(*Tokenizer)
+}
+
+// thinkingTemplate is a chat template shaped like Qwen3's where prefix
+// stability is concerned: an assistant turn's reasoning (<think>...
+// </think>) is rendered only after the conversation's last user turn.
+const thinkingTemplate = `{%- set ns = namespace(last=-1) %}` +
+	`{%- for m in messages %}{%- if m['role'] == 'user' %}{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}` +
+	`{%- for m in messages %}{%- set c = m['content'] %}` +
+	`{%- if m['role'] == 'assistant' and loop.index0 < ns.last and '</think>' in c %}{%- set c = c.split('</think>')[-1].lstrip() %}{%- endif %}` +
+	"<|{{ m['role'] }}|>\n{{ c }}\n{%- endfor %}{%- if add_generation_prompt %}<|assistant|>\n{%- endif %}"
+
+// reasoningTurn is a three-turn conversation whose answers carry their
+// reasoning, under thinkingTemplate.
+func (w *workload) reasoningTurn(i int) Prompt {
+	msgs := []map[string]string{{"role": "system", "content": w.groups[i%len(w.groups)]}}
+	for k := range 3 {
+		msgs = append(msgs, map[string]string{"role": "user", "content": w.words(6, fmt.Sprint("q", k))})
+		if k < 2 {
+			msgs = append(msgs, map[string]string{"role": "assistant", "content": "<think>" + w.words(8, "hmm") + "</think>" + w.words(6, "a")})
+		}
+	}
+	b, _ := json.Marshal(map[string]any{"model": "tiny", "max_tokens": 2, "messages": msgs, "chat_template": thinkingTemplate})
+	return Prompt{Model: "tiny", Chat: true, Body: b}
+}
+
+// generating is request i of w with out output tokens: load that keeps
+// the engine busy.
+func (w *workload) generating(i, out int) Prompt {
+	p := w.next(i)
+	var m map[string]any
+	_ = json.Unmarshal(p.Body, &m)
+	m["max_tokens"] = out
+	p.Body, _ = json.Marshal(m)
+	return p
+}
+
+// predict is what the exact index says srv holds of p's whole prompt
+// now (-1: not exact), its tokens asked for and waited for (requests use
+// Prepare, which never waits).
 func predict(t *testing.T, m *Manager, srv string, p Prompt) int {
 	t.Helper()
-	q, err := m.Prepare(context.Background(), "p", []string{srv}, p)
+	tok, err := wholeTokenizer(t, m).Tokenize(context.Background(), []string{srv}, p)
 	if err != nil {
-		t.Fatalf("prepare: %v", err)
+		t.Fatalf("tokenize: %v", err)
 	}
+	q := m.Index("p").NewQuery(tok.IDs, tok.Adapter, tok.Salt)
 	defer q.Release()
 	n, ok := []int{0}, []bool{false}
 	q.CachedTokens([]string{srv}, n, ok)
@@ -306,8 +360,7 @@ func TestRealVLLMKVEvents(t *testing.T) {
 		if _, err := srv.generate(ctx, first); err != nil {
 			t.Fatal(err)
 		}
-		tok, _ := m.Tokenizer("p").Tokenize(ctx, []string{srv.addr}, first)
-		want := (len(tok.IDs) - 1) / vllmBlock * vllmBlock
+		want := (mustTokens(t, m, srv.addr, first) - 1) / vllmBlock * vllmBlock
 		waitPredict(t, m, srv.addr, first, want)
 		got, err := srv.generate(ctx, first)
 		if err != nil || got != want {
@@ -318,22 +371,36 @@ func TestRealVLLMKVEvents(t *testing.T) {
 	t.Run("agreement", func(t *testing.T) {
 		// Sequential, so that every prediction sees the events of every
 		// request before it; the cache holds ~2000 tokens, so the groups'
-		// prompts evict each other.
+		// prompts evict each other. Each request is predicted twice: as
+		// the picker routes it (Prepare: never waiting, keyed by its
+		// whole prompt or a stable prefix, or not yet: the estimate), and
+		// from its whole prompt's tokens, asked for and waited for (the
+		// index's own exactness).
 		const n = 240
 		type kind struct{ chat, adapter bool }
 		agree, total := map[kind]int{}, map[kind]int{}
 		var misses []string
 		var prepare []time.Duration
+		var routed [2]routeCounts // first and second half
 		evictionsBefore := cur().Server.Removed
 		for i := range n {
 			p := w.next(i + 2)
 			start := time.Now()
-			want := predict(t, m, srv.addr, p)
+			q, perr := m.Prepare(ctx, "p", []string{srv.addr}, p)
 			prepare = append(prepare, time.Since(start))
+			class, pred := routeEstimate, 0
+			if perr == nil {
+				pred, class = classify(q, srv.addr)
+				q.Release()
+			} else if !errors.Is(perr, ErrPending) {
+				t.Fatalf("prepare: %v", perr)
+			}
+			want := predict(t, m, srv.addr, p)
 			got, err := srv.generate(ctx, p)
 			if err != nil {
 				t.Fatal(err)
 			}
+			routed[2*i/n].add(class, pred, got)
 			k := kind{p.Chat, p.Model == vllmAdapter}
 			total[k]++
 			if got == want {
@@ -353,13 +420,26 @@ func TestRealVLLMKVEvents(t *testing.T) {
 		sort.Slice(prepare, func(i, j int) bool { return prepare[i] < prepare[j] })
 		ts := m.Tokenizer("p").Stats()
 		st := cur()
-		t.Logf("agreement %d/%d = %.1f%%; evictions %d; prepare p50 %v p90 %v; /tokenize calls %d (%d cache hits), mean %.2f ms",
-			sum, n, 100*float64(sum)/n, st.Server.Removed-evictionsBefore, prepare[n/2], prepare[n*9/10], ts.Calls, ts.Hits, 1000*ts.CallSeconds/float64(ts.Calls))
+		t.Logf("whole prompts: agreement %d/%d = %.1f%%; evictions %d", sum, n, 100*float64(sum)/n, st.Server.Removed-evictionsBefore)
+		for h, r := range routed {
+			t.Logf("as routed, %s half: %s", []string{"first", "second"}[h], r)
+		}
+		t.Logf("prepare p50 %v p99 %v max %v; tokenizer %+v (mean call %.2f ms)", prepare[n/2], prepare[n*99/100], prepare[n-1], ts, 1000*ts.CallSeconds/float64(max(ts.Calls, 1)))
 		for _, s := range misses {
 			t.Log(s)
 		}
 		if float64(sum) < 0.95*n {
-			t.Fatalf("the index agreed with vLLM's cached_tokens on %d of %d requests; want >= 95%%", sum, n)
+			t.Fatalf("the index agreed with vLLM's cached_tokens on %d of %d whole prompts; want >= 95%%", sum, n)
+		}
+		all := routed[0].plus(routed[1])
+		if all.exact() == 0 || float64(all.exactAgree) < 0.95*float64(all.exact()) || float64(all.boundMet) < 0.95*float64(all.bound) {
+			t.Fatalf("as routed: %s; want >= 95%% of exact predictions agreeing and of lower bounds met", all)
+		}
+		if late := routed[1]; float64(late.keyed()) < 0.8*float64(late.total()) {
+			t.Fatalf("second half: %s; want >= 80%% routed by the exact view", late)
+		}
+		if ts.Mismatches > 0 || len(ts.Unstable) > 0 {
+			t.Fatalf("stable prefixes did not start their prompts: %+v", ts)
 		}
 		if st.Server.Removed == evictionsBefore {
 			t.Fatal("the workload evicted nothing: no cache pressure")
@@ -488,6 +568,139 @@ func TestRealVLLMKVEvents(t *testing.T) {
 			one.batches, one.zmq.Round(time.Microsecond), nine.zmq.Round(time.Microsecond), one.total, nine.total, loadavg())
 	})
 
+	t.Run("unstable template", func(t *testing.T) {
+		// A chat template under which a conversation's first messages do
+		// not start its prompt (Qwen3's: an answer's reasoning is kept
+		// only after the last user turn) is found out by the check
+		// against whole prompts, through real vLLM's /tokenize, and the
+		// model is matched by whole prompts only.
+		tok := NewTokenizer(TokenizerOptions{Timeout: 5 * time.Second})
+		defer tok.Close()
+		servers := []string{srv.addr}
+		conv := newWorkload(13, 4)
+		for i := 0; ; i++ {
+			if st := tok.Stats(); len(st.Unstable) > 0 {
+				if !slices.Equal(st.Unstable, []string{"tiny (chat)"}) || st.Mismatches == 0 {
+					t.Fatalf("stats %+v", st)
+				}
+				t.Logf("found after %d requests: %+v", i, st)
+				break
+			}
+			if i > 40 {
+				t.Fatalf("unstable template not found: %+v", tok.Stats())
+			}
+			_, _ = tok.Lookup(servers, conv.reasoningTurn(i))
+			testutil.Eventually(t, 10*time.Second, "background calls done", func() error {
+				if tok.bg.busy() {
+					return errors.New("calls pending")
+				}
+				return nil
+			})
+		}
+	})
+
+	t.Run("tokenize cost", func(t *testing.T) {
+		// What keying requests costs them and the engine, on one seeded
+		// workload: the blocking path (the whole prompt's /tokenize
+		// before routing, when the cache does not hold it) against
+		// Lookup (stable prefixes, never waiting), each with a fresh
+		// cache. The time each request waits before it can be routed,
+		// with the engine idle between requests and with two other
+		// clients keeping it generating; the /tokenize calls; the API
+		// server's CPU time for the idle run.
+		api := srv.proc.Cmd.Process.Pid
+		rs := &realvllm.Server{Addr: srv.addr}
+		x := m.Index("p")
+		const n = 120
+		type result struct {
+			added []time.Duration
+			calls int64
+			cpu   time.Duration
+		}
+		run := func(blocking, busy bool) result {
+			if err := rs.ResetPrefixCache(ctx); err != nil {
+				t.Fatal(err)
+			}
+			tok := NewTokenizer(TokenizerOptions{Timeout: 5 * time.Second})
+			defer tok.Close()
+			bctx, stop := context.WithCancel(ctx)
+			var wg sync.WaitGroup
+			for g := range 2 {
+				if !busy {
+					break
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					bw := newWorkload(uint64(100+g), 4)
+					for i := 0; bctx.Err() == nil; i++ {
+						_, _ = srv.generate(bctx, bw.generating(i, 48))
+					}
+				}()
+			}
+			load := newWorkload(11, 8)
+			var r result
+			cpu0 := procCPU(t, api)
+			for i := range n {
+				p := load.next(i)
+				t0 := time.Now()
+				var tk Tokens
+				var err error
+				if blocking {
+					tk, err = tok.Tokenize(ctx, []string{srv.addr}, p)
+				} else {
+					tk, err = tok.Lookup([]string{srv.addr}, p)
+				}
+				if err == nil {
+					q := x.NewQuery(tk.IDs, tk.Adapter, tk.Salt)
+					classify(q, srv.addr)
+					q.Release()
+				}
+				r.added = append(r.added, time.Since(t0))
+				if _, err := srv.generate(ctx, p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r.cpu = procCPU(t, api) - cpu0
+			stop()
+			wg.Wait()
+			r.calls = tok.Stats().Calls
+			return r
+		}
+		q := func(d []time.Duration, p float64) time.Duration {
+			s := slices.Clone(d)
+			slices.Sort(s)
+			return s[min(int(p*float64(len(s))), len(s)-1)]
+		}
+		// One /tokenize's CPU on the API server, idle.
+		tok := NewTokenizer(TokenizerOptions{Timeout: 5 * time.Second, MaxCachedTokens: 1})
+		defer tok.Close()
+		per := newWorkload(12, 8)
+		cpu0 := procCPU(t, api)
+		for i := range 60 {
+			if _, err := tok.Tokenize(ctx, []string{srv.addr}, per.next(i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		perCall := (procCPU(t, api) - cpu0) / 60
+		for _, busy := range []bool{false, true} {
+			before, after := run(true, busy), run(false, busy)
+			state := "idle engine"
+			if busy {
+				state = "engine generating for two other clients"
+			}
+			t.Logf("%s, %d requests: waited before routing p50 %v p99 %v (blocking /tokenize, %d calls) vs p50 %v p99 %v (stable prefixes, %d background calls)",
+				state, n, q(before.added, 0.5), q(before.added, 0.99), before.calls, q(after.added, 0.5), q(after.added, 0.99), after.calls)
+			if !busy {
+				t.Logf("API server CPU: %v vs %v for the run (%v per request added by the blocking path); one /tokenize costs it %v idle (load %s)",
+					before.cpu, after.cpu, (before.cpu-after.cpu)/n, perCall, loadavg())
+			}
+			if after.calls >= before.calls {
+				t.Errorf("stable prefixes made %d /tokenize calls, the whole prompts %d: want fewer", after.calls, before.calls)
+			}
+		}
+	})
+
 	t.Run("engine restart", func(t *testing.T) {
 		kept := w.next(3000)
 		if _, err := srv.generate(ctx, kept); err != nil {
@@ -519,7 +732,7 @@ func TestRealVLLMKVEvents(t *testing.T) {
 
 func mustTokens(t *testing.T, m *Manager, srv string, p Prompt) int {
 	t.Helper()
-	tok, err := m.Tokenizer("p").Tokenize(context.Background(), []string{srv}, p)
+	tok, err := wholeTokenizer(t, m).Tokenize(context.Background(), []string{srv}, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -605,4 +818,132 @@ func zmqThreadsCPU(t *testing.T, pid int) time.Duration {
 func loadavg() string {
 	b, _ := os.ReadFile("/proc/loadavg")
 	return strings.TrimSpace(string(b))
+}
+
+// How a request was routed: by the estimate (its tokens not known yet),
+// by its whole prompt's tokens, or by a stable prefix's, exactly (the
+// server holds part of the prefix) or as a lower bound (all of it).
+type routeClass int
+
+const (
+	routeEstimate routeClass = iota
+	routeWhole
+	routePrefixExact
+	routeBound
+)
+
+// classify is what q predicts for srv, and of which class.
+func classify(q *Query, srv string) (int, routeClass) {
+	n, ok := []int{0}, []bool{false}
+	q.CachedTokens([]string{srv}, n, ok)
+	switch {
+	case !ok[0]:
+		return 0, routeEstimate
+	case !q.Prefix():
+		return n[0], routeWhole
+	case q.Bounded(n[0]):
+		return n[0], routeBound
+	}
+	return n[0], routePrefixExact
+}
+
+// routeCounts tallies predictions as routed against what vLLM reported.
+type routeCounts struct {
+	estimate, whole, prefixExact, bound int
+	// exactAgree: whole and prefix-exact predictions equal to vLLM's;
+	// boundMet: lower bounds vLLM reached, beyond them by beyond tokens.
+	exactAgree, boundMet, beyond int
+	misses                       []string
+}
+
+func (r *routeCounts) add(c routeClass, pred, got int) {
+	switch c {
+	case routeEstimate:
+		r.estimate++
+		return
+	case routeWhole:
+		r.whole++
+	case routePrefixExact:
+		r.prefixExact++
+	case routeBound:
+		r.bound++
+		if got >= pred {
+			r.boundMet++
+			r.beyond += got - pred
+		} else if len(r.misses) < 5 {
+			r.misses = append(r.misses, fmt.Sprintf("bound %d, vLLM %d", pred, got))
+		}
+		return
+	}
+	if got == pred {
+		r.exactAgree++
+	} else if len(r.misses) < 5 {
+		r.misses = append(r.misses, fmt.Sprintf("exact %d (%v), vLLM %d", pred, c, got))
+	}
+}
+
+func (r routeCounts) plus(o routeCounts) routeCounts {
+	return routeCounts{r.estimate + o.estimate, r.whole + o.whole, r.prefixExact + o.prefixExact, r.bound + o.bound,
+		r.exactAgree + o.exactAgree, r.boundMet + o.boundMet, r.beyond + o.beyond, append(r.misses, o.misses...)}
+}
+
+func (r routeCounts) exact() int { return r.whole + r.prefixExact }
+func (r routeCounts) keyed() int { return r.exact() + r.bound }
+func (r routeCounts) total() int { return r.keyed() + r.estimate }
+
+func (r routeCounts) String() string {
+	return fmt.Sprintf("%d requests: %d by the estimate, %d by the exact view (%.0f%%): %d exact predictions (%d whole prompts, %d prefixes held in part), %d agree; %d lower bounds (prefix held whole), %d met (vLLM had %.1f tokens more on average)%s",
+		r.total(), r.estimate, r.keyed(), 100*float64(r.keyed())/float64(max(r.total(), 1)), r.exact(), r.whole, r.prefixExact, r.exactAgree,
+		r.bound, r.boundMet, float64(r.beyond)/float64(max(r.boundMet, 1)), missText(r.misses))
+}
+
+func missText(m []string) string {
+	if len(m) == 0 {
+		return ""
+	}
+	return "; misses: " + strings.Join(m, ", ")
+}
+
+// TestRealVLLMChatPrefixes checks, with vLLM's own chat-rendering stack
+// (testdata/prefixcheck.py, in the real-vLLM venv), which chat templates
+// keep a conversation's first messages a prefix of its prompt's tokens:
+// the test model's, Llama 3.1's and Qwen2.5's always; Qwen3's not once
+// an answer carries reasoning (the check against whole prompts finds it:
+// subtest "unstable template" of TestRealVLLMKVEvents); Mistral's own
+// tokenizers refuse a conversation that does not end with the user's
+// message (the model is then matched by whole prompts only).
+func TestRealVLLMChatPrefixes(t *testing.T) {
+	python := realvllm.Require(t)
+	model := realvllm.EnsureModel(t, python)
+	cmd := exec.Command(python, filepath.Join("testdata", "prefixcheck.py"), model.Dir)
+	cmd.Env = append(os.Environ(), "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("prefixcheck.py: %v\n%s", err, out)
+	}
+	got := map[string]map[string]any{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		var r map[string]any
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		got[r["template"].(string)] = r
+		t.Logf("%s: stable %s of the message boundaries, %s with the system prompt alone, %s with all but the last message (the prefix warmed); first unstable: %v",
+			r["template"], r["all"], r["system"], r["warmed"], r["first_unstable"])
+	}
+	whole := func(frac string) bool {
+		a, b, _ := strings.Cut(frac, "/")
+		return a == b && a != "0"
+	}
+	for _, name := range []string{"tiny (the test model's own)", "Llama 3.1", "Qwen2.5"} {
+		if r := got[name]; r == nil || !whole(r["all"].(string)) {
+			t.Errorf("%s: %v, want every boundary stable", name, r)
+		}
+	}
+	if r := got["Qwen3, answers with reasoning"]; r == nil || whole(r["warmed"].(string)) {
+		t.Errorf("Qwen3 with reasoning: %v, want unstable warmed prefixes", r)
+	}
+	if r := got["Mistral tokenizer v7 tekken (mistral_common)"]; r == nil || r["warmed"] != "0/40" {
+		t.Errorf("Mistral's tokenizer: %v, want every prefix refused", r)
+	}
 }

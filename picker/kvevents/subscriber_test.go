@@ -13,12 +13,12 @@ const addr = "127.0.0.1:8000" // the server's name in its pool
 
 // engine is a fake engine publishing the stores of prompts it "computes".
 type engine struct {
-	t    *testing.T
+	t    testing.TB
 	pub  *Publisher
 	seed uint64 // its block hashes (a restarted engine may use others)
 }
 
-func newEngine(t *testing.T, opts PublisherOptions) *engine {
+func newEngine(t testing.TB, opts PublisherOptions) *engine {
 	t.Helper()
 	if opts.Endpoint == "" {
 		opts.Endpoint = "tcp://127.0.0.1:0"

@@ -13,17 +13,51 @@ import (
 )
 
 // fakeTokenizeServer answers /tokenize with one id per byte of the text
-// (chat: of the messages' JSON) and lists "ad" as an adapter.
+// (chat: each message rendered "<role>content\n", then "<assistant>"
+// unless add_generation_prompt is false) and lists "ad" as an adapter.
+// With systemLast, the chat template puts system messages after the
+// others (as some templates move the system prompt to the last turn):
+// a conversation's first messages are then not a prefix of it.
 type fakeTokenizeServer struct {
 	*httptest.Server
-	calls atomic.Int64
-	last  atomic.Pointer[map[string]any]
+	calls      atomic.Int64
+	last       atomic.Pointer[map[string]any]
+	systemLast atomic.Bool
+	// refuseEnd refuses (400) conversations whose last message is not
+	// the user's, as Mistral's own tokenizers do.
+	refuseEnd atomic.Bool
+	// gate, when set, holds every /tokenize until it is closed.
+	gate atomic.Pointer[chan struct{}]
+}
+
+// renderFake is the fake's chat template.
+func renderFake(req map[string]any, systemLast bool) string {
+	msgs, _ := req["messages"].([]any)
+	var head, sys strings.Builder
+	for _, m := range msgs {
+		mm, _ := m.(map[string]any)
+		role, _ := mm["role"].(string)
+		content, _ := mm["content"].(string)
+		if role == "system" && systemLast {
+			sys.WriteString("<" + role + ">" + content + "\n")
+			continue
+		}
+		head.WriteString("<" + role + ">" + content + "\n")
+	}
+	text := head.String() + sys.String()
+	if g, ok := req["add_generation_prompt"].(bool); !ok || g {
+		text += "<assistant>"
+	}
+	return text
 }
 
 func newFakeTokenizeServer(t testing.TB) *fakeTokenizeServer {
 	f := &fakeTokenizeServer{}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /tokenize", func(w http.ResponseWriter, r *http.Request) {
+		if g := f.gate.Load(); g != nil {
+			<-*g
+		}
 		f.calls.Add(1)
 		var req map[string]any
 		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
@@ -31,12 +65,17 @@ func newFakeTokenizeServer(t testing.TB) *fakeTokenizeServer {
 			return
 		}
 		f.last.Store(&req)
+		if msgs, ok := req["messages"].([]any); ok && f.refuseEnd.Load() {
+			if last, _ := msgs[len(msgs)-1].(map[string]any); last["role"] != "user" {
+				http.Error(w, `{"error":"Expected last role User"}`, 400)
+				return
+			}
+		}
 		text := ""
 		if p, ok := req["prompt"].(string); ok {
 			text = p
 		} else {
-			b, _ := json.Marshal(req["messages"])
-			text = string(b)
+			text = renderFake(req, f.systemLast.Load())
 		}
 		ids := make([]uint32, len(text))
 		for i := range text {
@@ -53,6 +92,15 @@ func newFakeTokenizeServer(t testing.TB) *fakeTokenizeServer {
 }
 
 func (f *fakeTokenizeServer) addr() string { return strings.TrimPrefix(f.URL, "http://") }
+
+// u32bytes turns the fake's ids back into its text.
+func u32bytes(ids []uint32) []byte {
+	b := make([]byte, len(ids))
+	for i, id := range ids {
+		b[i] = byte(id)
+	}
+	return b
+}
 
 func TestTokenizerAsksTheEngineAndCaches(t *testing.T) {
 	f := newFakeTokenizeServer(t)
@@ -83,7 +131,7 @@ func TestTokenizerAsksTheEngineAndCaches(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Adapter != "ad" || len(got.IDs) != len(`[{"content":"hi","role":"user"}]`) {
+	if got.Adapter != "ad" || string(u32bytes(got.IDs)) != "<user>hi\n" {
 		t.Fatalf("chat tokens %+v", got)
 	}
 	if req := *f.last.Load(); req["add_generation_prompt"] != false || req["temperature"] != nil {
@@ -95,7 +143,7 @@ func TestTokenizerAsksTheEngineAndCaches(t *testing.T) {
 		t.Fatalf("token ids: %+v %v", got, err)
 	}
 	// "hello" and the chat's ids are cached; ids passed in are not.
-	if st := tok.Stats(); st.Calls != 2 || st.Hits != 1 || st.Failures != 0 || st.CachedTokens != 5+len(`[{"content":"hi","role":"user"}]`) {
+	if st := tok.Stats(); st.Calls != 2 || st.Hits != 1 || st.Failures != 0 || st.CachedTokens != 5+len("<user>hi\n") {
 		t.Fatalf("stats %+v", st)
 	}
 }

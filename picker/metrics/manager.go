@@ -79,6 +79,14 @@ type Reading struct {
 	// Interval is the interval the scraper planned until its next
 	// scrape; a reading older than StaleIntervals of it is stale.
 	Interval time.Duration
+	// Cost, PageBytes and Filter describe the scrape as Snapshot's
+	// fields of the same names do (zero: unknown).
+	Cost      time.Duration
+	PageBytes int
+	Filter    FilterState
+	// Models are the server's served models when this scrape read them
+	// (every ModelsInterval; nil: not read this time).
+	Models []string
 }
 
 // FilterState says whether an endpoint honours the name[] filter.
@@ -142,8 +150,9 @@ type Snapshot struct {
 	PageBytes int
 	// Filter says whether the endpoint honours the name[] filter.
 	Filter FilterState
-	// From is the replica whose scrape this is ("" for this process's
-	// own).
+	// From is the replica whose scrape gave the Values ("" for this
+	// process's own): another replica's when it reads the endpoint for
+	// this one (Manager.SetReplicas).
 	From string
 	// ServedModels are the model names the server's GET /v1/models lists
 	// (its served model names and LoRA adapters), refreshed every
@@ -248,8 +257,9 @@ type Options struct {
 	// not block.
 	OnScrape func(*Snapshot)
 	// OnReading, if set, is called with every scrape this process made
-	// (successful or not), after it is published: what a replica that
-	// owns the endpoint would pass on to the others. It must not block.
+	// (successful or not), after it is published: what it passes on to
+	// the replicas it reads endpoints with (SetReplicas). It must not
+	// block.
 	OnReading func(Key, Reading)
 	Logger    *slog.Logger
 	// MaxParallelParses bounds the pages parsed at once (0: GOMAXPROCS-1,
@@ -322,8 +332,9 @@ func NewHTTPClient() *http.Client {
 // How often: an endpoint in use is read every Interval, an idle one every
 // IdleInterval (and at once when the picker sends it something), never
 // more often than the engine budget allows, less often while it fails.
-// Which: every endpoint, unless SetOwner says another replica reads it
-// (its readings then come in through Ingest).
+// Which: every endpoint, unless SetReplicas names replicas it shares the
+// reading with; then those it owns (its readings of the others come in
+// through Ingest), and those whose readings stop coming (share.go).
 type Manager struct {
 	opts Options
 	// parsing holds one token per page being parsed.
@@ -339,8 +350,8 @@ type Manager struct {
 	// scrapers is how many processes scrape each endpoint (the engine
 	// budget is shared among them).
 	scrapers atomic.Int32
-	// owns says which endpoints this process scrapes (nil: all).
-	owns atomic.Pointer[func(Key) bool]
+	// ring is who reads endpoints together (nil: this process alone).
+	ring atomic.Pointer[ring]
 	// schemas are the parsers' shared parts by engine and overrides
 	// (guarded by mu): endpoints alike share one.
 	schemas map[string]*schema
@@ -372,29 +383,13 @@ func (m *Manager) SetScrapers(n int) {
 	m.scrapers.Store(int32(max(n, 1)))
 }
 
-// SetOwner sets which endpoints this process scrapes: those for which
-// owns returns true (nil: every one). The others are not scraped; their
-// snapshots come from Ingest, and turn stale when nothing comes. Every
-// endpoint re-examines its ownership at once.
-func (m *Manager) SetOwner(owns func(Key) bool) {
-	if owns == nil {
-		m.owns.Store(nil)
-	} else {
-		m.owns.Store(&owns)
-	}
-	for _, w := range *m.view.Load() {
-		w.wake()
-	}
-}
-
-func (m *Manager) owned(k Key) bool {
-	f := m.owns.Load()
-	return f == nil || (*f)(k)
-}
-
-// Ingest publishes a reading of k made elsewhere (by the replica that
-// owns k), as if this process had scraped it; from names that replica.
-// It fails for an endpoint not in the scraped set.
+// Ingest takes a reading of k made elsewhere, by the replica named from.
+// It is published as if this process had scraped it, unless this process
+// reads k itself (as its owner, or standing in, until a reading from a
+// replica ranked before it comes) or already shows a later one. A failed
+// reading is never published: when it comes from a replica ranked before
+// this one, this process reads k itself to see (share.go). It fails for
+// an endpoint not in the scraped set.
 func (m *Manager) Ingest(k Key, from string, r Reading) error {
 	w := (*m.view.Load())[k]
 	if w == nil {

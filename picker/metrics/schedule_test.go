@@ -234,7 +234,11 @@ func TestOwnershipAndIngest(t *testing.T) {
 	if readings.Load() == 0 {
 		t.Error("OnReading not called for own scrapes")
 	}
-	m.SetOwner(func(Key) bool { return false })
+	owner := peerAhead(k, "me")
+	m.SetReplicas("me", []string{owner})
+	if got := m.Owner(k); got != owner {
+		t.Fatalf("Owner = %q, want %q", got, owner)
+	}
 	// Wait until a scrape in progress has finished, then no more come.
 	var before int64
 	testutil.Eventually(t, 5*time.Second, "scraping stopped", func() error {
@@ -246,26 +250,36 @@ func TestOwnershipAndIngest(t *testing.T) {
 		return nil
 	})
 	at := time.Now()
-	if err := m.Ingest(k, "replica-b", Reading{At: at, Values: Values{Waiting: 9, Running: 1}, Interval: time.Second}); err != nil {
+	if err := m.Ingest(k, owner, Reading{At: at, Values: Values{Waiting: 9, Running: 1}, Interval: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	s := m.Get(k)
-	if s.Waiting != 9 || s.From != "replica-b" || !s.LastSuccess.Equal(at) || s.MaxAge != 3*time.Second {
+	if s.Waiting != 9 || s.From != owner || !s.LastSuccess.Equal(at) || s.MaxAge != 3*time.Second {
 		t.Fatalf("ingested snapshot %+v", s)
 	}
 	if !s.Fresh(at.Add(time.Second)) || s.Fresh(at.Add(3*time.Second+time.Millisecond)) {
 		t.Error("an ingested reading must turn stale after StaleIntervals of its interval")
 	}
-	if err := m.Ingest(Key{Pool: "p", Address: "127.0.0.1:1"}, "replica-b", Reading{At: at}); err == nil {
+	if err := m.Ingest(Key{Pool: "p", Address: "127.0.0.1:1"}, owner, Reading{At: at}); err == nil {
 		t.Error("Ingest for an endpoint not scraped here must fail")
 	}
 	if n := srv.hits.Load(); n != before {
 		t.Errorf("scraped %d times while another replica owned it", n-before)
 	}
-	m.SetOwner(nil)
+	m.SetReplicas("me", nil)
 	waitValues(t, m, k, "scraped again once owned", func(v Values) bool { return v.Waiting == 2 })
 	if s := m.Get(k); s.From != "" {
 		t.Errorf("own scrape marked from %q", s.From)
+	}
+}
+
+// peerAhead returns a replica name ranked before self in k's order.
+func peerAhead(k Key, self string) string {
+	for i := 0; ; i++ {
+		name := fmt.Sprintf("replica-%d", i)
+		if Owner(self, []string{name}, k) == name {
+			return name
+		}
 	}
 }
 

@@ -40,6 +40,15 @@ type worker struct {
 	idle atomic.Bool
 	// pubMu serialises publishing: the goroutine's scrapes and Ingest.
 	pubMu sync.Mutex
+	// scraping is set while the goroutine reads the endpoint itself (as
+	// its owner, or standing in), clear while it relies on another
+	// replica's readings (share.go).
+	scraping atomic.Bool
+	// cover is the latest reading from a replica ranked before this one
+	// in the endpoint's order, lastOwn when this process last read the
+	// endpoint; both guarded by pubMu.
+	cover   cover
+	lastOwn time.Time
 
 	// demand is resolved once known (watch reads it too); lastSent is
 	// written by the goroutine only, read by watch.
@@ -47,6 +56,7 @@ type worker struct {
 	lastSent int64
 
 	// The goroutine's own state.
+	owner     bool              // it found itself the owner at its last look
 	costs     [16]time.Duration // recent exchange durations, a ring
 	nCosts    int
 	earliest  time.Time // no scrape before (a kick waits for it)
@@ -67,7 +77,10 @@ func (m *Manager) newWorker(t Target, p *Parser, h *Handle) *worker {
 		h = &Handle{}
 	}
 	w := &worker{m: m, t: t, key: t.Key(), parser: p, h: h, url: "http://" + t.Address + t.MetricsPath,
-		kick: make(chan struct{}, 1), hdr: []byte(acceptHeader)}
+		kick: make(chan struct{}, 1), hdr: []byte(acceptHeader),
+		// An endpoint the others read gets its first reading from them
+		// within the grace of a handover (see standBy).
+		cover: cover{at: time.Now(), interval: t.Interval, ok: true}}
 	if !m.opts.NoNameFilter {
 		w.query = "?" + url.Values{"name[]": p.SampleNames()}.Encode()
 	}
@@ -151,15 +164,17 @@ func (w *worker) run() {
 		case <-w.kick:
 		}
 		w.idle.Store(false)
-		if !w.m.owned(w.key) {
-			// Another replica scrapes it: wait for ownership to come
-			// back (SetOwner wakes every worker).
-			timer.Stop()
-			if w.get != nil {
+		if wait := w.standBy(); wait > 0 {
+			// Another replica reads it: look again when its readings
+			// would be overdue (a reading, or SetReplicas, may wake the
+			// goroutine sooner). No connection is kept open meanwhile.
+			if w.scraping.Swap(false) && w.get != nil {
 				w.get.closeIdle()
 			}
+			timer.Reset(wait)
 			continue
 		}
+		w.scraping.Store(true)
 		if wait := time.Until(w.earliest); wait > 0 {
 			timer.Reset(wait)
 			continue
@@ -221,7 +236,7 @@ func (w *worker) once() (time.Duration, bool) {
 		w.earliest = start.Add(next)
 	}
 	if cb := w.m.opts.OnReading; cb != nil {
-		r := Reading{At: s.ScrapedAt, Interval: base}
+		r := Reading{At: s.ScrapedAt, Interval: base, Cost: s.Cost, PageBytes: s.PageBytes, Filter: s.Filter, Models: models}
 		if err != nil {
 			r.Err = err.Error()
 		} else {
@@ -257,20 +272,107 @@ func (w *worker) budgetFloor() time.Duration {
 	if b <= 0 {
 		return 0
 	}
-	return min(time.Duration(float64(w.cost())*float64(w.m.scrapers.Load())/b), w.t.IdleInterval)
+	c := w.cost()
+	if c == 0 {
+		// Not read here lately: the cost the owner measured.
+		if s := w.h.Load(); s != nil {
+			c = s.Cost
+		}
+	}
+	return min(time.Duration(float64(c)*float64(w.m.scrapers.Load())/b), w.t.IdleInterval)
 }
 
-// ingest publishes a reading another replica made.
-func (w *worker) ingest(from string, r Reading) {
-	var err error
-	if r.Err != "" {
-		err = errors.New(r.Err)
+// cover is a reading from a replica ranked before this one (or, at a
+// handover, what stands for the new owner's first).
+type cover struct {
+	at       time.Time
+	interval time.Duration
+	ok       bool // false: the reading was a failure
+}
+
+// maxAge is how long a reading planned to be followed after interval
+// stays fresh.
+func (w *worker) maxAge(interval time.Duration) time.Duration {
+	return max(time.Duration(w.m.opts.StaleIntervals)*interval, w.m.opts.MinMaxAge)
+}
+
+// standBy returns how long the goroutine may leave the endpoint to the
+// replicas ranked before it in the endpoint's order (0: read it now). The
+// owner reads it. Another replica waits for readings from before it: one
+// at rank r reads the endpoint itself once their latest has been stale
+// for r graces (a grace is its interval, at least MinStandInGrace), or,
+// when the latest says the endpoint failed, r-1 graces after it (the
+// first after the owner checks at once: a replica's failed scrapes are
+// its own to make, never taken from another).
+func (w *worker) standBy() time.Duration {
+	rank := w.m.ring.Load().rank(w.key)
+	if rank == 0 {
+		w.owner = true
+		return 0
 	}
+	now := time.Now()
+	w.pubMu.Lock()
+	if w.owner {
+		// Just handed over: the new owner reads it next.
+		w.owner = false
+		if now.After(w.cover.at) {
+			w.cover = cover{at: now, interval: w.t.Interval, ok: true}
+		}
+	}
+	c := w.cover
+	w.pubMu.Unlock()
+	grace := max(c.interval, MinStandInGrace)
+	due := c.at.Add(time.Duration(rank-1) * grace)
+	if c.ok {
+		due = c.at.Add(w.maxAge(c.interval) + time.Duration(rank)*grace)
+	}
+	return max(due.Sub(now), 0)
+}
+
+// ingest takes a reading another replica made (Manager.Ingest).
+func (w *worker) ingest(from string, r Reading) {
+	before := w.m.ring.Load().before(w.key, from)
 	interval := r.Interval
 	if interval <= 0 {
 		interval = w.t.Interval
 	}
-	w.publish(r.At, r.Values, err, interval, from, nil)
+	w.pubMu.Lock()
+	scraping := w.scraping.Load()
+	wake := false
+	if before && r.At.After(w.cover.at) {
+		w.cover = cover{at: r.At, interval: interval, ok: r.Err == ""}
+		// One standing in may stop; one standing by may have to check.
+		wake = scraping == (r.Err == "")
+	}
+	prev := w.h.Load()
+	switch {
+	case r.Err != "":
+		// Never published: only this process's own failures count.
+	case scraping && !(before && r.At.After(w.lastOwn)):
+		// It reads the endpoint itself, and this is no reading from
+		// before it that is newer than its own.
+	case prev != nil && !r.At.After(prev.ScrapedAt):
+		// Older than what is shown.
+	default:
+		w.publishLocked(r.At, r.Values, nil, interval, from, func(s *Snapshot) {
+			if r.Cost > 0 {
+				s.Cost = r.Cost
+			}
+			if r.PageBytes > 0 {
+				s.PageBytes = r.PageBytes
+			}
+			if r.Filter != FilterUnknown {
+				s.Filter = r.Filter
+			}
+			if r.Models != nil {
+				s.ServedModels = r.Models
+			}
+		})
+	}
+	w.pubMu.Unlock()
+	if wake {
+		w.wake()
+	}
 }
 
 // publish makes the next Snapshot from the previous one and an attempt
@@ -279,10 +381,17 @@ func (w *worker) ingest(from string, r Reading) {
 func (w *worker) publish(at time.Time, vals Values, err error, interval time.Duration, from string, fill func(*Snapshot)) *Snapshot {
 	w.pubMu.Lock()
 	defer w.pubMu.Unlock()
+	return w.publishLocked(at, vals, err, interval, from, fill)
+}
+
+// publishLocked is publish with pubMu held.
+func (w *worker) publishLocked(at time.Time, vals Values, err error, interval time.Duration, from string, fill func(*Snapshot)) *Snapshot {
+	if from == "" {
+		w.lastOwn = at
+	}
 	opts := &w.m.opts
 	prev := w.h.Load()
-	s := &Snapshot{Key: w.key, ScrapedAt: at, Err: err, Interval: interval, From: from,
-		MaxAge: max(time.Duration(opts.StaleIntervals)*interval, opts.MinMaxAge)}
+	s := &Snapshot{Key: w.key, ScrapedAt: at, Err: err, Interval: interval, From: from, MaxAge: w.maxAge(interval)}
 	if prev != nil {
 		s.ServedModels, s.Perf, s.Cost, s.PageBytes, s.Filter = prev.ServedModels, prev.Perf, prev.Cost, prev.PageBytes, prev.Filter
 	}
@@ -302,6 +411,7 @@ func (w *worker) publish(at time.Time, vals Values, err error, interval time.Dur
 		if prev != nil {
 			s.Values = prev.Values
 			s.LastSuccess = prev.LastSuccess
+			s.From = prev.From // whose scrape the Values are
 			s.ConsecutiveFailures = prev.ConsecutiveFailures
 			// Freshness still counts from the last success's plan.
 			s.MaxAge = max(s.MaxAge, prev.MaxAge)

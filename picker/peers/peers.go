@@ -19,8 +19,21 @@
 // the others by the ID they gave themselves (a static peers list only
 // knows addresses).
 //
+// Replicas also share their metrics scrapes (when the Applier is a
+// ReadingApplier and Options.NoReadings is not set): a replica streams
+// the readings of the endpoints it reads for the others, and tells on
+// every stream, again every HeartbeatInterval, that it does (its view).
+// Sharers lists the replicas each endpoint's reading may be left to:
+// those that this replica streams to and that stream to it, whose
+// latest view says they read for the others and came within DeadAfter.
+// Which replica reads which endpoint is picker/metrics' (rendezvous
+// order over this replica and its sharers).
+//
 // Messages are protobuf BytesValues carrying a compact binary encoding
-// (wire.go), so the service needs no generated code.
+// (wire.go), so the service needs no generated code. Views and readings
+// are sent only to replicas whose Report announces FeatureReadings: a
+// replica too old to know them keeps getting picks, is sent no reading,
+// and counts as no sharer (it reads every endpoint itself, as before).
 package peers
 
 import (
@@ -38,9 +51,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -52,6 +67,24 @@ type Applier interface {
 	// Released undoes the in-flight part of an earlier Picked: the
 	// request ended, or the replica that picked it went away.
 	Released(from string, p Pick)
+}
+
+// ReadingApplier is an Applier that also shares metrics readings.
+type ReadingApplier interface {
+	Applier
+	// Reading applies a reading another replica made (and sent this
+	// one: it reads the endpoint for it, or stands in).
+	Reading(from string, r Reading)
+	// Readings returns the latest readings this replica made of the
+	// endpoints it reads, sent to a replica as soon as it takes them.
+	Readings() []Reading
+}
+
+// Sharer is another replica that shares its readings with this one.
+type Sharer struct {
+	// ID is the replica ID it gave; Address its picker address as this
+	// replica dials it.
+	ID, Address string
 }
 
 // Options configure a Mesh. Zero values mean the defaults.
@@ -80,6 +113,16 @@ type Options struct {
 	// own stream arrives (it started) is reconnected to at once.
 	MinBackoff, MaxBackoff time.Duration
 	StableAfter            time.Duration
+	// NoReadings turns scrape sharing off: no view or reading is sent or
+	// taken, and Report announces no FeatureReadings (every replica then
+	// reads every endpoint itself).
+	NoReadings bool
+	// HeartbeatInterval is how often a view goes out on each stream that
+	// takes them (default 250 ms); a replica whose stream to this one
+	// brought nothing for DeadAfter (default 1 s) is no sharer until it
+	// does again (it stalled, or its host went away without closing the
+	// connection).
+	HeartbeatInterval, DeadAfter time.Duration
 	// Logger defaults to a discarding one.
 	Logger *slog.Logger
 }
@@ -100,6 +143,12 @@ func (o Options) withDefaults() Options {
 	if o.StableAfter <= 0 {
 		o.StableAfter = time.Second
 	}
+	if o.HeartbeatInterval <= 0 {
+		o.HeartbeatInterval = 250 * time.Millisecond
+	}
+	if o.DeadAfter <= 0 {
+		o.DeadAfter = max(time.Second, 2*o.HeartbeatInterval)
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -111,9 +160,13 @@ func (o Options) withDefaults() Options {
 // Run it; SetPeers names the others.
 type Mesh struct {
 	app  Applier
+	rapp ReadingApplier // nil: no scrape sharing
 	opts Options
 	log  *slog.Logger
 	ids  atomic.Uint64
+	// reads is set while this replica reads endpoints for the others
+	// (SetSharing).
+	reads atomic.Bool
 
 	mu       sync.RWMutex
 	out      map[string]*outPeer // by address
@@ -121,13 +174,114 @@ type Mesh struct {
 	inSeq    int64
 	peersSet chan struct{} // wakes Run on SetPeers
 	want     []string
+	// sharers is the latest Sharers list, sharersCh closed when it
+	// changes.
+	sharers   []Sharer
+	sharersCh chan struct{}
 }
 
-// New returns a Mesh applying other replicas' events to app.
+// New returns a Mesh applying other replicas' events to app. It shares
+// scrapes when app is a ReadingApplier and o.NoReadings is not set.
 func New(app Applier, o Options) *Mesh {
 	o = o.withDefaults()
-	return &Mesh{app: app, opts: o, log: o.Logger, out: map[string]*outPeer{}, in: map[int64]*inStream{},
-		peersSet: make(chan struct{}, 1)}
+	m := &Mesh{app: app, opts: o, log: o.Logger, out: map[string]*outPeer{}, in: map[int64]*inStream{},
+		peersSet: make(chan struct{}, 1), sharersCh: make(chan struct{})}
+	if ra, ok := app.(ReadingApplier); ok && !o.NoReadings {
+		m.rapp = ra
+	}
+	return m
+}
+
+// Self returns this replica's ID (Options.Self).
+func (m *Mesh) Self() string { return m.opts.Self }
+
+// Address returns this replica's picker address (Options.Address).
+func (m *Mesh) Address() string { return m.opts.Address }
+
+// SharesReadings reports whether this mesh shares scrapes at all.
+func (m *Mesh) SharesReadings() bool { return m.rapp != nil }
+
+// SetSharing says whether this replica reads endpoints for the others
+// now (its metrics scraper runs); the others learn it at once.
+func (m *Mesh) SetSharing(on bool) {
+	if m.rapp == nil || m.reads.Swap(on) == on {
+		return
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for _, o := range m.out {
+		o.poke()
+	}
+}
+
+// PublishReading sends r to every connected peer that takes readings,
+// without blocking (as Published).
+func (m *Mesh) PublishReading(r Reading) {
+	if m.rapp == nil {
+		return
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for _, o := range m.out {
+		if o.readings.Load() {
+			o.enqueue(event{reading: &r})
+		}
+	}
+}
+
+// Sharers returns the other replicas that share readings with this one
+// now (sorted by ID), and a channel closed when that changes.
+func (m *Mesh) Sharers() ([]Sharer, <-chan struct{}) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.sharers, m.sharersCh
+}
+
+// refreshSharers works Sharers out again, and tells its watchers when
+// it changed.
+func (m *Mesh) refreshSharers() {
+	if m.rapp == nil {
+		return
+	}
+	now := time.Now().UnixNano()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var next []Sharer
+	for _, o := range m.out {
+		id := o.id.Load()
+		if id == nil || !o.connected.Load() || !o.readings.Load() {
+			continue
+		}
+		for _, st := range m.in {
+			if st.from == *id && st.reads.Load() && now-st.heard.Load() <= int64(m.opts.DeadAfter) {
+				next = append(next, Sharer{ID: *id, Address: o.addr})
+				break
+			}
+		}
+	}
+	sort.Slice(next, func(i, j int) bool { return next[i].ID < next[j].ID })
+	if slices.Equal(next, m.sharers) {
+		return
+	}
+	m.log.Info("peers: replicas sharing scrapes", "replicas", sharerIDs(next))
+	m.sharers = next
+	close(m.sharersCh)
+	m.sharersCh = make(chan struct{})
+}
+
+func sharerIDs(ss []Sharer) []string {
+	ids := make([]string, len(ss))
+	for i, s := range ss {
+		ids[i] = s.ID
+	}
+	return ids
+}
+
+// view is this replica's view for its streams.
+func (m *Mesh) view() *shareView {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return &shareView{reads: m.reads.Load(), live: sharerIDs(m.sharers)}
 }
 
 // NextID returns an ID for a new Pick, unique within this process.
@@ -165,6 +319,8 @@ func (m *Mesh) broadcast(e event) {
 
 // Run keeps a stream open to every peer SetPeers named until ctx ends.
 func (m *Mesh) Run(ctx context.Context) error {
+	expire := time.NewTicker(m.opts.HeartbeatInterval)
+	defer expire.Stop()
 	var wg sync.WaitGroup
 	defer func() {
 		m.mu.Lock()
@@ -193,7 +349,7 @@ func (m *Mesh) Run(ctx context.Context) error {
 			}
 			pctx, cancel := context.WithCancel(ctx)
 			o := &outPeer{m: m, addr: addr, cancel: cancel, queue: make(chan event, m.opts.QueueLen), reset: make(chan struct{}, 1),
-				kick: make(chan struct{}, 1)}
+				kick: make(chan struct{}, 1), viewKick: make(chan struct{}, 1)}
 			m.out[addr] = o
 			wg.Add(1)
 			go func() {
@@ -202,10 +358,13 @@ func (m *Mesh) Run(ctx context.Context) error {
 			}()
 		}
 		m.mu.Unlock()
+		m.refreshSharers()
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-m.peersSet:
+		case <-expire.C:
+			// A sharer whose stream went quiet is one no longer.
 		}
 	}
 }
@@ -218,11 +377,17 @@ type outPeer struct {
 	queue  chan event
 	reset  chan struct{} // 1-buffered: the queue overflowed
 	kick   chan struct{} // 1-buffered: reconnect now (the peer started)
+	// viewKick (1-buffered) sends this replica's view now.
+	viewKick chan struct{}
 
 	connected atomic.Bool
-	sent      atomic.Uint64
-	dropped   atomic.Uint64
-	resets    atomic.Uint64
+	// readings is set while the stream is up and the peer takes views
+	// and readings.
+	readings     atomic.Bool
+	sent         atomic.Uint64
+	readingsSent atomic.Uint64
+	dropped      atomic.Uint64
+	resets       atomic.Uint64
 
 	// id is the replica ID the peer gave when asked ("" not known).
 	id atomic.Pointer[string]
@@ -254,11 +419,21 @@ const method = "/" + ServiceName + "/Publish"
 // picker port.
 const ServiceName = "switchyard.peers.v1.Peers"
 
+// poke asks the stream to send this replica's view now.
+func (o *outPeer) poke() {
+	select {
+	case o.viewKick <- struct{}{}:
+	default:
+	}
+}
+
 func (o *outPeer) run(ctx context.Context) {
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
 		up, err := o.stream(ctx)
+		o.readings.Store(false)
 		o.connected.Store(false)
+		o.m.refreshSharers()
 		if ctx.Err() != nil {
 			return
 		}
@@ -313,13 +488,35 @@ func (o *outPeer) stream(ctx context.Context) (up time.Duration, err error) {
 	if err := cs.SendMsg(&wrapperspb.BytesValue{Value: encodeHello(o.m.opts.Self)}); err != nil {
 		return 0, fmt.Errorf("hello: %w", err)
 	}
-	// Learn the peer's name on the side, on the same connection: a peer
-	// that does not answer (an older one) stays known by its address.
+	// Learn the peer's name and whether it takes readings on the side,
+	// on the same connection: a peer that does not answer (an older one)
+	// stays known by its address, and gets picks only. A failed question
+	// is asked again while the stream lasts.
+	takes := make(chan struct{}, 1) // the peer's report announced FeatureReadings
 	go func() {
-		actx, cancel := context.WithTimeout(sctx, askTimeout)
-		defer cancel()
-		if r, err := ask(actx, conn); err == nil && r.ID != "" {
-			o.id.Store(&r.ID)
+		for wait := time.Duration(0); ; wait = min(2*wait+100*time.Millisecond, askTimeout) {
+			select {
+			case <-sctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			actx, cancel := context.WithTimeout(sctx, askTimeout)
+			r, err := ask(actx, conn)
+			cancel()
+			if status.Code(err) == codes.Unimplemented {
+				return
+			}
+			if err != nil {
+				continue
+			}
+			if r.ID != "" {
+				o.id.Store(&r.ID)
+			}
+			if r.Features&FeatureReadings != 0 && o.m.rapp != nil {
+				takes <- struct{}{}
+			}
+			o.m.refreshSharers()
+			return
 		}
 	}()
 	// The peer never answers on this stream; a receive returns only when
@@ -342,6 +539,15 @@ func (o *outPeer) stream(ctx context.Context) (up time.Duration, err error) {
 	o.m.log.Info("peers: sharing picks with replica", "peer", o.addr)
 	batch := make([]event, 0, o.m.opts.BatchMax)
 	var buf []byte
+	heartbeat := time.NewTicker(o.m.opts.HeartbeatInterval)
+	defer heartbeat.Stop()
+	send := func(evs []event) error {
+		buf = encodeBatch(buf[:0], time.Now(), evs)
+		if err := cs.SendMsg(&wrapperspb.BytesValue{Value: buf}); err != nil {
+			return fmt.Errorf("send: %w", err)
+		}
+		return nil
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -352,6 +558,36 @@ func (o *outPeer) stream(ctx context.Context) (up time.Duration, err error) {
 			return 0, errors.New("queue overflow: the replica could not keep up")
 		case err := <-ended:
 			return 0, fmt.Errorf("stream ended by the replica: %w", err)
+		case <-takes:
+			// The peer takes readings: say what this replica does, and
+			// send the latest readings of what it reads, so the peer need
+			// not wait for each endpoint's next scrape.
+			o.readings.Store(true)
+			o.m.log.Info("peers: sharing scrapes with replica", "peer", o.addr)
+			evs := []event{{view: o.m.view()}}
+			for _, r := range o.m.rapp.Readings() {
+				evs = append(evs, event{reading: &r})
+			}
+			for len(evs) > 0 {
+				n := min(len(evs), o.m.opts.BatchMax)
+				if err := send(evs[:n]); err != nil {
+					return 0, err
+				}
+				o.readingsSent.Add(uint64(n - 1))
+				evs = evs[n:]
+			}
+			o.m.refreshSharers()
+			continue
+		case <-heartbeat.C:
+			if !o.readings.Load() {
+				continue
+			}
+			batch = append(batch[:0], event{view: o.m.view()})
+		case <-o.viewKick:
+			if !o.readings.Load() {
+				continue
+			}
+			batch = append(batch[:0], event{view: o.m.view()})
 		case e := <-o.queue:
 			batch = append(batch[:0], e)
 		}
@@ -364,11 +600,20 @@ func (o *outPeer) stream(ctx context.Context) (up time.Duration, err error) {
 				break drain
 			}
 		}
-		buf = encodeBatch(buf[:0], time.Now(), batch)
-		if err := cs.SendMsg(&wrapperspb.BytesValue{Value: buf}); err != nil {
-			return 0, fmt.Errorf("send: %w", err)
+		if err := send(batch); err != nil {
+			return 0, err
 		}
-		o.sent.Add(uint64(len(batch)))
+		var picks, readings uint64
+		for _, e := range batch {
+			switch {
+			case e.reading != nil:
+				readings++
+			case e.view == nil:
+				picks++
+			}
+		}
+		o.sent.Add(picks)
+		o.readingsSent.Add(readings)
 	}
 }
 
@@ -403,6 +648,9 @@ type Report struct {
 	Ready bool
 	// Versions are the xDS versions it serves, by resource type.
 	Versions map[string]string
+	// Features are what its streams take besides picks
+	// (FeatureReadings); set by the Mesh that answers, from its options.
+	Features uint64
 }
 
 // Ask asks the replica at addr for its Report. A replica too old to
@@ -430,6 +678,10 @@ func (m *Mesh) report() *wrapperspb.BytesValue {
 	if m.opts.Report != nil {
 		r = m.opts.Report()
 	}
+	r.Features = 0
+	if m.rapp != nil {
+		r.Features |= FeatureReadings
+	}
 	return &wrapperspb.BytesValue{Value: encodeReport(r)}
 }
 
@@ -440,6 +692,13 @@ type inStream struct {
 	received atomic.Uint64
 	open     atomic.Int64
 	lagNanos atomic.Int64 // the latest batch's age when it arrived
+	// heard is when the latest batch arrived (unix nanos); reads whether
+	// the sender's latest view says it reads endpoints for the others,
+	// view (guarded by Mesh.mu) which replicas it shares readings with.
+	heard    atomic.Int64
+	reads    atomic.Bool
+	view     []string
+	readings atomic.Uint64
 }
 
 // Register adds the peers service to g (the picker's gRPC server).
@@ -481,6 +740,7 @@ func (m *Mesh) receive(ss grpc.ServerStream) error {
 		return err
 	}
 	st := &inStream{from: from}
+	st.heard.Store(time.Now().UnixNano())
 	if md, ok := metadata.FromIncomingContext(ss.Context()); ok {
 		if v := md.Get(addressKey); len(v) > 0 {
 			st.address = v[0]
@@ -504,6 +764,7 @@ func (m *Mesh) receive(ss grpc.ServerStream) error {
 		m.mu.Lock()
 		delete(m.in, id)
 		m.mu.Unlock()
+		m.refreshSharers()
 		m.log.Info("peers: replica stream ended; its picks released", "peer", from, "released", len(open))
 	}()
 	m.log.Info("peers: replica sharing its picks", "peer", from)
@@ -517,12 +778,36 @@ func (m *Mesh) receive(ss grpc.ServerStream) error {
 			return err
 		}
 		var sent time.Time
-		sent, evs, err = decodeBatch(msg.GetValue(), evs[:0])
+		arrived := time.Now()
+		sent, evs, err = decodeBatchAt(msg.GetValue(), evs[:0], arrived)
 		if err != nil {
 			return err
 		}
-		st.lagNanos.Store(int64(time.Since(sent)))
+		st.lagNanos.Store(int64(arrived.Sub(sent)))
+		wasQuiet := arrived.UnixNano()-st.heard.Swap(arrived.UnixNano()) > int64(m.opts.DeadAfter)
+		picks := 0
 		for _, e := range evs {
+			if m.rapp == nil && (e.view != nil || e.reading != nil) {
+				// What a replica that does not share scrapes makes of
+				// them (an older one cannot decode them): the sender did
+				// not ask first.
+				return errors.New("peers: view or reading sent to a replica that takes none")
+			}
+			switch {
+			case e.view != nil:
+				m.mu.Lock()
+				st.view = e.view.live
+				m.mu.Unlock()
+				if st.reads.Swap(e.view.reads) != e.view.reads {
+					m.refreshSharers()
+				}
+				continue
+			case e.reading != nil:
+				st.readings.Add(1)
+				m.rapp.Reading(from, *e.reading)
+				continue
+			}
+			picks++
 			if e.done {
 				if p, ok := open[e.pick.ID]; ok {
 					delete(open, e.pick.ID)
@@ -536,8 +821,12 @@ func (m *Mesh) receive(ss grpc.ServerStream) error {
 			open[e.pick.ID] = e.pick
 			m.app.Picked(from, e.pick)
 		}
-		st.received.Add(uint64(len(evs)))
+		st.received.Add(uint64(picks))
 		st.open.Store(int64(len(open)))
+		if wasQuiet {
+			// A sharer that went quiet is heard again.
+			m.refreshSharers()
+		}
 	}
 }
 
@@ -547,9 +836,12 @@ type PeerStats struct {
 	// ID is the replica ID the peer gave when asked ("" not known yet).
 	ID        string
 	Connected bool
-	// Sent counts events sent; Dropped events that found the queue full;
-	// Resets the streams reset because of that.
-	Sent, Dropped, Resets uint64
+	// Readings is set while the stream takes views and readings.
+	Readings bool
+	// Sent counts pick events sent; ReadingsSent readings; Dropped
+	// events that found the queue full; Resets the streams reset because
+	// of that.
+	Sent, ReadingsSent, Dropped, Resets uint64
 }
 
 // InboundStats describes one stream from another replica.
@@ -561,14 +853,22 @@ type InboundStats struct {
 	Received uint64
 	Open     int64
 	// Lag is how old the latest batch was when it arrived (clocks of
-	// both hosts).
-	Lag time.Duration
+	// both hosts); Quiet how long ago it arrived.
+	Lag, Quiet time.Duration
+	// Reads says the sender's latest view said it reads endpoints for
+	// the others; View lists the replicas it shares readings with
+	// (itself not included); Readings counts the readings it sent.
+	Reads    bool
+	View     []string
+	Readings uint64
 }
 
 // Stats is a snapshot of the mesh for the status page and metrics.
 type Stats struct {
 	Peers   []PeerStats    // sorted by Address
 	Inbound []InboundStats // sorted by From
+	// Sharers are the replicas sharing readings with this one (Sharers).
+	Sharers []Sharer
 }
 
 // Stats returns the mesh's counters.
@@ -578,17 +878,20 @@ func (m *Mesh) Stats() Stats {
 	var s Stats
 	for _, addr := range slices.Sorted(maps.Keys(m.out)) {
 		o := m.out[addr]
-		ps := PeerStats{Address: addr, Connected: o.connected.Load(),
-			Sent: o.sent.Load(), Dropped: o.dropped.Load(), Resets: o.resets.Load()}
+		ps := PeerStats{Address: addr, Connected: o.connected.Load(), Readings: o.readings.Load(),
+			Sent: o.sent.Load(), ReadingsSent: o.readingsSent.Load(), Dropped: o.dropped.Load(), Resets: o.resets.Load()}
 		if id := o.id.Load(); id != nil {
 			ps.ID = *id
 		}
 		s.Peers = append(s.Peers, ps)
 	}
+	now := time.Now().UnixNano()
 	for _, st := range m.in {
 		s.Inbound = append(s.Inbound, InboundStats{From: st.from, Address: st.address, Received: st.received.Load(),
-			Open: st.open.Load(), Lag: time.Duration(st.lagNanos.Load())})
+			Open: st.open.Load(), Lag: time.Duration(st.lagNanos.Load()), Quiet: time.Duration(now - st.heard.Load()),
+			Reads: st.reads.Load(), View: slices.Clone(st.view), Readings: st.readings.Load()})
 	}
+	s.Sharers = slices.Clone(m.sharers)
 	sort.Slice(s.Inbound, func(i, j int) bool { return s.Inbound[i].From < s.Inbound[j].From })
 	return s
 }

@@ -20,14 +20,26 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestWireRoundTrip(t *testing.T) {
 	t.Parallel()
+	at := time.Unix(0, 1_790_000_000_123_456_789)
 	evs := []event{
 		{pick: Pick{ID: 1, Pool: "llama", Endpoint: "10.0.0.1:8000", Tokens: 4096, Hashes: []uint64{1, 2, 1 << 63}, Session: "s-1"}},
 		{pick: Pick{ID: 1}, done: true},
 		{pick: Pick{ID: 300000, Pool: "p", Endpoint: "[2001:db8::1]:8000", Tokens: -1}},
+		{view: &shareView{reads: true, live: []string{"r2", "r3"}}},
+		{view: &shareView{}},
+		{reading: &Reading{Pool: "llama", Endpoint: "10.0.0.1:8000", At: at.Add(-40 * time.Millisecond), Data: []byte{1, 2, 3}}},
 	}
-	at := time.Unix(0, 1_790_000_000_123_456_789)
 	b := encodeBatch(nil, at, evs)
-	sent, got, err := decodeBatch(b, nil)
+	// A reading's time travels as its age: on arrival 5 ms after it was
+	// sent (whatever the receiver's clock says), it is 45 ms old.
+	sent, got, err := decodeBatchAt(b, nil, at.Add(5*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := got[5].reading; r == nil || !r.At.Equal(at.Add(-35*time.Millisecond)) {
+		t.Fatalf("reading %+v, want At 35 ms before the send time", r)
+	}
+	sent, got, err = decodeBatchAt(b, nil, at)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +64,7 @@ func TestWireRoundTrip(t *testing.T) {
 func TestReportRoundTrip(t *testing.T) {
 	t.Parallel()
 	for _, r := range []Report{
-		{ID: "r1", Ready: true, Versions: map[string]string{"ClusterLoadAssignment": "abc", "Listener": "def"}},
+		{ID: "r1", Ready: true, Versions: map[string]string{"ClusterLoadAssignment": "abc", "Listener": "def"}, Features: FeatureReadings},
 		{ID: "10.0.0.1:9002"},
 	} {
 		b := encodeReport(r)
@@ -60,12 +72,23 @@ func TestReportRoundTrip(t *testing.T) {
 		if err != nil || !reflect.DeepEqual(got, r) {
 			t.Fatalf("round trip of %+v: %+v, %v", r, got, err)
 		}
-		// Fields a later version appends are ignored; a cut is an error.
+		// Fields a later version appends are ignored; a cut is an error,
+		// except right before the features, where an older replica's
+		// report ends: that one has none.
 		if got, err := decodeReport(append(b, 7, 7)); err != nil || !reflect.DeepEqual(got, r) {
 			t.Fatalf("with trailing bytes: %+v, %v", got, err)
 		}
+		old := len(b) - 1
 		for i := range len(b) {
-			if _, err := decodeReport(b[:i]); err == nil {
+			got, err := decodeReport(b[:i])
+			switch {
+			case i == old:
+				want := r
+				want.Features = 0
+				if err != nil || !reflect.DeepEqual(got, want) {
+					t.Fatalf("an older replica's report: %+v, %v; want %+v", got, err, want)
+				}
+			case err == nil:
 				t.Fatalf("report cut at %d of %d decoded without error", i, len(b))
 			}
 		}
@@ -74,16 +97,20 @@ func TestReportRoundTrip(t *testing.T) {
 
 func FuzzDecodeBatch(f *testing.F) {
 	f.Add(encodeBatch(nil, time.Unix(1, 0), []event{{pick: Pick{ID: 9, Pool: "a", Endpoint: "b", Hashes: []uint64{7}}}}))
+	f.Add(encodeBatch(nil, time.Unix(1, 0), []event{{view: &shareView{reads: true, live: []string{"a"}}},
+		{reading: &Reading{Pool: "p", Endpoint: "e", At: time.Unix(0, 9e8), Data: []byte{1}}}}))
 	f.Add([]byte{msgBatch, 0, 0xff, 0xff, 0xff, 0xff, 0x0f})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		_, evs, err := decodeBatch(b, nil)
+		sent, _, err := decodeBatch(b, nil)
 		if err != nil {
 			return
 		}
 		// What decodes re-encodes to a batch that decodes the same (the
-		// bytes may differ: varints have redundant encodings).
-		sent, _, _ := decodeBatch(b, nil)
-		sent2, evs2, err := decodeBatch(encodeBatch(nil, sent, evs), nil)
+		// bytes may differ: varints have redundant encodings). A
+		// reading's age is measured on arrival: decode both as if they
+		// arrived when the batch says it was sent.
+		_, evs, _ := decodeBatchAt(b, nil, sent)
+		sent2, evs2, err := decodeBatchAt(encodeBatch(nil, sent, evs), nil, sent)
 		if err != nil || !sent2.Equal(sent) || !reflect.DeepEqual(evs2, evs) {
 			t.Fatalf("re-encoding %x does not decode the same: %v", b, err)
 		}
@@ -135,6 +162,7 @@ type node struct {
 	addr   string
 	mesh   *Mesh
 	rec    *recorder
+	app    Applier
 	srv    *grpc.Server
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -149,16 +177,27 @@ func startNode(t *testing.T, name string, o Options) *node {
 // its predecessor's). Backoffs are short unless o sets them.
 func startNodeAt(t *testing.T, name, addr string, o Options) *node {
 	t.Helper()
+	return startNodeWith(t, name, addr, o, nil)
+}
+
+// startNodeWith is startNodeAt with app for the node's Applier (nil: a
+// recorder, which shares no scrapes).
+func startNodeWith(t *testing.T, name, addr string, o Options, app *sharer) *node {
+	t.Helper()
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := &node{name: name, addr: lis.Addr().String(), rec: newRecorder(), srv: grpc.NewServer(), done: make(chan struct{})}
+	n.app = n.rec
+	if app != nil {
+		n.rec, n.app = app.recorder, app
+	}
 	o.Self, o.Address = name, n.addr
 	if o.MinBackoff == 0 {
 		o.MinBackoff, o.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
 	}
-	n.mesh = New(n.rec, o)
+	n.mesh = New(n.app, o)
 	n.mesh.Register(n.srv)
 	go func() { _ = n.srv.Serve(lis) }()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"time"
 )
@@ -24,11 +25,34 @@ type Pick struct {
 	Session string
 }
 
-// event is one message element: a pick, or the end of one (Pick with only
-// ID set and done true).
+// Reading is one endpoint's metrics reading, made by the replica that
+// reads the endpoint for the others: when it was read and what it found
+// (picker/metrics' binary form of its Reading; opaque here).
+type Reading struct {
+	Pool, Endpoint string
+	// At is when the page was read, on the clock of the process holding
+	// the Reading: a receiver gets it as the sender's age of the reading
+	// when it sent it, counted back from its own arrival time, so the
+	// hosts' clocks need not agree (the transit counts as no time).
+	At   time.Time
+	Data []byte
+}
+
+// shareView is what a replica that shares readings announces on its
+// streams, again every heartbeat: whether it reads endpoints for the
+// others, and which replicas it counts as sharing with it now.
+type shareView struct {
+	reads bool
+	live  []string
+}
+
+// event is one message element: a pick, the end of one (Pick with only
+// ID set and done true), a reading or a view.
 type event struct {
-	pick Pick
-	done bool
+	pick    Pick
+	done    bool
+	reading *Reading
+	view    *shareView
 }
 
 // Wire format (version 1). Every message is a protobuf BytesValue whose
@@ -40,10 +64,20 @@ type event struct {
 //	       varint tokens, uvarint n, n x 8-byte little-endian hashes,
 //	       string session
 //	       0x02 done: uvarint id
+//	       0x03 view: byte flags (1: reads endpoints for the others),
+//	       uvarint n, n x string replica ID
+//	       0x04 reading: string pool, string endpoint, uvarint age in
+//	       nanoseconds when sent, uvarint n, n bytes (the reading)
 //	string: uvarint length, bytes
 //	report (the answer to Ask): 0x02, string id, byte ready (0 or 1),
-//	       uvarint n, n x (string type, string version); a reader
-//	       ignores bytes after them (fields added later)
+//	       uvarint n, n x (string type, string version), uvarint
+//	       features (bit 0: takes views and readings); a reader ignores
+//	       bytes after what it knows (fields added later)
+//
+// Views and readings came later than the rest: a replica that does not
+// know them ends a stream that carries one, so they are sent only to a
+// replica whose report announces FeatureReadings. An older report has no
+// features: it gets picks only.
 const (
 	wireVersion = 1
 
@@ -51,15 +85,24 @@ const (
 	msgBatch  = 0x01
 	msgReport = 0x02
 
-	evPick = 0x01
-	evDone = 0x02
+	evPick    = 0x01
+	evDone    = 0x02
+	evView    = 0x03
+	evReading = 0x04
 
 	// maxHashes bounds one pick's hashes (a 2M-token prompt in 16-token
-	// blocks); maxString bounds names.
+	// blocks); maxString bounds names, maxData a reading, maxView a
+	// view's replicas.
 	maxHashes = 1 << 17
 	maxString = 4096
 	maxEvents = 1 << 16
+	maxData   = 1 << 20
+	maxView   = 1 << 12
 )
+
+// FeatureReadings in a Report says the replica takes views and readings
+// on its streams (it shares scrapes).
+const FeatureReadings = 1
 
 func appendString(b []byte, s string) []byte {
 	b = binary.AppendUvarint(b, uint64(len(s)))
@@ -77,6 +120,29 @@ func encodeBatch(b []byte, sent time.Time, evs []event) []byte {
 	b = binary.AppendVarint(b, sent.UnixNano())
 	b = binary.AppendUvarint(b, uint64(len(evs)))
 	for _, e := range evs {
+		switch {
+		case e.view != nil:
+			b = append(b, evView)
+			flags := byte(0)
+			if e.view.reads {
+				flags = 1
+			}
+			b = append(b, flags)
+			b = binary.AppendUvarint(b, uint64(len(e.view.live)))
+			for _, id := range e.view.live {
+				b = appendString(b, id)
+			}
+			continue
+		case e.reading != nil:
+			r := e.reading
+			b = append(b, evReading)
+			b = appendString(b, r.Pool)
+			b = appendString(b, r.Endpoint)
+			b = binary.AppendUvarint(b, uint64(max(sent.Sub(r.At), 0)))
+			b = binary.AppendUvarint(b, uint64(len(r.Data)))
+			b = append(b, r.Data...)
+			continue
+		}
 		if e.done {
 			b = append(b, evDone)
 			b = binary.AppendUvarint(b, e.pick.ID)
@@ -178,7 +244,12 @@ func decodeHello(b []byte) (string, error) {
 }
 
 // decodeBatch returns a batch's send time and events, appending to evs.
+// A reading's At is its age when sent, counted back from arrived.
 func decodeBatch(b []byte, evs []event) (time.Time, []event, error) {
+	return decodeBatchAt(b, evs, time.Now())
+}
+
+func decodeBatchAt(b []byte, evs []event, arrived time.Time) (time.Time, []event, error) {
 	r := &reader{b: b}
 	if r.byte() != msgBatch {
 		return time.Time{}, evs, errors.New("peers: not a batch")
@@ -211,6 +282,29 @@ func decodeBatch(b []byte, evs []event) (time.Time, []event, error) {
 			}
 			p.Session = r.string()
 			evs = append(evs, event{pick: p})
+		case evView:
+			v := &shareView{reads: r.byte()&1 != 0}
+			n := r.uvarint()
+			if r.err == nil && (n > maxView || n > uint64(len(r.b))) {
+				r.fail(fmt.Errorf("peers: view of %d replicas", n))
+			}
+			for j := uint64(0); j < n && r.err == nil; j++ {
+				v.live = append(v.live, r.string())
+			}
+			evs = append(evs, event{view: v})
+		case evReading:
+			rd := &Reading{Pool: r.string(), Endpoint: r.string()}
+			age := r.uvarint()
+			rd.At = arrived.Add(-time.Duration(min(age, math.MaxInt64)))
+			n := r.uvarint()
+			if r.err == nil && (n > maxData || n > uint64(len(r.b))) {
+				r.fail(fmt.Errorf("peers: reading of %d bytes", n))
+			}
+			if r.err == nil {
+				rd.Data = append([]byte(nil), r.b[:n]...)
+				r.b = r.b[n:]
+			}
+			evs = append(evs, event{reading: rd})
 		default:
 			r.fail(errors.New("peers: unknown event"))
 		}
@@ -234,7 +328,7 @@ func encodeReport(r Report) []byte {
 		b = appendString(b, k)
 		b = appendString(b, r.Versions[k])
 	}
-	return b
+	return binary.AppendUvarint(b, r.Features)
 }
 
 // maxVersions bounds a report's versions (xDS has a handful of types).
@@ -259,6 +353,10 @@ func decodeReport(b []byte) (Report, error) {
 		}
 		k := r.string()
 		rep.Versions[k] = r.string()
+	}
+	if r.err == nil && len(r.b) > 0 {
+		// Added later: absent from older replicas' reports.
+		rep.Features = r.uvarint()
 	}
 	if r.err != nil {
 		return Report{}, r.err

@@ -36,6 +36,9 @@ type fleetConfig struct {
 	scrape    time.Duration
 	// simArgs are extra vllm-sim flags (e.g. -max-num-seqs).
 	simArgs []string
+	// ownScrapes: replicas that share picks still read every endpoint
+	// themselves (peers.Options.NoReadings).
+	ownScrapes bool
 }
 
 // fleet is N vllm-sim processes behind one picker (or several replicas)
@@ -90,7 +93,7 @@ func startReplicaFleet(t testing.TB, cfg fleetConfig, replicas int, share bool) 
 	for _, a := range addrs {
 		testutil.WaitHTTP(t, "http://"+a+"/health", 15*time.Second)
 	}
-	f := startPickers(t, addrs, cfg.scrape, replicas, share, decisionLog(t))
+	f := startPickers(t, addrs, cfg.scrape, replicas, share, cfg.ownScrapes, decisionLog(t))
 	f.sims = sims
 	return f
 }
@@ -118,7 +121,7 @@ func (f *fleet) simCPU() time.Duration {
 
 // startPickers runs replicas pickers (sharing their picks or not) for the
 // model servers at addrs, and the data plane in front of them.
-func startPickers(t testing.TB, addrs []string, scrape time.Duration, replicas int, share bool, logger *slog.Logger) *fleet {
+func startPickers(t testing.TB, addrs []string, scrape time.Duration, replicas int, share, ownScrapes bool, logger *slog.Logger) *fleet {
 	t.Helper()
 	sort.Strings(addrs)
 	f := &fleet{t: t, addrs: addrs}
@@ -141,7 +144,7 @@ func startPickers(t testing.TB, addrs []string, scrape time.Duration, replicas i
 		g := grpc.NewServer(srv.GRPCServerOptions()...)
 		srv.Register(g)
 		if share {
-			m := peers.New(srv, peers.Options{Self: fmt.Sprintf("replica-%d", i)})
+			m := peers.New(srv, peers.Options{Self: fmt.Sprintf("replica-%d", i), NoReadings: ownScrapes})
 			srv.UsePeers(m)
 			m.Register(g)
 			meshes = append(meshes, m)

@@ -116,7 +116,7 @@ func TestRealVLLMTTFTPrediction(t *testing.T) {
 		addrs = append(addrs, s.Addr)
 	}
 	rec := &firstTokens{}
-	f := startPickers(t, addrs, 50*time.Millisecond, 1, false, slog.New(rec))
+	f := startPickers(t, addrs, 50*time.Millisecond, 1, false, false, slog.New(rec))
 	f.use("predicted-ttft")
 
 	secs, rate := 30.0, 2.0

@@ -118,11 +118,15 @@ func TestQualityReplicas(t *testing.T) {
 		return r
 	}
 	one := measured("1 picker", single)
-	shared := measured("3 replicas sharing picks", startReplicaFleet(t, cfg, 3, true))
+	shared := measured("3 replicas sharing picks and scrapes", startReplicaFleet(t, cfg, 3, true))
+	own := cfg
+	own.ownScrapes = true
+	picksOnly := measured("3 replicas sharing picks only", startReplicaFleet(t, own, 3, true))
 	alone := measured("3 replicas not sharing", startReplicaFleet(t, cfg, 3, false))
 	fmt.Printf("\nReplicas: 4 x vllm-sim (-time-scale %g, -num-gpu-blocks %d), round-robin saturation %.1f req/s, measured %v per run\n\n%s\n%s\n",
 		scale, blocks, rrSat, dur, table(rows), strings.Join(cpu, "; "))
-	fmt.Printf("3 sharing replicas vs 1 picker: hit rate %.3fx, TTFT p90 %.2fx (targets >= 0.95x, <= 1.2x); not sharing: %.3fx, %.2fx\n",
+	fmt.Printf("3 sharing replicas vs 1 picker: hit rate %.3fx, TTFT p90 %.2fx (targets >= 0.95x, <= 1.2x); picks only: %.3fx, %.2fx; not sharing: %.3fx, %.2fx\n",
 		shared.PrefixCacheHitRate/one.PrefixCacheHitRate, shared.TTFT.P90Ms/one.TTFT.P90Ms,
+		picksOnly.PrefixCacheHitRate/one.PrefixCacheHitRate, picksOnly.TTFT.P90Ms/one.TTFT.P90Ms,
 		alone.PrefixCacheHitRate/one.PrefixCacheHitRate, alone.TTFT.P90Ms/one.TTFT.P90Ms)
 }

@@ -40,7 +40,7 @@ func TestStaleMetricsKeepQueue(t *testing.T) {
 			_ = p.Signal(syscall.SIGCONT) // never leave one stopped
 		}
 	})
-	f := startPickers(t, addrs, 20*time.Millisecond, 1, false, nil)
+	f := startPickers(t, addrs, 20*time.Millisecond, 1, false, false, nil)
 	srv := f.srvs[0]
 
 	client := &http.Client{Timeout: 60 * time.Second}

@@ -70,3 +70,30 @@ func TestTTFTScorerUsesTheExactView(t *testing.T) {
 		t.Fatalf("uncached a %d, b %d; scores %v", pa.Uncached, pb.Uncached, scores)
 	}
 }
+
+// When no endpoint holds any of the prompt (by the exact view where there
+// is one), where the estimate remembers sending it keeps it there: a
+// stale affinity, so that a group's miss lands on its own server.
+func TestPrefixScorerKeepsStaleAffinityWhenNoneHolds(t *testing.T) {
+	t.Parallel()
+	h := prefix.NewHasher(prefix.HashConfig{BlockTokens: 1, CharsPerToken: 4})
+	hashes := h.Hash(nil, "m", "aaaabbbbccccddddeeeeffffgggghhhh") // 8 blocks
+	idx := prefix.NewIndex(prefix.Config{})
+	idx.Add("b", hashes[:8]) // b had it; its events say it was evicted
+	cache := fakeCache{tokens: 400, cached: map[string]int{"a": 0, "b": 0, "c": 0}}
+	p := &prefixScorer{Index: idx, Guard: DefaultLoadGuard}
+	var sc Scratch
+	req := Request{Now: now, Hashes: hashes, BlockTokens: 4, Cache: cache, scratch: &sc}
+	got := make([]float64, 3)
+	p.Score(&req, mkEps(m{}, m{}, m{}), got)
+	inDelta(t, got, []float64{0, 1, 0})
+	// It predicts nothing cached there.
+	if n, ok := sc.CachedTokens("b"); !ok || n != 0 {
+		t.Errorf("CachedTokens(b) = %d, %v", n, ok)
+	}
+	// One endpoint holding some: the exact view alone decides.
+	cache.cached["c"] = 100
+	clear(got)
+	p.Score(&req, mkEps(m{}, m{}, m{}), got)
+	inDelta(t, got, []float64{0, 0, 0.25})
+}

@@ -31,6 +31,8 @@ type Load struct {
 	InFlightTokens atomic.Int64
 	// Picked counts every time the endpoint was chosen as primary.
 	Picked atomic.Int64
+	// PeerPicked counts the picks of the endpoint other replicas shared.
+	PeerPicked atomic.Int64
 	// Served counts responses Envoy reported as served by this endpoint.
 	Served atomic.Int64
 	// PrefillRequests counts the requests sent to the endpoint (by this
@@ -82,7 +84,7 @@ type scrapeMark struct {
 // picks). It makes Load a metrics.Demand: the scraper reads an endpoint
 // that gets traffic at its interval, an idle one rarely.
 func (l *Load) Demand() (sent, inFlight int64) {
-	return l.Picked.Load(), l.InFlightRequests.Load()
+	return l.Picked.Load() + l.PeerPicked.Load(), l.InFlightRequests.Load()
 }
 
 var _ metrics.Demand = (*Load)(nil)
@@ -361,10 +363,12 @@ type Scratch struct {
 	names     []string
 	matchedOK bool
 	// From Request.Cache, by the candidate order in names: exact cached
-	// tokens, and whether each is exact.
-	cached []int
-	exact  []bool
-	per    [][]float64
+	// tokens, and whether each is exact; estimated is the prefix index's
+	// counts before the exact ones replaced them.
+	cached    []int
+	exact     []bool
+	estimated []int
+	per       [][]float64
 	// The TTFT scorer's predictions, by the candidate order in names.
 	preds   []Prediction
 	predsOK bool

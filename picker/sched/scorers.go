@@ -340,6 +340,9 @@ func (req *Request) matchPrefixes(res Residency, eps []*Endpoint) []int {
 	}
 	sc.cached, sc.exact = sc.cached[:0], sc.exact[:0]
 	if req.Cache != nil {
+		// The estimate before the exact view overrides it: where the
+		// prompt was sent, for prefixScorer when no server holds any.
+		sc.estimated = append(sc.estimated[:0], m...)
 		if cap(sc.cached) < len(eps) {
 			sc.cached, sc.exact = make([]int, len(eps)), make([]bool, len(eps))
 		}
@@ -391,6 +394,19 @@ func (p *prefixScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		any = any || share > 0
 	}
 	if !any {
+		// No server holds any of the prompt (by the exact view where
+		// there is one): every candidate computes it all. Where the
+		// estimate remembers sending it (stale: evicted since) keeps a
+		// prompt's group on its server, so that its miss evicts that
+		// server's own prompts rather than another's.
+		sc := req.scratch
+		if req.Cache == nil || len(req.Hashes) == 0 || sc == nil || len(sc.estimated) < len(eps) || !slices.ContainsFunc(sc.estimated[:len(eps)], func(n int) bool { return n > 0 }) {
+			return
+		}
+		p.Guard.factors(req, eps, scores)
+		for i := range eps {
+			scores[i] *= float64(sc.estimated[i]) / float64(len(req.Hashes))
+		}
 		return
 	}
 	p.Guard.factors(req, eps, scores)

@@ -51,7 +51,12 @@ type Message struct {
 // every message becomes "<|role|> content" on its own line, and the prompt
 // ends with the assistant marker. Conversations sharing leading messages
 // share a rendered (and so tokenized) prefix.
-func RenderChat(msgs []Message) string {
+func RenderChat(msgs []Message) string { return RenderChatPrompt(msgs, true) }
+
+// RenderChatPrompt is RenderChat with the assistant marker (the
+// generation prompt) only when addGenerationPrompt is set: a
+// conversation rendered without it is a prefix of its continuations.
+func RenderChatPrompt(msgs []Message, addGenerationPrompt bool) string {
 	var b strings.Builder
 	for _, m := range msgs {
 		b.WriteString("<|")
@@ -60,7 +65,9 @@ func RenderChat(msgs []Message) string {
 		b.WriteString(m.Content)
 		b.WriteString("\n")
 	}
-	b.WriteString("<|assistant|>")
+	if addGenerationPrompt {
+		b.WriteString("<|assistant|>")
+	}
 	return b.String()
 }
 
