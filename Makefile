@@ -34,7 +34,7 @@ export SWITCHYARD_CONSUL := $(CONSUL_BIN)
 # engine.
 export SWITCHYARD_COMPOSE := $(COMPOSE_BIN)
 
-.PHONY: all build test test-vllm test-compose test-multihost unit race bench bench-routing bench-xds bench-scale run envoy consul chromium tools vllm engine vet fmt tidy-check clean fuzz compose-certs
+.PHONY: all build test test-vllm test-compose test-multihost unit race bench bench-routing bench-tail bench-xds bench-scale run envoy consul chromium tools vllm engine vet fmt tidy-check clean fuzz compose-certs
 
 all: build
 
@@ -136,6 +136,27 @@ bench-routing: build
 	done; \
 	$(BIN)/loadgen -url $${urls#,} -api chat -model llama3-8b $(ROUTING_LOAD)
 
+# The tail under cache pressure (issue 27; docs/performance.md): 4
+# simulators of 8 sequences whose KV caches hold 15 of 24 long system
+# prompts, latencies doubling as the batch fills, prefill 150 us a token;
+# round-robin's saturation measured per workload (shared-prefix chat,
+# Poisson; short and long prompts, bursty), then every profile at 50, 80,
+# 95 and 105 % of it, TAIL_RUNS runs each, through the picker (in-process
+# data plane; TAIL_ENVOY=1 for real Envoy). About 3.5 hours at the
+# defaults; the tables go to stdout and $(TAIL_OUT).
+TAIL_RUNS     ?= 5
+TAIL_SECONDS  ?= 40
+TAIL_SCALE    ?= 1
+TAIL_PROFILES ?= round-robin,least-queue,weighted,predicted-ttft,cache-aware
+TAIL_LOADS    ?= 50,80,95,105
+TAIL_WORKLOADS ?= shared,short-long
+TAIL_OUT      ?= $(CURDIR)/bench-tail.md
+TAIL_ENVOY    ?=
+bench-tail: envoy
+	SWITCHYARD_TAIL=1 SWITCHYARD_TAIL_RUNS=$(TAIL_RUNS) SWITCHYARD_TAIL_SECONDS=$(TAIL_SECONDS) \
+	SWITCHYARD_TAIL_SCALE=$(TAIL_SCALE) SWITCHYARD_TAIL_PROFILES=$(TAIL_PROFILES) SWITCHYARD_TAIL_LOADS=$(TAIL_LOADS) \
+	SWITCHYARD_TAIL_WORKLOADS=$(TAIL_WORKLOADS) SWITCHYARD_TAIL_OUT=$(TAIL_OUT) SWITCHYARD_QUALITY_ENVOY=$(TAIL_ENVOY) \
+	$(GO) test ./picker/quality -run 'TestTail$$' -count=1 -v -timeout 600m 2>&1
 # xDS at fleet scale (issue 25): a fleet of 1,000 loopback model servers in
 # 20 pools, switchyard serve scraping them, one real Envoy and 100 Go ADS
 # clients, state of the world then incremental: initial sync, 20 endpoint

@@ -162,12 +162,13 @@ func (f freshSource) Load() *metrics.Snapshot { return f.s }
 // the pick, with each profile that hashes prompts (weighted: the weighted
 // scorers; predicted-ttft: a TTFT prediction per endpoint, and the pick's
 // prefill work accounted, its expiry timer included since the bodies do
-// not stream). 32 system prompts are spread over the pool beforehand. It
+// not stream; cache-aware: that, the pool's fit, and the evictions of the
+// candidates that can win). 32 system prompts are spread over the pool beforehand. It
 // reports p99 latency per decision. Run:
 //
 //	go test -run '^$' -bench BenchmarkScheduleDecision -benchmem ./picker/
 func BenchmarkScheduleDecision(b *testing.B) {
-	for _, profile := range []string{sched.ProfileWeighted, sched.ProfilePredictedTTFT} {
+	for _, profile := range []string{sched.ProfileWeighted, sched.ProfilePredictedTTFT, sched.ProfileCacheAware} {
 		b.Run(profile, func(b *testing.B) { benchDecision(b, profile, 100) })
 	}
 }
@@ -177,7 +178,7 @@ func BenchmarkScheduleDecision(b *testing.B) {
 //
 //	go test -run '^$' -bench ScheduleDecision1000 -benchmem ./picker/
 func BenchmarkScheduleDecision1000(b *testing.B) {
-	for _, profile := range []string{sched.ProfileWeighted, sched.ProfilePredictedTTFT} {
+	for _, profile := range []string{sched.ProfileWeighted, sched.ProfilePredictedTTFT, sched.ProfileCacheAware} {
 		b.Run(profile, func(b *testing.B) { benchDecision(b, profile, 1000) })
 	}
 }

@@ -56,18 +56,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		model       = fs.String("model", "", "model name to send (required)")
 		stream      = fs.Bool("stream", true, "stream responses (SSE with usage) so TTFT and ITL are measured")
 		timeout     = fs.Duration("timeout", load.DefaultTimeout, "per-request timeout")
-		workload    = fs.String("workload", "random", "workload: shared-prefix, multi-turn or random")
+		workload    = fs.String("workload", "random", "workload: shared-prefix, multi-turn, random or short-long")
 		seed        = fs.Uint64("seed", 1, "seed for prompts, choices and Poisson arrivals")
-		groups      = fs.Int("groups", 8, "shared-prefix: number of groups (each has its own system prompt)")
+		groups      = fs.Int("groups", 8, "shared-prefix: number of groups (each has its own system prompt); short-long: number of long documents")
 		users       = fs.Int("users-per-group", 8, "shared-prefix: users (fixed questions) per group")
-		systemLen   = fs.Int("system-len", 512, "shared-prefix: system prompt tokens; multi-turn: per-session system prompt tokens (0 = none)")
-		questionLen = fs.Int("question-len", 64, "shared-prefix: question tokens; multi-turn: tokens per user message")
+		systemLen   = fs.Int("system-len", 512, "shared-prefix: system prompt tokens; multi-turn: per-session system prompt tokens (0 = none); short-long: long document tokens")
+		questionLen = fs.Int("question-len", 64, "shared-prefix: question tokens; multi-turn: tokens per user message; short-long: question tokens on a long document")
+		longFrac    = fs.Float64("long-fraction", 0.1, "short-long: share of requests on a long document")
 		sessions    = fs.Int("sessions", 16, "multi-turn: concurrent chat sessions")
 		turns       = fs.Int("turns", 4, "multi-turn: turns per session (then it restarts as a new session)")
 		sessHeader  = fs.String("session-header", load.DefaultSessionHeader, "multi-turn: header carrying the session id")
-		inputLen    = fs.String("input-len", "128-512", "random: prompt tokens, N or MIN-MAX")
+		inputLen    = fs.String("input-len", "128-512", "random: prompt tokens, N or MIN-MAX; short-long: short prompt tokens")
 		outputLen   = fs.String("output-len", "64", "output tokens per request (max_tokens = min_tokens, ignore_eos), N or MIN-MAX")
-		arrival     = fs.String("arrival", "constant", "arrivals: constant, poisson (open loop) or concurrency (closed loop)")
+		arrival     = fs.String("arrival", "constant", "arrivals: constant, poisson, bursty (open loop: Poisson at 2.5x the rate a quarter of the time, 0.5x otherwise) or concurrency (closed loop)")
 		rate        = fs.Float64("rate", 10, "requests per second (open loop) when -stages is not given")
 		concurrency = fs.Int("concurrency", 8, "requests in flight (-arrival concurrency) when -stages is not given")
 		duration    = fs.Duration("duration", 30*time.Second, "run length when -stages is not given")
@@ -117,6 +118,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			Sessions:      *sessions,
 			Turns:         *turns,
 			SessionHeader: *sessHeader,
+			LongFraction:  *longFrac,
 		},
 		Arrival:      load.ArrivalKind(*arrival),
 		Seed:         *seed,

@@ -109,6 +109,10 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.cfg.MaxModelLen, "max-model-len", def.MaxModelLen, "max prompt+output tokens per request")
 	fs.Float64Var(&o.cfg.TimeScale, "time-scale", 1, "speed-up factor for all simulated durations (10 = 10x faster)")
 	fs.DurationVar(&o.cfg.FrontendLatency, "frontend-latency", def.FrontendLatency, "API-server overhead per request before it reaches the engine queue (scaled by -time-scale)")
+	fs.DurationVar(&o.cfg.StepBase, "step-time", def.StepBase, "fixed part of an engine step (scaled by -time-scale)")
+	fs.DurationVar(&o.cfg.PerDecodeSeq, "decode-time-per-seq", def.PerDecodeSeq, "engine step time per decoding request")
+	fs.DurationVar(&o.cfg.PerPrefillToken, "prefill-time-per-token", def.PerPrefillToken, "engine step time per prompt token computed")
+	fs.Float64Var(&o.cfg.BatchSlowdown, "batch-slowdown", 1, "every step lasts this many times longer with a full batch (-max-num-seqs requests) than with one request, linearly in between; 1 = none")
 	fs.BoolVar(&o.cfg.LegacyKVMetric, "legacy-kv-metric", false, "report KV usage as vllm:gpu_cache_usage_perc (vLLM before 0.11)")
 	fs.IntVar(&o.defaultMaxTokens, "default-max-tokens", 16, "output length when a request sets no max_tokens")
 	fs.IntVar(&o.eosMean, "eos-mean-tokens", 0, "if > 0, requests without ignore_eos stop (finish_reason stop) at a prompt-derived length uniform in [1, 2N-1], but not before min_tokens; 0 = always max_tokens")
@@ -160,6 +164,10 @@ func parseFlags(args []string) (*options, error) {
 	switch {
 	case o.cfg.TimeScale <= 0:
 		return nil, fmt.Errorf("-time-scale must be > 0, got %g", o.cfg.TimeScale)
+	case o.cfg.BatchSlowdown < 1:
+		return nil, fmt.Errorf("-batch-slowdown must be >= 1, got %g", o.cfg.BatchSlowdown)
+	case o.cfg.StepBase < 0 || o.cfg.PerDecodeSeq < 0 || o.cfg.PerPrefillToken < 0:
+		return nil, fmt.Errorf("-step-time, -decode-time-per-seq and -prefill-time-per-token must not be negative")
 	case o.errorRate < 0 || o.errorRate > 1:
 		return nil, fmt.Errorf("-error-rate must be in [0,1], got %g", o.errorRate)
 	case o.hangRate < 0 || o.hangRate > 1:
@@ -380,7 +388,7 @@ func run(args []string) error {
 	} else {
 		log.Info("vllm-sim listening", "addr", servers[0].servedBy, "models", o.served, "loras", len(loras),
 			"max_num_seqs", cfg.MaxNumSeqs, "num_gpu_blocks", cfg.NumGPUBlocks, "prefix_caching", cfg.EnablePrefixCaching,
-			"time_scale", cfg.TimeScale, "kv_connector", o.kvConnector, "engine_id", servers[0].pd.engineID)
+			"time_scale", cfg.TimeScale, "batch_slowdown", cfg.BatchSlowdown, "kv_connector", o.kvConnector, "engine_id", servers[0].pd.engineID)
 	}
 
 	select {

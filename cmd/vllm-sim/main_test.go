@@ -30,7 +30,7 @@ type simProc struct {
 	proc *testutil.Process
 }
 
-func startSim(t *testing.T, args ...string) *simProc {
+func startSim(t testing.TB, args ...string) *simProc {
 	t.Helper()
 	bin := testutil.Binary(t, "vllm-sim")
 	port := testutil.FreePort(t)
@@ -597,6 +597,8 @@ func TestFlagErrors(t *testing.T) {
 	bin := testutil.Binary(t, "vllm-sim")
 	for _, args := range [][]string{
 		{"-time-scale", "0"},
+		{"-batch-slowdown", "0.5"},
+		{"-prefill-time-per-token", "-1us"},
 		{"-error-codes", "200"},
 		{"-max-num-seqs", "0"},
 		{"-lora-modules", "=path"},

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -65,6 +66,8 @@ type Index struct {
 	nextID  int
 	// clock numbers changes to endpoints' LRUs (endpoint.version).
 	clock atomic.Uint64
+	// epoch is the origin of the reuse stamps (endpoint.reused).
+	epoch time.Time
 	// share is every endpoint's capacity bound (MaxEntries over the
 	// endpoints), as last applied to them; written under mu.
 	share atomic.Int64
@@ -109,6 +112,9 @@ type endpoint struct {
 	slots      table[int32] // hash -> node index
 	nodes      []lruNode
 	head, tail int32
+	// reused[s] stamps when a pick last found node s's block already
+	// held (Index.stamp; 0: never since it was added), by node index.
+	reused []uint32
 	// version is the Index clock at the LRU's last change (entries,
 	// order or capacity); written under mu, read without it.
 	version atomic.Uint64
@@ -143,7 +149,7 @@ func NewIndex(cfg Config) *Index {
 	if cfg.MaxEntries <= 0 {
 		cfg.MaxEntries = DefaultMaxEntries
 	}
-	x := &Index{cfg: cfg}
+	x := &Index{cfg: cfg, epoch: time.Now()}
 	x.share.Store(int64(cfg.MaxEntries))
 	for i := range x.shards {
 		x.shards[i].m = newTable[holders](0)
@@ -382,17 +388,25 @@ func (x *Index) Add(endpoint string, hashes []uint64) {
 
 // record touches a chain's hashes, tail first. ep.mu must be held.
 func (x *Index) record(ep *endpoint, hashes []uint64) {
+	now := x.stamp(time.Now())
 	for i := len(hashes) - 1; i >= 0; i-- {
-		x.touch(ep, hashes[i])
+		x.touch(ep, hashes[i], now)
 	}
 	x.changed(ep)
 }
 
+// stamp is t as a reuse stamp: milliseconds since the Index's epoch, plus
+// one (0 means never). It wraps after 49 days; ages are taken modulo that.
+func (x *Index) stamp(t time.Time) uint32 {
+	return uint32(t.Sub(x.epoch).Milliseconds()) + 1
+}
+
 // touch makes h ep's most recent entry, evicting its least recent one if
-// full. ep.mu must be held.
-func (x *Index) touch(ep *endpoint, h uint64) {
+// full; a block already held is stamped reused at now. ep.mu must be held.
+func (x *Index) touch(ep *endpoint, h uint64, now uint32) {
 	if s, ok := ep.slots.get(h); ok {
 		ep.moveToFront(*s)
+		ep.reused[*s] = now
 		return
 	}
 	var s int32
@@ -405,8 +419,10 @@ func (x *Index) touch(ep *endpoint, h uint64) {
 	} else {
 		s = int32(len(ep.nodes))
 		ep.nodes = append(ep.nodes, lruNode{})
+		ep.reused = append(ep.reused, 0)
 	}
 	ep.nodes[s].hash = h
+	ep.reused[s] = 0
 	ep.slots.put(h, s)
 	ep.pushFront(s)
 	x.addHolder(h, ep.id)
@@ -452,10 +468,13 @@ func (ep *endpoint) moveToFront(s int32) {
 // entries (after shrinking). ep.mu must be held.
 func (ep *endpoint) compact() {
 	hashes := make([]uint64, 0, ep.slots.n)
+	stamps := make([]uint32, 0, ep.slots.n)
 	for s := ep.head; s >= 0; s = ep.nodes[s].next {
 		hashes = append(hashes, ep.nodes[s].hash)
+		stamps = append(stamps, ep.reused[s])
 	}
 	ep.nodes = make([]lruNode, len(hashes))
+	ep.reused = stamps
 	ep.slots = newTable[int32](len(hashes))
 	ep.head, ep.tail = -1, -1
 	for i := len(hashes) - 1; i >= 0; i-- {
@@ -500,7 +519,7 @@ func (x *Index) Remove(name string) {
 		x.dropHolder(ep.nodes[s].hash, ep.id)
 	}
 	ep.removed = true
-	ep.slots, ep.nodes = table[int32]{}, nil
+	ep.slots, ep.nodes, ep.reused = table[int32]{}, nil, nil
 	ep.head, ep.tail = -1, -1
 	x.unlock(ep) // drops picks deferred meanwhile
 
@@ -525,6 +544,91 @@ func (x *Index) Endpoints() []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// Eviction is what taking new blocks would push out of an endpoint's
+// LRU (see Index.Evictions).
+type Eviction struct {
+	// Blocks is how many of its entries would be evicted: 0 while it has
+	// room.
+	Blocks int
+	// Sole is how many of those the Index holds nowhere else and a pick
+	// found already held (reused) recently: blocks of a prefix in use
+	// whose only cached copy the eviction would destroy.
+	Sole int
+}
+
+// maxEvictionChecks bounds the evicted entries Evictions checks for
+// other holders; beyond it they are sampled evenly and the count scaled.
+const maxEvictionChecks = 64
+
+// Evictions reports what adding n new blocks to endpoint's LRU would
+// evict: the least recent entries beyond its capacity, and how many of
+// them no other endpoint holds and were reused after since. An endpoint
+// the Index does not track evicts nothing. It locks the endpoint briefly
+// (applying picks deferred meanwhile) and each checked block's shard.
+func (x *Index) Evictions(endpoint string, n int, since time.Time) Eviction {
+	ep := x.table.Load().byName[endpoint]
+	if ep == nil || n <= 0 {
+		return Eviction{}
+	}
+	ep.mu.Lock()
+	defer x.unlock(ep)
+	if ep.removed {
+		return Eviction{}
+	}
+	k := min(n-(ep.capacity-ep.slots.n), ep.slots.n)
+	if k <= 0 {
+		return Eviction{}
+	}
+	stride := (k + maxEvictionChecks - 1) / maxEvictionChecks
+	after := x.stamp(since)
+	checked, sole := 0, 0
+	i := 0
+	for s := ep.tail; s >= 0 && i < k; s, i = ep.nodes[s].prev, i+1 {
+		if i%stride != 0 {
+			continue
+		}
+		checked++
+		if r := ep.reused[s]; r != 0 && int32(r-after) >= 0 && x.soleHolder(ep.nodes[s].hash, ep.id) {
+			sole++
+		}
+	}
+	if checked > 0 && checked < k {
+		sole = (sole*k + checked/2) / checked
+	}
+	return Eviction{Blocks: k, Sole: sole}
+}
+
+// soleHolder reports whether id is the only endpoint holding h.
+func (x *Index) soleHolder(h uint64, id uint16) bool {
+	s := x.shardOf(h)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	v, ok := s.m.get(h)
+	if !ok {
+		return false
+	}
+	w, bit := int(id/64), uint64(1)<<(id%64)
+	for i, word := range v {
+		want := uint64(0)
+		if i == w {
+			want = bit
+		}
+		if word != want {
+			return false
+		}
+	}
+	for i, word := range s.over[h] {
+		want := uint64(0)
+		if i == w-holderWords {
+			want = bit
+		}
+		if word != want {
+			return false
+		}
+	}
+	return true
 }
 
 type matchScratch struct {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // block returns a 64-character block made of c.
@@ -285,6 +286,49 @@ func TestLRUEvictionAndCapacity(t *testing.T) {
 	}
 }
 
+func TestEvictions(t *testing.T) {
+	t.Parallel()
+	x := NewIndex(Config{DefaultCapacity: 10})
+	a := []uint64{11, 12, 13, 14}
+	b := []uint64{21, 22, 23, 24}
+	start := time.Now()
+	x.Add("e1", a)
+	x.Add("e1", a) // found held: reused
+	x.Add("e1", b) // LRU, least recent first: 14 13 12 11 24 23 22 21
+	checkInvariants(t, x)
+	if got := x.Evictions("e1", 2, start); got != (Eviction{}) {
+		t.Errorf("2 new blocks with room for 2: %+v, want nothing evicted", got)
+	}
+	if got := x.Evictions("e1", 4, start); got != (Eviction{Blocks: 2, Sole: 2}) {
+		t.Errorf("4 new blocks: %+v, want a's last 2 blocks, reused and held nowhere else", got)
+	}
+	if got := x.Evictions("e1", 10, start); got != (Eviction{Blocks: 8, Sole: 4}) {
+		t.Errorf("10 new blocks: %+v, want all 8 out, a's 4 the only reused ones", got)
+	}
+	if got := x.Evictions("e1", 4, time.Now().Add(time.Hour)); got != (Eviction{Blocks: 2}) {
+		t.Errorf("reuse before since: %+v, want no sole block counted", got)
+	}
+	x.Add("e2", a[:3])
+	if got := x.Evictions("e1", 4, start); got != (Eviction{Blocks: 2, Sole: 1}) {
+		t.Errorf("a's first 3 blocks also on e2: %+v, want only block 14 sole", got)
+	}
+	if got := x.Evictions("nobody", 4, start); got != (Eviction{}) {
+		t.Errorf("untracked endpoint: %+v", got)
+	}
+	// Sampling: a long tail is checked at most maxEvictionChecks times
+	// and the count scaled.
+	y := NewIndex(Config{DefaultCapacity: 1000})
+	long := make([]uint64, 1000)
+	for i := range long {
+		long[i] = uint64(1000 + i)
+	}
+	y.Add("e", long)
+	y.Add("e", long)
+	if got := y.Evictions("e", 1000, start); got != (Eviction{Blocks: 1000, Sole: 1000}) {
+		t.Errorf("1000 reused blocks out: %+v", got)
+	}
+}
+
 func TestRemove(t *testing.T) {
 	t.Parallel()
 	x := NewIndex(Config{})
@@ -366,6 +410,9 @@ func checkInvariants(t *testing.T, x *Index) {
 		}
 		if n != ep.slots.n {
 			t.Errorf("%s: list has %d nodes, map %d", name, n, ep.slots.n)
+		}
+		if len(ep.reused) != len(ep.nodes) {
+			t.Errorf("%s: %d reuse stamps for %d nodes", name, len(ep.reused), len(ep.nodes))
 		}
 		if p := ep.npend.Load(); p != 0 || len(ep.pendLens) != 0 {
 			t.Errorf("%s: %d deferred picks left unrecorded", name, p)

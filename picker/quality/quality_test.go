@@ -182,7 +182,11 @@ func startPickers(t testing.TB, addrs []string, scrape time.Duration, replicas i
 			return nil
 		})
 	}
-	f.url = startDataPlane(t, pickerAddrs...)
+	if useEnvoy() && len(pickerAddrs) == 1 {
+		f.url = startEnvoyDataPlane(t, pickerAddrs[0], addrs)
+	} else {
+		f.url = startDataPlane(t, pickerAddrs...)
+	}
 	return f
 }
 
@@ -288,16 +292,25 @@ func (f *fleet) runStages(profile string, w load.Workload, arrival load.ArrivalK
 // from 0.9x the estimate) keeps the highest rate before the knee: no
 // failures and TTFT p50 within 1.5x the first (lightest) stage's.
 func (f *fleet) saturation(w load.Workload, closed load.StageReport, step time.Duration, seed uint64) (float64, []load.StageReport) {
+	return f.sweepSaturation(w, load.ArrivalPoisson, []float64{0.9, 1.05, 1.2, 1.35, 1.5, 1.7, 1.9}, closed, step, seed,
+		func(first, r load.StageReport) bool { return r.TTFT.P50Ms <= 1.5*first.TTFT.P50Ms })
+}
+
+// sweepSaturation is saturation with the sweep's arrival process, its
+// rates as multiples of the closed-loop throughput, and the test of a
+// stage before the knee (besides no failures), given the first stage.
+func (f *fleet) sweepSaturation(w load.Workload, arrival load.ArrivalKind, ks []float64, closed load.StageReport, step time.Duration, seed uint64,
+	beforeKnee func(first, r load.StageReport) bool) (float64, []load.StageReport) {
 	f.t.Helper()
 	est := closed.RequestThroughput
 	var stages []load.Stage
-	for _, k := range []float64{0.9, 1.05, 1.2, 1.35, 1.5, 1.7, 1.9} {
+	for _, k := range ks {
 		stages = append(stages, load.Stage{Rate: est * k, Duration: step})
 	}
-	reps := f.runStages("round-robin", w, load.ArrivalPoisson, stages, seed)
+	reps := f.runStages("round-robin", w, arrival, stages, seed)
 	best := stages[0].Rate
 	for i, r := range reps {
-		if r.TTFT.P50Ms > 1.5*reps[0].TTFT.P50Ms || r.Failed > 0 {
+		if !beforeKnee(reps[0], r) || r.Failed > 0 {
 			break
 		}
 		best = stages[i].Rate

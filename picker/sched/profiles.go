@@ -64,11 +64,15 @@ const (
 	// ProfilePredictedTTFT sends each request where its predicted time to
 	// first token is lowest (TTFTScorer).
 	ProfilePredictedTTFT = "predicted-ttft"
+	// ProfileCacheAware is predicted-ttft that also prices what a pick
+	// evicts from a full KV cache and pulls noisy learned rates towards
+	// the pool's (TTFTScorer with EvictionCost and Shrink).
+	ProfileCacheAware = "cache-aware"
 )
 
 // ProfileNames lists every profile name.
 func ProfileNames() []string {
-	return []string{ProfileDefault, ProfileWeighted, ProfilePredictedTTFT, ProfileRoundRobin, ProfileRandom, ProfileLeastQueue, ProfileLeastRequest}
+	return []string{ProfileDefault, ProfileWeighted, ProfilePredictedTTFT, ProfileCacheAware, ProfileRoundRobin, ProfileRandom, ProfileLeastQueue, ProfileLeastRequest}
 }
 
 // DefaultProfileIs is the profile "default" (and no profile) stands for.
@@ -123,7 +127,7 @@ func profileWeights(name string) map[string]float64 {
 		return map[string]float64{ScorerQueue: 1}
 	case ProfileLeastRequest:
 		return map[string]float64{ScorerInFlight: 1}
-	case ProfilePredictedTTFT:
+	case ProfilePredictedTTFT, ProfileCacheAware:
 		return PredictedTTFTWeights()
 	case ProfileRoundRobin, ProfileRandom:
 		return map[string]float64{}
@@ -136,6 +140,10 @@ func profileWeights(name string) map[string]float64 {
 type Deps struct {
 	// Prefix is the pool's prefix-cache index (prefix scorer).
 	Prefix *prefix.Index
+	// Residency, when set, is what the TTFT scorer of the cache-aware
+	// profile consults for what endpoints hold and evict (an index fed by
+	// the engines' KV events); nil: the estimating Prefix index.
+	Residency Residency
 	// Sessions is the pool's session table (session scorer).
 	Sessions *Sessions
 	// RoundRobin is the pool's round-robin position.
@@ -250,7 +258,7 @@ func BuildProfile(sc *registry.Scheduling, deps Deps) (*Profile, error) {
 		// EDS does; the per-request filters follow.
 		Filters: []Filter{drainingFilter{}, healthFilter{}, subsetFilter{}, modelFilter{AnyAdapter: sc.AdaptersOnDemand}},
 	}
-	if name == ProfileWeighted || name == ProfilePredictedTTFT {
+	if name == ProfileWeighted || name == ProfilePredictedTTFT || name == ProfileCacheAware {
 		p.Filters = append(p.Filters, loraFilter{})
 	}
 	for _, n := range ScorerNames() {
@@ -283,7 +291,11 @@ func BuildProfile(sc *registry.Scheduling, deps Deps) (*Profile, error) {
 			}
 			s = &sessionScorer{Table: deps.Sessions, Guard: guard}
 		case ScorerTTFT:
-			s = &TTFTScorer{Index: deps.Prefix}
+			ts := &TTFTScorer{Index: deps.Prefix}
+			if name == ProfileCacheAware {
+				ts.Residency, ts.EvictionCost, ts.Shrink = deps.Residency, true, true
+			}
+			s = ts
 		}
 		p.Scorers = append(p.Scorers, weightedScorer{Scorer: s, Weight: w})
 	}

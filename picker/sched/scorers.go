@@ -314,12 +314,12 @@ type prefixScorer struct {
 }
 
 // matchPrefixes records, for each of eps in order, how many of the
-// request's leading blocks idx believes it holds (all 0 without an index or
-// hashes), in the request's scratch (a throwaway one when it has none), so
-// PrefixMatch can report them; it returns the counts. Where the request's
-// exact view (Request.Cache) knows a candidate, the count is its cached
-// tokens in blocks of BlockTokens, and cachedTokens reports them.
-func (req *Request) matchPrefixes(idx *prefix.Index, eps []*Endpoint) []int {
+// request's leading blocks res says it holds (all 0 without one), in the
+// request's scratch (a throwaway one when it has none), so PrefixMatch
+// can report them; it returns the counts. Where the request's exact view
+// (Request.Cache) knows a candidate, the count is its cached tokens in
+// blocks of BlockTokens, and cachedTokens reports them.
+func (req *Request) matchPrefixes(res Residency, eps []*Endpoint) []int {
 	sc := req.scratch
 	if sc == nil {
 		sc = new(Scratch)
@@ -333,8 +333,8 @@ func (req *Request) matchPrefixes(idx *prefix.Index, eps []*Endpoint) []int {
 		sc.matched = make([]int, len(eps))
 	}
 	m := sc.matched[:len(eps)]
-	if idx != nil && len(req.Hashes) > 0 {
-		idx.MatchInto(req.Hashes, sc.names, m)
+	if res != nil {
+		res.Held(req, sc.names, m)
 	} else {
 		clear(m)
 	}
@@ -387,7 +387,7 @@ func (p *prefixScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	if (p.Index == nil || len(req.Hashes) == 0) && req.Cache == nil {
 		return // all zero: no preference
 	}
-	m := req.matchPrefixes(p.Index, eps)
+	m := req.matchPrefixes(IndexResidency{Index: p.Index}, eps)
 	any := false
 	for i := range m {
 		_, share := req.cachedTokens(i, m)

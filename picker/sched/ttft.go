@@ -79,6 +79,16 @@ type Prediction struct {
 	// small gain.
 	Delay time.Duration
 	Rate  float64
+	// Evicts is how many cached blocks the pick would push out of the
+	// endpoint's full KV cache, Lost how many of them are the pool's only
+	// copy of a prefix in use, and Eviction the prefill the requests that
+	// would have hit those blocks will spend computing them again: a
+	// TTFTScorer that prices eviction adds it to the cost it ranks by, so
+	// a miss goes where it destroys the least, and a request stays on its
+	// prefix's server rather than evict another prefix's only copy for a
+	// small gain.
+	Evicts, Lost int
+	Eviction     time.Duration
 	// Tokens is the request's prompt estimate, Uncached the part the
 	// endpoint is believed not to hold, Ahead the prompt tokens of the
 	// requests sent to it whose first token has not come yet.
@@ -102,8 +112,12 @@ type Prediction struct {
 // req/s)".
 func (p Prediction) String() string {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/1e6) }
-	return fmt.Sprintf("ttft=%sms (base %s + wait %s [prefill ahead %s, slot %s] + prefill %s + lora %s; %d/%d tokens uncached, %d ahead) delays others %sms (%.1f req/s)",
+	out := fmt.Sprintf("ttft=%sms (base %s + wait %s [prefill ahead %s, slot %s] + prefill %s + lora %s; %d/%d tokens uncached, %d ahead) delays others %sms (%.1f req/s)",
 		ms(p.Total), ms(p.Base), ms(p.Wait), ms(p.Queued), ms(p.SlotWait), ms(p.Prefill), ms(p.LoRA), p.Uncached, p.Tokens, p.Ahead, ms(p.Delay), p.Rate)
+	if p.Evicts > 0 {
+		out += fmt.Sprintf(" evicts %d blocks (%d the only copy: %sms)", p.Evicts, p.Lost, ms(p.Eviction))
+	}
+	return out
 }
 
 // ttftLearner learns one endpoint's TTFT from the picker's observations.
@@ -351,16 +365,52 @@ func poolPrior(preds []Prediction) (pr ttftPrior, ok bool) {
 	return pr, true
 }
 
+// poolFit is the fit of a pool's measured candidates: the mean of their
+// fixed parts and the geometric mean of their per-token parts (each as
+// its own fit solves it); ok is false when none is measured.
+func poolFit(now time.Time, eps []*Endpoint) (pr ttftPrior, ok bool) {
+	n, logPer := 0, 0.0
+	for _, e := range eps {
+		s := e.fresh(now)
+		st := e.Load.ttft.fit.Load()
+		if !measured(s, st) {
+			continue
+		}
+		base, per := st.solve(prior(s))
+		pr.base += base
+		logPer += math.Log(max(per, minPerToken))
+		n++
+	}
+	if n == 0 {
+		return ttftPrior{}, false
+	}
+	pr.base /= float64(n)
+	pr.perToken = math.Exp(logPer / float64(n))
+	pr.lo, pr.hi = pr.perToken/pageBand, pr.perToken*pageBand
+	return pr, true
+}
+
+// shrinkObservations is how many observations an endpoint's own fit
+// counts for against the pool's when they are blended (see predict's
+// shrink): with the learner's window of 128, a fit resting on a full
+// window keeps four fifths of its difference from the pool's.
+const shrinkObservations = 32
+
 // predict estimates the request's TTFT on e, given how many leading
 // prompt tokens e is believed to hold and whether the request's adapter
 // must be loaded (1) or wait for a slot (2) there. An endpoint that is
-// not measured yet takes pool as its prior when given (poolPrior).
-func predict(req *Request, e *Endpoint, cached int64, lora loraNeed, pool *ttftPrior) Prediction {
-	return predictWith(req, e, e.fresh(req.Now), cached, lora, pool)
+// not measured yet takes pool as its prior when given (poolPrior,
+// poolFit). With shrink, a measured endpoint's fit is pulled towards
+// shrink's by how few observations it rests on (n of them keep
+// n/(n+shrinkObservations) of the difference, the per-token part on a
+// log scale): servers of a pool are usually alike, and fits of a few
+// noisy observations otherwise tell identical servers apart.
+func predict(req *Request, e *Endpoint, cached int64, lora loraNeed, pool, shrink *ttftPrior) Prediction {
+	return predictWith(req, e, e.fresh(req.Now), cached, lora, pool, shrink)
 }
 
 // predictWith is predict given e's fresh snapshot s (nil: none).
-func predictWith(req *Request, e *Endpoint, s *metrics.Snapshot, cached int64, lora loraNeed, pool *ttftPrior) Prediction {
+func predictWith(req *Request, e *Endpoint, s *metrics.Snapshot, cached int64, lora loraNeed, pool, shrink *ttftPrior) Prediction {
 	st := e.Load.ttft.fit.Load()
 	pr := prior(s)
 	known := measured(s, st)
@@ -368,6 +418,15 @@ func predictWith(req *Request, e *Endpoint, s *metrics.Snapshot, cached int64, l
 		pr = *pool
 	}
 	base, per := st.solve(pr)
+	if shrink != nil && known {
+		n := 0.0
+		if st != nil {
+			n = st.n
+		}
+		a := n / (n + shrinkObservations)
+		base = a*base + (1-a)*shrink.base
+		per = math.Exp(a*math.Log(max(per, minPerToken)) + (1-a)*math.Log(max(shrink.perToken, minPerToken)))
+	}
 	p := Prediction{Tokens: req.Tokens, PerToken: per, measured: known}
 	if st != nil {
 		p.Observed = st.n
@@ -517,8 +576,9 @@ const (
 )
 
 // cost is what TTFTScorer ranks by: the request's predicted TTFT plus
-// the delay its prefill is predicted to add to others.
-func (p Prediction) cost() time.Duration { return p.Total + p.Delay }
+// the delay its prefill is predicted to add to others, plus (when the
+// scorer prices eviction) the prefill its evictions will cost others.
+func (p Prediction) cost() time.Duration { return p.Total + p.Delay + p.Eviction }
 
 // TTFTScorer ranks endpoints by predicted time to first token (see
 // Prediction), counting what the request's prefill will add to the
@@ -532,14 +592,39 @@ func (p Prediction) cost() time.Duration { return p.Total + p.Delay }
 // teach the endpoint's model (Load.ObserveTTFT).
 type TTFTScorer struct {
 	Index *prefix.Index
+	// Residency tells what each endpoint holds and what a pick would
+	// evict; nil: the estimating Index (IndexResidency).
+	Residency Residency
+	// EvictionCost prices eviction: a candidate whose cache is full pays
+	// for the prefixes in use whose only copy the pick would evict
+	// (Prediction.Eviction).
+	EvictionCost bool
+	// Shrink pulls each endpoint's learned fit towards the pool's (see
+	// predict), and predicts an endpoint not measured yet by the pool's.
+	Shrink bool
 }
+
+// residency is t.Residency, or the estimating index.
+func (t *TTFTScorer) residency() Residency {
+	if t.Residency != nil {
+		return t.Residency
+	}
+	return IndexResidency{Index: t.Index}
+}
+
+// evictionMargin widens the candidates whose evictions are looked up
+// beyond those that could win on cost alone (cost below the best final
+// cost): other scorers of the profile (session 0.2) can lift a candidate
+// up to a quarter more expensive over the best.
+const evictionMargin = 1.25
 
 // Name implements Scorer.
 func (*TTFTScorer) Name() string { return ScorerTTFT }
 
 // Score implements Scorer.
 func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
-	m := req.matchPrefixes(t.Index, eps)
+	res := t.residency()
+	m := req.matchPrefixes(res, eps)
 	sc := req.scratch
 	if sc == nil {
 		sc = new(Scratch)
@@ -560,25 +645,34 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		sc.preds = make([]Prediction, len(eps))
 	}
 	sc.preds = sc.preds[:len(eps)]
+	var fit *ttftPrior
+	if t.Shrink {
+		if f, ok := poolFit(req.Now, eps); ok {
+			fit = &f
+		}
+	}
 	unmeasured := 0
 	for i, e := range eps {
 		cached, _ := req.cachedTokens(i, m)
-		sc.preds[i] = predictWith(req, e, req.freshAt(eps, i), cached, need(i), nil)
+		sc.preds[i] = predictWith(req, e, req.freshAt(eps, i), cached, need(i), fit, fit)
 		if !sc.preds[i].measured {
 			unmeasured++
 		}
 	}
 	// Candidates not measured yet are predicted again like their
 	// measured peers (the pool's prior is worked out only for them).
-	if unmeasured > 0 {
+	if unmeasured > 0 && fit == nil {
 		if pool, ok := poolPrior(sc.preds); ok {
 			for i, e := range eps {
 				if !sc.preds[i].measured {
 					cached, _ := req.cachedTokens(i, m)
-					sc.preds[i] = predictWith(req, e, req.freshAt(eps, i), cached, need(i), &pool)
+					sc.preds[i] = predictWith(req, e, req.freshAt(eps, i), cached, need(i), &pool, nil)
 				}
 			}
 		}
+	}
+	if t.EvictionCost {
+		priceEvictions(req, res, eps, sc.preds, fit)
 	}
 	best := time.Duration(math.MaxInt64)
 	for i := range eps {
@@ -588,6 +682,49 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 		scores[i] = float64(best) / float64(sc.preds[i].cost())
 	}
 	sc.predsOK = true
+}
+
+// priceEvictions adds to the predictions the prefill their evictions
+// will cost others (Prediction.Eviction). The cheapest candidate is
+// priced first; then only those whose cost before eviction is within
+// evictionMargin of the best after it, as eviction only adds to a cost
+// (the others keep a cost too low, which only matters to their place
+// among the fallbacks). An evicted block is priced at the pool's prefill
+// per token (fit) when known: its next request computes it wherever it
+// goes.
+func priceEvictions(req *Request, res Residency, eps []*Endpoint, preds []Prediction, fit *ttftPrior) {
+	bt := int64(req.BlockTokens)
+	if bt <= 0 {
+		bt = prefix.DefaultBlockTokens
+	}
+	price := func(i int) {
+		p := &preds[i]
+		blocks := int((p.Uncached + bt - 1) / bt)
+		if blocks <= 0 {
+			return
+		}
+		ev := res.Evicts(req, eps[i].Address, blocks)
+		per := p.PerToken
+		if fit != nil {
+			per = fit.perToken
+		}
+		p.Evicts, p.Lost = ev.Blocks, ev.Lost
+		p.Eviction = secs(float64(int64(ev.Lost)*bt) * per)
+	}
+	first := 0
+	for i := range preds {
+		if preds[i].cost() < preds[first].cost() {
+			first = i
+		}
+	}
+	price(first)
+	final := preds[first].cost()
+	for i := range preds {
+		if i != first && float64(preds[i].cost()) < evictionMargin*float64(final) {
+			price(i)
+			final = min(final, preds[i].cost())
+		}
+	}
 }
 
 // Picked implements Observer: the prompt's blocks are now on primary.
@@ -608,17 +745,15 @@ func (t *TTFTScorer) explain(sc *Scratch, addr string) string {
 // It is how a replica prices a pick another replica made.
 func (t *TTFTScorer) Predict(req *Request, e *Endpoint) Prediction {
 	m := [1]int{}
-	if t.Index != nil && len(req.Hashes) > 0 {
-		t.Index.MatchInto(req.Hashes, []string{e.Address}, m[:])
-	}
 	if req.Now.IsZero() {
 		req.Now = time.Now()
 	}
+	t.residency().Held(req, []string{e.Address}, m[:])
 	bt := int64(req.BlockTokens)
 	if bt <= 0 {
 		bt = prefix.DefaultBlockTokens
 	}
-	return predict(req, e, int64(m[0])*bt, loraNone, nil)
+	return predict(req, e, int64(m[0])*bt, loraNone, nil, nil)
 }
 
 // Prediction returns the TTFT scorer's prediction for addr in the last

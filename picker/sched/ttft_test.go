@@ -3,6 +3,7 @@ package sched
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -34,7 +35,7 @@ func TestPredictFromScrapedPerf(t *testing.T) {
 	req := &Request{Tokens: 3000, BlockTokens: 16, Now: now}
 
 	idle := perfEp("idle", metrics.Values{Running: 1}, perf)
-	p := predict(req, idle, 0, loraNone, nil)
+	p := predict(req, idle, 0, loraNone, nil, nil)
 	near(t, "base", p.Base, 20*time.Millisecond, time.Microsecond) // 80 - 10 - 50µs*1000
 	near(t, "prefill", p.Prefill, 150*time.Millisecond, time.Microsecond)
 	if p.Wait != 0 || p.Uncached != 3000 || p.Total != p.Base+p.Prefill {
@@ -42,7 +43,7 @@ func TestPredictFromScrapedPerf(t *testing.T) {
 	}
 
 	// 125 of the prompt's blocks (2,000 tokens) cached: 1,000 to compute.
-	if p := predict(req, idle, 125*16, loraNone, nil); p.Uncached != 1000 {
+	if p := predict(req, idle, 125*16, loraNone, nil, nil); p.Uncached != 1000 {
 		t.Errorf("uncached %d, want 1000", p.Uncached)
 	} else {
 		near(t, "prefill with a cache hit", p.Prefill, 50*time.Millisecond, time.Microsecond)
@@ -52,18 +53,18 @@ func TestPredictFromScrapedPerf(t *testing.T) {
 	// wait now, what is left of it later, nothing once it is done.
 	busy := perfEp("busy", metrics.Values{Running: 2}, perf)
 	busy.Load.StartPrefill(4000, 200*time.Millisecond, now)
-	if p := predict(req, busy, 0, loraNone, nil); p.Ahead != 4000 {
+	if p := predict(req, busy, 0, loraNone, nil, nil); p.Ahead != 4000 {
 		t.Errorf("ahead %d tokens, want 4000", p.Ahead)
 	}
-	near(t, "wait behind prefill", predict(req, busy, 0, loraNone, nil).Wait, 200*time.Millisecond, time.Microsecond)
+	near(t, "wait behind prefill", predict(req, busy, 0, loraNone, nil, nil).Wait, 200*time.Millisecond, time.Microsecond)
 	later := *req
 	later.Now = now.Add(150 * time.Millisecond)
-	near(t, "wait 150 ms later", predict(&later, busy, 0, loraNone, nil).Wait, 50*time.Millisecond, time.Microsecond)
+	near(t, "wait 150 ms later", predict(&later, busy, 0, loraNone, nil, nil).Wait, 50*time.Millisecond, time.Microsecond)
 	busy.Load.StartPrefill(2000, 100*time.Millisecond, later.Now) // queues behind
-	near(t, "wait behind both", predict(&later, busy, 0, loraNone, nil).Wait, 150*time.Millisecond, time.Microsecond)
+	near(t, "wait behind both", predict(&later, busy, 0, loraNone, nil, nil).Wait, 150*time.Millisecond, time.Microsecond)
 	busy.Load.EndPrefill(4000)
 	busy.Load.EndPrefill(2000)
-	if p := predict(&later, busy, 0, loraNone, nil); p.Wait != 0 {
+	if p := predict(&later, busy, 0, loraNone, nil, nil); p.Wait != 0 {
 		t.Errorf("wait %v with no prefill counted", p.Wait)
 	}
 
@@ -74,7 +75,7 @@ func TestPredictFromScrapedPerf(t *testing.T) {
 	full.Load.InFlightRequests.Store(6)
 	full.Load.MarkScrape(full.Metrics.Load())
 	full.Load.InFlightRequests.Store(7)
-	p = predict(req, full, 0, loraNone, nil)
+	p = predict(req, full, 0, loraNone, nil, nil)
 	near(t, "slot wait", p.SlotWait, 2*time.Second, time.Microsecond)
 	if p.Wait != p.SlotWait {
 		t.Errorf("wait %v, want the slot wait %v", p.Wait, p.SlotWait)
@@ -85,24 +86,24 @@ func TestPredictFromScrapedPerf(t *testing.T) {
 	kvFull := perfEp("kv", metrics.Values{Running: 3, Waiting: 1, KVUsage: 0.99}, perf)
 	kvFull.Load.InFlightRequests.Store(4)
 	kvFull.Load.MarkScrape(kvFull.Metrics.Load())
-	near(t, "slot wait with the KV cache full", predict(req, kvFull, 0, loraNone, nil).SlotWait, 2*time.Second*2/3, time.Microsecond)
+	near(t, "slot wait with the KV cache full", predict(req, kvFull, 0, loraNone, nil, nil).SlotWait, 2*time.Second*2/3, time.Microsecond)
 
 	// A prompt that does not fit in the free KV blocks waits for running
 	// requests to free them: 2,000 tokens are 125 blocks of 16, 62.5 more
 	// than the free 62.5 of 1,000; the 937.5 used ones come free over a
 	// 2 s hold, so 62.5 of them in 2 s / 15.
 	kv := perfEp("kv-room", metrics.Values{Running: 2, KVUsage: 0.9375, NumBlocks: 1000, BlockSize: 16}, perf)
-	near(t, "KV wait", predict(&Request{Tokens: 2000, BlockTokens: 16, Now: now}, kv, 0, loraNone, nil).SlotWait,
+	near(t, "KV wait", predict(&Request{Tokens: 2000, BlockTokens: 16, Now: now}, kv, 0, loraNone, nil, nil).SlotWait,
 		2*time.Second/15, time.Microsecond)
-	if p := predict(&Request{Tokens: 800, BlockTokens: 16, Now: now}, kv, 0, loraNone, nil); p.SlotWait != 0 {
+	if p := predict(&Request{Tokens: 800, BlockTokens: 16, Now: now}, kv, 0, loraNone, nil, nil); p.SlotWait != 0 {
 		t.Errorf("a prompt that fits waits %v", p.SlotWait)
 	}
 
 	// An adapter to load, or a slot to wait for.
-	if p := predict(req, idle, 0, loraLoad, nil); p.LoRA != DefaultLoRALoad {
+	if p := predict(req, idle, 0, loraLoad, nil, nil); p.LoRA != DefaultLoRALoad {
 		t.Errorf("adapter load %v, want the cold-start %v", p.LoRA, DefaultLoRALoad)
 	}
-	near(t, "adapter slot wait", predict(req, idle, 0, loraWaitSlot, nil).LoRA, 2*time.Second, time.Microsecond)
+	near(t, "adapter slot wait", predict(req, idle, 0, loraWaitSlot, nil, nil).LoRA, 2*time.Second, time.Microsecond)
 }
 
 // Without a page or observations, the cold-start values apply, and
@@ -111,12 +112,12 @@ func TestPredictColdStart(t *testing.T) {
 	t.Parallel()
 	e := &Endpoint{Pool: "p", Address: "a", Load: new(Load)}
 	req := &Request{Tokens: 1000, Now: now}
-	p := predict(req, e, 0, loraNone, nil)
+	p := predict(req, e, 0, loraNone, nil, nil)
 	if p.Base != DefaultTTFTBase || p.Prefill != 1000*DefaultPrefillPerToken || p.SlotWait != 0 {
 		t.Fatalf("cold start: %+v", p)
 	}
 	e.Load.InFlightRequests.Store(DefaultMaxNumSeqs)
-	near(t, "slot wait past the default limit", predict(req, e, 0, loraNone, nil).SlotWait, DefaultHold/DefaultMaxNumSeqs, time.Microsecond)
+	near(t, "slot wait past the default limit", predict(req, e, 0, loraNone, nil, nil).SlotWait, DefaultHold/DefaultMaxNumSeqs, time.Microsecond)
 }
 
 // Observed TTFTs teach the endpoint its own fixed and per-token costs,
@@ -130,7 +131,7 @@ func TestTTFTLearnsFromObservations(t *testing.T) {
 	truth := func(x int64) time.Duration { return 40*time.Millisecond + time.Duration(x)*100*time.Microsecond }
 	for range 400 {
 		req := &Request{Tokens: 100 + rng.Int64N(4000), Now: now}
-		p := predict(req, e, 0, loraNone, nil)
+		p := predict(req, e, 0, loraNone, nil, nil)
 		noise := time.Duration(rng.NormFloat64() * float64(2*time.Millisecond))
 		e.Load.ObserveTTFT(Observation{Predicted: p, TTFT: truth(p.Uncached+p.Ahead) + noise, At: now})
 	}
@@ -138,7 +139,7 @@ func TestTTFTLearnsFromObservations(t *testing.T) {
 	near(t, "learned base", m.Base, 40*time.Millisecond, 2*time.Millisecond)
 	near(t, "learned per 1k tokens", m.PerToken, 100*time.Millisecond, 3*time.Millisecond)
 	req := &Request{Tokens: 2000, Now: now}
-	near(t, "prediction", predict(req, e, 0, loraNone, nil).Total, truth(2000), 5*time.Millisecond)
+	near(t, "prediction", predict(req, e, 0, loraNone, nil, nil).Total, truth(2000), 5*time.Millisecond)
 	if m.Compared != 400 || m.MeanAbs <= 0 {
 		t.Errorf("error accounting: %+v", m)
 	}
@@ -150,12 +151,12 @@ func TestTTFTWithoutSpreadKeepsPriorSlope(t *testing.T) {
 	t.Parallel()
 	e := perfEp("a", metrics.Values{}, metrics.Perf{TTFT: 0.03, PrefillTokens: 500, PrefillPerToken: 40e-6, Requests: 10})
 	for range 200 {
-		p := predict(&Request{Tokens: 500, Now: now}, e, 0, loraNone, nil)
+		p := predict(&Request{Tokens: 500, Now: now}, e, 0, loraNone, nil, nil)
 		e.Load.ObserveTTFT(Observation{Predicted: p, TTFT: 70 * time.Millisecond, At: now})
 	}
 	m := e.TTFTModel(now)
 	near(t, "per 1k tokens", m.PerToken, 40*time.Millisecond, 2*time.Millisecond)
-	near(t, "prediction at the observed size", predict(&Request{Tokens: 500, Now: now}, e, 0, loraNone, nil).Total, 70*time.Millisecond, 2*time.Millisecond)
+	near(t, "prediction at the observed size", predict(&Request{Tokens: 500, Now: now}, e, 0, loraNone, nil, nil).Total, 70*time.Millisecond, 2*time.Millisecond)
 }
 
 // Adapter loads are learned from requests predicted to load one; slot
@@ -165,7 +166,7 @@ func TestTTFTLearnsLoRALoad(t *testing.T) {
 	e := perfEp("a", metrics.Values{}, metrics.Perf{TTFT: 0.03, PrefillTokens: 500, PrefillPerToken: 40e-6, Requests: 10})
 	before := e.TTFTModel(now)
 	for range 50 {
-		p := predict(&Request{Tokens: 500, Now: now}, e, 0, loraLoad, nil)
+		p := predict(&Request{Tokens: 500, Now: now}, e, 0, loraLoad, nil, nil)
 		e.Load.ObserveTTFT(Observation{Predicted: p, TTFT: p.Total - p.LoRA + 300*time.Millisecond, At: now})
 	}
 	m := e.TTFTModel(now)
@@ -231,9 +232,20 @@ func TestPredictedTTFTProfile(t *testing.T) {
 	if !hasLoRA {
 		t.Error("no LoRA-slot filter")
 	}
+	w, _ := BuildProfile(&registry.Scheduling{Profile: ProfileWeighted}, Deps{Prefix: idx})
+	if w.Predictor() != nil {
+		t.Error("weighted has a predictor")
+	}
 	d, _ := BuildProfile(nil, Deps{Prefix: idx})
 	if d.Predictor() != nil {
 		t.Error("the weighted default has a predictor")
+	}
+	c, _ := BuildProfile(&registry.Scheduling{Profile: ProfileCacheAware}, Deps{Prefix: idx})
+	if c.Predictor() == nil || !c.Predictor().EvictionCost || !c.Predictor().Shrink {
+		t.Error("cache-aware's TTFT scorer does not price eviction and shrink rates")
+	}
+	if p.Predictor().EvictionCost || p.Predictor().Shrink {
+		t.Error("predicted-ttft prices eviction")
 	}
 }
 
@@ -294,14 +306,14 @@ func TestTTFTFitBoundsAndQuietObservations(t *testing.T) {
 	e := perfEp("a", metrics.Values{}, perf)
 	rng := rand.New(rand.NewPCG(3, 4))
 	for range 300 {
-		p := predict(&Request{Tokens: 100 + rng.Int64N(4000), Now: now}, e, 0, loraNone, nil)
+		p := predict(&Request{Tokens: 100 + rng.Int64N(4000), Now: now}, e, 0, loraNone, nil, nil)
 		e.Load.ObserveTTFT(Observation{Predicted: p, TTFT: time.Duration(p.Uncached) * 200 * time.Microsecond, At: now})
 	}
 	near(t, "per 1k tokens, capped", e.TTFTModel(now).PerToken, pageBand*20*time.Millisecond, time.Millisecond)
 
 	q := perfEp("q", metrics.Values{Waiting: 3}, perf)
 	for range 50 {
-		p := predict(&Request{Tokens: 1000, Now: now}, q, 0, loraNone, nil)
+		p := predict(&Request{Tokens: 1000, Now: now}, q, 0, loraNone, nil, nil)
 		q.Load.ObserveTTFT(Observation{Predicted: p, TTFT: 2 * time.Second, At: now})
 	}
 	if m := q.TTFTModel(now); m.Observed != 0 {
@@ -323,15 +335,15 @@ func TestUnmeasuredServerTakesThePoolsPrior(t *testing.T) {
 	req := &Request{Tokens: 300, Now: now}
 	var preds []Prediction
 	for _, e := range eps {
-		preds = append(preds, predict(req, e, 0, loraNone, nil))
+		preds = append(preds, predict(req, e, 0, loraNone, nil, nil))
 	}
 	pool, ok := poolPrior(preds)
 	if !ok {
 		t.Fatal("no pool prior with two measured servers")
 	}
-	pm, pn := predict(req, old1, 0, loraNone, &pool), predict(req, fresh, 0, loraNone, &pool)
+	pm, pn := predict(req, old1, 0, loraNone, &pool, nil), predict(req, fresh, 0, loraNone, &pool, nil)
 	near(t, "new server's prediction", pn.Total, pm.Total, time.Microsecond)
-	if cold := predict(req, fresh, 0, loraNone, nil); cold.Total <= 2*pm.Total {
+	if cold := predict(req, fresh, 0, loraNone, nil, nil); cold.Total <= 2*pm.Total {
 		t.Fatalf("cold-start prediction %v should be far above the measured %v for this test to mean anything", cold.Total, pm.Total)
 	}
 	prof, err := BuildProfile(&registry.Scheduling{Profile: ProfilePredictedTTFT}, Deps{})
@@ -345,5 +357,106 @@ func TestUnmeasuredServerTakesThePoolsPrior(t *testing.T) {
 	}
 	if _, ok := poolPrior(preds[2:]); ok {
 		t.Error("a pool prior with no measured server")
+	}
+}
+
+// cache-aware prices eviction: a request for a prefix whose holder is a
+// little busy stays there rather than evict, on a full idle server, the
+// only copy of another prefix in use; with room on the idle server, or
+// when the other prefix is cached elsewhere too, it moves. predicted-ttft
+// moves in every case.
+func TestCacheAwarePricesEviction(t *testing.T) {
+	t.Parallel()
+	h := prefix.NewHasher(prefix.HashConfig{BlockTokens: 16})
+	mine := h.Hash(nil, "m", strings.Repeat("mine ", 1600))    // 125 blocks, 2,000 tokens
+	theirs := h.Hash(nil, "m", strings.Repeat("their ", 1400)) // 131 blocks
+	perf := metrics.Perf{TTFT: 0.03, PrefillTokens: 500, PrefillPerToken: 40e-6, Inference: 1, Requests: 100}
+	setup := func(idleBlocks int, shared bool) (*Profile, *Profile, []*Endpoint) {
+		idx := prefix.NewIndex(prefix.Config{})
+		holder := perfEp("holder", metrics.Values{Running: 3}, perf)
+		idle := perfEp("idle", metrics.Values{}, perf)
+		idx.SetCapacity("idle", idleBlocks)
+		idx.Add("holder", mine)
+		idx.Add("idle", theirs)
+		idx.Add("idle", theirs) // in use: reused
+		if shared {
+			idx.Add("third", theirs)
+		}
+		holder.Load.StartPrefill(2000, 100*time.Millisecond, now) // 100 ms of prefill ahead on the holder
+		aware, err := BuildProfile(&registry.Scheduling{Profile: ProfileCacheAware}, Deps{Prefix: idx})
+		if err != nil {
+			t.Fatal(err)
+		}
+		plain, err := BuildProfile(&registry.Scheduling{Profile: ProfilePredictedTTFT}, Deps{Prefix: idx})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return aware, plain, []*Endpoint{idle, holder}
+	}
+	req := func() *Request {
+		return &Request{Model: "m", TargetModel: "m", Tokens: 2000, Hashes: mine, BlockTokens: 16, Now: now, Explain: true}
+	}
+	for _, c := range []struct {
+		name       string
+		idleBlocks int
+		shared     bool
+		want       string
+	}{
+		{"full, the only copy", 200, false, "holder"},
+		{"room for both", 1000, false, "idle"},
+		{"full, copied elsewhere", 200, true, "idle"},
+	} {
+		aware, plain, eps := setup(c.idleBlocks, c.shared)
+		sc := new(Scratch)
+		if got := plain.Rank(req(), slices.Clone(eps), 2, sc); got[0].Address != "idle" {
+			t.Fatalf("%s: predicted-ttft picked %s; the test needs the idle server to win on TTFT (%s)", c.name, got[0].Address, sc.Explanation)
+		}
+		if got := aware.Rank(req(), slices.Clone(eps), 2, sc); got[0].Address != c.want {
+			t.Errorf("%s: cache-aware picked %s, want %s (%s)", c.name, got[0].Address, c.want, sc.Explanation)
+		}
+		p, _ := sc.Prediction("idle")
+		if c.want == "holder" && (p.Lost == 0 || p.Eviction == 0 || !strings.Contains(sc.Explanation, "the only copy")) {
+			t.Errorf("%s: idle prediction %v, explanation %s", c.name, p, sc.Explanation)
+		}
+	}
+}
+
+// cache-aware pulls learned per-token rates towards the pool's: two
+// identical servers whose fits differ by noise (2x) are predicted almost
+// alike, so misses do not all go to the one that looks faster.
+func TestCacheAwareShrinksNoisyRates(t *testing.T) {
+	t.Parallel()
+	perf := metrics.Perf{TTFT: 0.03, PrefillTokens: 500, PrefillPerToken: 40e-6, Inference: 1, Requests: 100}
+	fast := perfEp("fast", metrics.Values{}, perf)
+	slow := perfEp("slow", metrics.Values{}, perf)
+	teach := func(e *Endpoint, per time.Duration, n int) {
+		for i := range n {
+			tokens := int64(500 + 100*(i%20))
+			p := predict(&Request{Tokens: tokens, Now: now}, e, 0, loraNone, nil, nil)
+			e.Load.ObserveTTFT(Observation{Predicted: p, TTFT: 20*time.Millisecond + time.Duration(tokens)*per, At: now})
+		}
+	}
+	teach(fast, 30*time.Microsecond, 16)
+	teach(slow, 60*time.Microsecond, 16)
+	req := &Request{Tokens: 2000, Now: now}
+	eps := []*Endpoint{fast, slow}
+	raw := predict(req, slow, 0, loraNone, nil, nil).Prefill.Seconds() / predict(req, fast, 0, loraNone, nil, nil).Prefill.Seconds()
+	fit, ok := poolFit(now, eps)
+	if !ok {
+		t.Fatal("no pool fit")
+	}
+	shrunk := predict(req, slow, 0, loraNone, nil, &fit).Prefill.Seconds() / predict(req, fast, 0, loraNone, nil, &fit).Prefill.Seconds()
+	t.Logf("prefill slow/fast after 16 observations each: %.2f learned, %.2f shrunk", raw, shrunk)
+	if raw < 1.5 || math.Log(shrunk) > math.Log(raw)/2 {
+		t.Errorf("prefill slow/fast: %.2f learned, %.2f shrunk; want the learned gap (>1.5) more than halved (log) after 16 observations", raw, shrunk)
+	}
+	// Many observations keep most of a real difference.
+	teach(fast, 30*time.Microsecond, 400)
+	teach(slow, 60*time.Microsecond, 400)
+	fit, _ = poolFit(now, eps)
+	kept := predict(req, slow, 0, loraNone, nil, &fit).Prefill.Seconds() / predict(req, fast, 0, loraNone, nil, &fit).Prefill.Seconds()
+	t.Logf("after 400 more: %.2f", kept)
+	if kept < 1.6 {
+		t.Errorf("after a full window of observations: %.2f, want most of the 2x difference kept", kept)
 	}
 }

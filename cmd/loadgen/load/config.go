@@ -44,6 +44,11 @@ const (
 	// WorkloadRandom: independent prompts with lengths drawn uniformly from
 	// Input, no shared prefixes.
 	WorkloadRandom WorkloadKind = "random"
+	// WorkloadShortLong: many short prompts, few long ones. A request is
+	// long with probability LongFraction: one of Groups long documents
+	// (SystemLen tokens, the system prompt) and a new question of
+	// QuestionLen tokens; otherwise a new prompt of Input tokens.
+	WorkloadShortLong WorkloadKind = "short-long"
 )
 
 // ArrivalKind selects how requests are released.
@@ -54,6 +59,19 @@ const (
 	ArrivalConstant    ArrivalKind = "constant"    // open loop, evenly spaced at Stage.Rate per second
 	ArrivalPoisson     ArrivalKind = "poisson"     // open loop, exponential gaps with mean 1/Stage.Rate
 	ArrivalConcurrency ArrivalKind = "concurrency" // closed loop, Stage.Concurrency requests always in flight
+	// ArrivalBursty is open loop, Poisson arrivals whose rate alternates
+	// between bursts at BurstFactor times Stage.Rate and quiet spells at
+	// BurstQuiet times it, the bursts a quarter of the time, so the mean
+	// is Stage.Rate; phase lengths are exponential with means BurstMean
+	// and 3*BurstMean.
+	ArrivalBursty ArrivalKind = "bursty"
+)
+
+// The bursty arrival process.
+const (
+	BurstFactor = 2.5
+	BurstQuiet  = 0.5
+	BurstMean   = time.Second
 )
 
 // Range is an inclusive integer range; Min == Max means a fixed value.
@@ -101,8 +119,11 @@ type Workload struct {
 	Turns         int    `json:"turns,omitempty"`
 	SessionHeader string `json:"session_header,omitempty"` // default "x-session-id"
 
-	// random
+	// random; short-long: the short prompts
 	Input Range `json:"input,omitzero"`
+
+	// short-long: the share of long requests
+	LongFraction float64 `json:"long_fraction,omitempty"`
 }
 
 // relevant returns w with the fields other workloads use zeroed, so a
@@ -116,6 +137,8 @@ func (w Workload) relevant() Workload {
 		out.Sessions, out.Turns, out.SystemLen, out.QuestionLen, out.SessionHeader = w.Sessions, w.Turns, w.SystemLen, w.QuestionLen, w.SessionHeader
 	case WorkloadRandom:
 		out.Input = w.Input
+	case WorkloadShortLong:
+		out.Input, out.Groups, out.SystemLen, out.QuestionLen, out.LongFraction = w.Input, w.Groups, w.SystemLen, w.QuestionLen, w.LongFraction
 	}
 	return out
 }
@@ -251,13 +274,23 @@ func (c *Config) Validate() error {
 		if !w.Input.valid(false) {
 			bad("random: input length %s: want 1 or more, min <= max", w.Input)
 		}
+	case WorkloadShortLong:
+		if !w.Input.valid(false) {
+			bad("short-long: short prompt length %s: want 1 or more, min <= max", w.Input)
+		}
+		if w.Groups < 1 || w.SystemLen < 1 || w.QuestionLen < 1 {
+			bad("short-long: documents (%d), document length (%d) and question length (%d) must be >= 1", w.Groups, w.SystemLen, w.QuestionLen)
+		}
+		if w.LongFraction < 0 || w.LongFraction > 1 {
+			bad("short-long: long fraction %v: want [0, 1]", w.LongFraction)
+		}
 	default:
-		bad("workload %q: want %q, %q or %q", w.Kind, WorkloadSharedPrefix, WorkloadMultiTurn, WorkloadRandom)
+		bad("workload %q: want %q, %q, %q or %q", w.Kind, WorkloadSharedPrefix, WorkloadMultiTurn, WorkloadRandom, WorkloadShortLong)
 	}
 	switch cfg.Arrival {
-	case ArrivalConstant, ArrivalPoisson, ArrivalConcurrency:
+	case ArrivalConstant, ArrivalPoisson, ArrivalConcurrency, ArrivalBursty:
 	default:
-		bad("arrival %q: want %q, %q or %q", cfg.Arrival, ArrivalConstant, ArrivalPoisson, ArrivalConcurrency)
+		bad("arrival %q: want %q, %q, %q or %q", cfg.Arrival, ArrivalConstant, ArrivalPoisson, ArrivalBursty, ArrivalConcurrency)
 	}
 	if len(cfg.Stages) == 0 {
 		bad("stages: at least one stage is required")

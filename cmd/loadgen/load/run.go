@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
@@ -154,8 +155,12 @@ func (r *runner) openLoop(ctx context.Context) {
 		if st.Rate > 0 {
 			interval := float64(time.Second) / st.Rate
 			next := stageStart
-			if r.cfg.Arrival == ArrivalPoisson {
+			bursts := newBursts(arrivals, stageStart)
+			switch r.cfg.Arrival {
+			case ArrivalPoisson:
 				next = next.Add(time.Duration(arrivals.ExpFloat64() * interval))
+			case ArrivalBursty:
+				next = bursts.next(next, st.Rate)
 			}
 			for k := 1; next.Before(stageEnd); k++ {
 				if !sleepUntil(ctx, timer, next) {
@@ -163,9 +168,12 @@ func (r *runner) openLoop(ctx context.Context) {
 					return
 				}
 				r.fire(i)
-				if r.cfg.Arrival == ArrivalPoisson {
+				switch r.cfg.Arrival {
+				case ArrivalPoisson:
 					next = next.Add(time.Duration(arrivals.ExpFloat64() * interval))
-				} else {
+				case ArrivalBursty:
+					next = bursts.next(next, st.Rate)
+				default:
 					next = stageStart.Add(time.Duration(math.Round(float64(k) * interval)))
 				}
 			}
@@ -176,6 +184,47 @@ func (r *runner) openLoop(ctx context.Context) {
 		}
 		r.col.stageBounds(i, time.Time{}, stageEnd)
 		stageStart = stageEnd
+	}
+}
+
+// bursts is the state of ArrivalBursty's two-phase process.
+type bursts struct {
+	rng      *rand.Rand
+	burst    bool
+	phaseEnd time.Time
+}
+
+// newBursts starts in a quiet spell at start.
+func newBursts(rng *rand.Rand, start time.Time) *bursts {
+	b := &bursts{rng: rng}
+	b.phaseEnd = start.Add(b.phaseLength())
+	return b
+}
+
+func (b *bursts) phaseLength() time.Duration {
+	mean := 3 * BurstMean
+	if b.burst {
+		mean = BurstMean
+	}
+	return time.Duration(b.rng.ExpFloat64() * float64(mean))
+}
+
+// next returns the arrival after t for a mean rate: an exponential gap at
+// the phase's rate, restarted at each phase change (arrivals are
+// memoryless).
+func (b *bursts) next(t time.Time, rate float64) time.Time {
+	for {
+		r := rate * BurstQuiet
+		if b.burst {
+			r = rate * BurstFactor
+		}
+		at := t.Add(time.Duration(b.rng.ExpFloat64() * float64(time.Second) / r))
+		if at.Before(b.phaseEnd) {
+			return at
+		}
+		t = b.phaseEnd
+		b.burst = !b.burst
+		b.phaseEnd = t.Add(b.phaseLength())
 	}
 }
 

@@ -89,7 +89,7 @@ type generator struct {
 	pick *rand.Rand
 	lora *rand.Rand
 
-	// shared-prefix
+	// shared-prefix; short-long: the long documents (systems)
 	systems   []string
 	questions [][]string
 
@@ -119,6 +119,11 @@ func newGenerator(cfg Config) *generator {
 			for u := range w.UsersPerGroup {
 				g.questions[i][u] = words(g.text, w.QuestionLen)
 			}
+		}
+	case WorkloadShortLong:
+		g.systems = make([]string, w.Groups)
+		for i := range w.Groups {
+			g.systems[i] = words(g.text, w.SystemLen)
 		}
 	case WorkloadMultiTurn:
 		g.sessions = make([]*session, w.Sessions)
@@ -195,6 +200,15 @@ func (g *generator) next() (*request, bool) {
 		sess.sent++
 		sess.busy = true
 		msgs = sess.messages
+	case WorkloadShortLong:
+		if g.pick.Float64() < w.LongFraction {
+			msgs = []message{
+				{Role: "system", Content: g.systems[g.pick.IntN(w.Groups)]},
+				{Role: "user", Content: words(g.text, w.QuestionLen)},
+			}
+		} else {
+			msgs = []message{{Role: "user", Content: words(g.text, g.intn(w.Input))}}
+		}
 	default: // random
 		msgs = []message{{Role: "user", Content: words(g.text, g.intn(w.Input))}}
 	}

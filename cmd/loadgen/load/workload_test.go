@@ -264,3 +264,63 @@ func TestLoRASplitFractions(t *testing.T) {
 		}
 	}
 }
+
+func TestShortLongMix(t *testing.T) {
+	cfg := genConfig(APIChat, Workload{Kind: WorkloadShortLong, Input: Range{Min: 20, Max: 40}, Groups: 3,
+		SystemLen: 500, QuestionLen: 30, LongFraction: 0.1, Output: Fixed(8)})
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	docs := map[string]int{}
+	long := 0
+	const n = 4000
+	for _, b := range bodies(cfg, n) {
+		r := decode(t, b)
+		switch len(r.Messages) {
+		case 2:
+			long++
+			checkTokens(t, r.Messages[0].Content, 500)
+			checkTokens(t, r.Messages[1].Content, 30)
+			docs[r.Messages[0].Content]++
+		case 1:
+			if k := len(strings.Fields(r.Messages[0].Content)); k < 20 || k > 40 {
+				t.Fatalf("short prompt of %d tokens, want 20-40", k)
+			}
+		default:
+			t.Fatalf("%d messages", len(r.Messages))
+		}
+	}
+	if f := float64(long) / n; f < 0.08 || f > 0.12 {
+		t.Errorf("long share %.3f, want about 0.1", f)
+	}
+	if len(docs) != 3 {
+		t.Errorf("%d distinct long documents, want 3", len(docs))
+	}
+	bad := cfg
+	bad.Workload.LongFraction = 1.5
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "long fraction") {
+		t.Errorf("long fraction 1.5: %v", err)
+	}
+}
+
+func TestBurstyArrivalsKeepTheMeanRate(t *testing.T) {
+	start := time.Unix(0, 0)
+	b := newBursts(newRand(7, streamArrival), start)
+	const rate, n = 20.0, 200000
+	t0, at := start, start
+	var inBurst int
+	for range n {
+		at = b.next(at, rate)
+		if b.burst {
+			inBurst++
+		}
+	}
+	mean := float64(n) / at.Sub(t0).Seconds()
+	if math.Abs(mean/rate-1) > 0.05 {
+		t.Errorf("mean rate %.2f/s, want %.0f within 5%%", mean, rate)
+	}
+	// A quarter of the time at 2.5x the rate: 62.5 % of the arrivals.
+	if f := float64(inBurst) / n; math.Abs(f-0.625) > 0.05 {
+		t.Errorf("%.3f of the arrivals in bursts, want about 0.625", f)
+	}
+}

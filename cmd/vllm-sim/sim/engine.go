@@ -42,6 +42,12 @@ type Config struct {
 	StepBase        time.Duration
 	PerDecodeSeq    time.Duration
 	PerPrefillToken time.Duration
+	// BatchSlowdown stretches a step by how full its batch is: a step of
+	// n requests lasts 1 + (BatchSlowdown-1)*(n-1)/(MaxNumSeqs-1) times
+	// the duration above, so every latency is BatchSlowdown times longer
+	// at a full batch than alone. 0 or 1: no stretch (vLLM's own steps
+	// grow only by the per-sequence and per-token terms).
+	BatchSlowdown float64
 	// FrontendLatency models the API server (tokenize, IPC, detokenize) and
 	// is spent in Submit before a request reaches the scheduler queue.
 	FrontendLatency time.Duration
@@ -270,14 +276,18 @@ func New(cfg Config, clock Clock) (*Engine, error) {
 		return nil, fmt.Errorf("max-num-seqs must be >= 1, got %d", cfg.MaxNumSeqs)
 	case cfg.MaxNumBatchedTokens < 1:
 		return nil, fmt.Errorf("max-num-batched-tokens must be >= 1, got %d", cfg.MaxNumBatchedTokens)
-	case cfg.NumGPUBlocks < 1:
-		return nil, fmt.Errorf("num-gpu-blocks must be >= 1, got %d", cfg.NumGPUBlocks)
+	case cfg.NumGPUBlocks < 2:
+		return nil, fmt.Errorf("num-gpu-blocks must be >= 2 (one is the null block), got %d", cfg.NumGPUBlocks)
 	case cfg.BlockSize < 1:
 		return nil, fmt.Errorf("block-size must be >= 1, got %d", cfg.BlockSize)
 	case cfg.MaxLoRAs < 1:
 		return nil, fmt.Errorf("max-loras must be >= 1, got %d", cfg.MaxLoRAs)
 	case cfg.TimeScale < 0:
 		return nil, fmt.Errorf("time-scale must be > 0, got %g", cfg.TimeScale)
+	case cfg.BatchSlowdown < 0 || (cfg.BatchSlowdown > 0 && cfg.BatchSlowdown < 1):
+		return nil, fmt.Errorf("batch-slowdown must be >= 1 (or 0 for none), got %g", cfg.BatchSlowdown)
+	case cfg.StepBase < 0 || cfg.PerDecodeSeq < 0 || cfg.PerPrefillToken < 0:
+		return nil, fmt.Errorf("step times must not be negative")
 	}
 	if clock == nil {
 		clock = RealClock{}
@@ -323,8 +333,8 @@ func (e *Engine) Submit(ctx context.Context, r Request) (*Handle, error) {
 		return nil, fmt.Errorf("%w: this model's maximum context length is %d tokens, but %d were requested (%d in the prompt, %d for the completion)",
 			ErrInvalidRequest, e.cfg.MaxModelLen, total, len(r.Prompt), r.MaxTokens)
 	}
-	if n := e.kv.blocksFor(total); n > e.cfg.NumGPUBlocks {
-		return nil, fmt.Errorf("%w: request needs %d KV blocks but the cache has only %d", ErrInvalidRequest, n, e.cfg.NumGPUBlocks)
+	if n := e.kv.blocksFor(total); n > e.kv.capacity() {
+		return nil, fmt.Errorf("%w: request needs %d KV blocks but the cache has only %d", ErrInvalidRequest, n, e.kv.capacity())
 	}
 	if r.RemoteTokens < 0 || r.RemoteTokens > len(r.Prompt) {
 		return nil, fmt.Errorf("%w: %d remote tokens for a %d-token prompt", ErrInvalidRequest, r.RemoteTokens, len(r.Prompt))
@@ -443,10 +453,21 @@ func (e *Engine) ResetPrefixCache() bool {
 // previous step's end.
 const maxCatchUp = time.Millisecond
 
-// StepDuration is the simulated duration of a step with the given batch,
-// after time scaling.
+// StepDuration is the simulated duration of a step with the given batch
+// (decodeSeqs decoding requests, and prefillTokens computed for one
+// request in prefill when more than 0), after time scaling.
 func (e *Engine) StepDuration(decodeSeqs, prefillTokens int) time.Duration {
+	return e.stepTime(decodeSeqs+min(prefillTokens, 1), decodeSeqs, prefillTokens)
+}
+
+// stepTime is the scaled duration of a step of seqs requests, decodeSeqs
+// of them decoding, computing prefillTokens prompt tokens.
+func (e *Engine) stepTime(seqs, decodeSeqs, prefillTokens int) time.Duration {
 	d := e.cfg.StepBase + time.Duration(decodeSeqs)*e.cfg.PerDecodeSeq + time.Duration(prefillTokens)*e.cfg.PerPrefillToken
+	if f := e.cfg.BatchSlowdown; f > 1 && seqs > 1 && e.cfg.MaxNumSeqs > 1 {
+		full := float64(min(seqs, e.cfg.MaxNumSeqs)-1) / float64(e.cfg.MaxNumSeqs-1)
+		d = time.Duration(float64(d) * (1 + (f-1)*full))
+	}
 	return e.scaled(d)
 }
 
@@ -459,7 +480,7 @@ func (e *Engine) stepDuration(plan []work) time.Duration {
 			prefill += w.numNew
 		}
 	}
-	return e.StepDuration(decodes, prefill)
+	return e.stepTime(len(plan), decodes, prefill)
 }
 
 // schedule picks this step's work. Called with e.mu held.

@@ -283,10 +283,42 @@ func TestChunkedPrefill(t *testing.T) {
 	}
 }
 
+func TestBatchSlowdownStretchesFullSteps(t *testing.T) {
+	e, clk := testEngine(t, func(c *Config) { c.MaxNumSeqs = 8; c.BatchSlowdown = 2 })
+	plain, _ := testEngine(t, func(c *Config) { c.MaxNumSeqs = 8 })
+	if got, want := e.StepDuration(1, 0), plain.StepDuration(1, 0); got != want {
+		t.Fatalf("one request: step %v, want %v (no stretch)", got, want)
+	}
+	if got, want := e.StepDuration(8, 0), 2*plain.StepDuration(8, 0); got != want {
+		t.Fatalf("full batch: step %v, want twice %v", got, plain.StepDuration(8, 0))
+	}
+	if got, want := e.StepDuration(7, 100), plain.StepDuration(7, 100)*2; got != want {
+		t.Fatalf("7 decoding and one prefill: step %v, want %v", got, want)
+	}
+	// A prefill joining 3 decoding requests: 4 of 8, 1 + 3/7 times.
+	tr := newTracker(e, clk)
+	for i := range 3 {
+		tr.submit(t, Request{Prompt: nTokens(fmt.Sprintf("d%d", i), 16), MaxTokens: 50})
+	}
+	tr.step(t)
+	tr.step(t)
+	h := tr.submit(t, Request{Prompt: nTokens("p", 200), MaxTokens: 1})
+	before := clk.Now()
+	tr.step(t)
+	want := time.Duration(float64(plain.StepDuration(3, 200)) * (1 + 3.0/7))
+	if got := tr.res[h].first.Sub(before); got < want-time.Microsecond || got > want+time.Microsecond {
+		t.Fatalf("prefill beside 3 decodes took %v, want %v", got, want)
+	}
+	if _, err := New(Config{BatchSlowdown: 0.5}, clk); err == nil {
+		t.Fatal("batch slowdown 0.5 accepted")
+	}
+}
+
 func TestKVUsageAndPreemption(t *testing.T) {
-	// 24 blocks of 16 tokens; each request ends at 48+80 = 128 tokens = 8
-	// blocks, so four of them cannot all finish side by side.
-	e, clk := testEngine(t, func(c *Config) { c.NumGPUBlocks = 24; c.EnablePrefixCaching = false })
+	// 24 usable blocks of 16 tokens (and the null block); each request
+	// ends at 48+80 = 128 tokens = 8 blocks, so four of them cannot all
+	// finish side by side.
+	e, clk := testEngine(t, func(c *Config) { c.NumGPUBlocks = 25; c.EnablePrefixCaching = false })
 	tr := newTracker(e, clk)
 	usage := []float64{e.Stats().KVUsage}
 	for i := range 4 {
@@ -359,13 +391,14 @@ func TestCancelFreesBlocks(t *testing.T) {
 	h := tr.submit(t, Request{Prompt: nTokens("z", 100), MaxTokens: 1000})
 	tr.step(t)
 	tr.step(t)
-	if e.Stats().FreeBlocks == e.cfg.NumGPUBlocks {
+	usable := e.cfg.NumGPUBlocks - 1 // all but the null block
+	if e.Stats().FreeBlocks == usable {
 		t.Fatal("running request holds no blocks")
 	}
 	h.Cancel()
 	tr.step(t)
 	st := e.Stats()
-	if st.Running != 0 || st.FreeBlocks != e.cfg.NumGPUBlocks || st.FinishedByReason["abort"] != 1 {
+	if st.Running != 0 || st.FreeBlocks != usable || st.FinishedByReason["abort"] != 1 {
 		t.Fatalf("after cancel: %+v", st)
 	}
 }

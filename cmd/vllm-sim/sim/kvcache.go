@@ -37,7 +37,7 @@ type block struct {
 type kvCache struct {
 	blockSize     int
 	prefixCaching bool
-	total         int
+	total         int     // usable blocks: all but the null block
 	fresh         int     // blocks never used yet
 	slab          []block // where the next fresh block is allocated
 	head, tail    *block  // free queue of used blocks
@@ -85,13 +85,17 @@ func (c *kvCache) emit(ev KVEvent) {
 	}
 }
 
+// newKVCache returns a cache of numBlocks blocks, block 0 of which is
+// vLLM's null block: never allocated, not counted in the usage (vLLM's
+// usage is 1 - free/(num_gpu_blocks - 1)).
 func newKVCache(numBlocks, blockSize int, prefixCaching, events bool) *kvCache {
+	usable := max(numBlocks-1, 0)
 	c := &kvCache{
 		blockSize:     blockSize,
 		prefixCaching: prefixCaching,
-		total:         numBlocks,
-		fresh:         numBlocks,
-		numFree:       numBlocks,
+		total:         usable,
+		fresh:         usable,
+		numFree:       usable,
 		byHash:        make(map[uint64][]*block),
 	}
 	if events {
@@ -156,7 +160,7 @@ func (c *kvCache) popFree() *block {
 			// A new slab; blocks of the old ones stay where they are.
 			c.slab = make([]block, 0, min(slabBlocks, c.fresh))
 		}
-		c.slab = append(c.slab, block{id: c.total - c.fresh, ref: 1})
+		c.slab = append(c.slab, block{id: c.total - c.fresh + 1, ref: 1})
 		c.fresh--
 		c.numFree--
 		return &c.slab[len(c.slab)-1]
@@ -204,7 +208,10 @@ func (c *kvCache) reset() bool {
 	return true
 }
 
-// usage is the fraction of blocks not in the free queue.
+// capacity is how many blocks requests can use (the null block aside).
+func (c *kvCache) capacity() int { return c.total }
+
+// usage is the fraction of usable blocks not in the free queue.
 func (c *kvCache) usage() float64 {
 	if c.total == 0 {
 		return 0

@@ -7,13 +7,14 @@ import (
 
 // Blocks are allocated when first used, yet the free queue keeps vLLM's
 // order: a block freed without a hash is reused before any never-used
-// block, a freed cached one only after them.
+// block, a freed cached one only after them. Block 0 is the null block,
+// never handed out.
 func TestFreeQueueOrderWithLazyBlocks(t *testing.T) {
 	t.Parallel()
-	c := newKVCache(4, 16, true, true)
+	c := newKVCache(5, 16, true, true)
 	b0, b1 := c.popFree(), c.popFree()
-	if b0.id != 0 || b1.id != 1 || c.numFree != 2 {
-		t.Fatalf("first blocks %d, %d, %d free; want 0, 1, 2", b0.id, b1.id, c.numFree)
+	if b0.id != 1 || b1.id != 2 || c.numFree != 2 {
+		t.Fatalf("first blocks %d, %d, %d free; want 1, 2, 2", b0.id, b1.id, c.numFree)
 	}
 	b1.hash, b1.cached = 42, true
 	c.byHash[42] = []*block{b1}
@@ -25,7 +26,7 @@ func TestFreeQueueOrderWithLazyBlocks(t *testing.T) {
 	for range 4 {
 		order = append(order, c.popFree().id)
 	}
-	if want := []int{0, 2, 3, 1}; !slices.Equal(order, want) {
+	if want := []int{1, 3, 4, 2}; !slices.Equal(order, want) {
 		t.Errorf("reuse order %v, want %v (unhashed, never used, cached)", order, want)
 	}
 	if len(c.byHash) != 0 || b1.cached {
