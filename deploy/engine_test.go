@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/switchyard/switchyard/deploy/composetest"
 	"github.com/switchyard/switchyard/internal/testutil"
 )
 
@@ -39,7 +40,7 @@ func TestEngineStandins(t *testing.T) {
 	}
 
 	need := map[string]bool{}
-	for _, file := range []string{switchyardDockerfile, simDockerfile} {
+	for _, file := range []string{switchyardDockerfile, simDockerfile, sidecarDockerfile} {
 		b, err := os.ReadFile(filepath.Join(root, file))
 		if err != nil {
 			t.Fatal(err)
@@ -64,5 +65,35 @@ func TestEngineStandins(t *testing.T) {
 	sort.Strings(have)
 	if !slices.Equal(have, want) {
 		t.Errorf("standins.sh builds %v; the Dockerfiles and %s need %v", have, composeFile, want)
+	}
+}
+
+// TestEngineLockNotHeld: deploy/engine/install.sh serialises installs with
+// a lock file; the dockerd it starts must not inherit the lock's
+// descriptor, or every later install (the next make test) waits for as
+// long as dockerd runs. Checks every process holding the lock is an
+// install in progress.
+func TestEngineLockNotHeld(t *testing.T) {
+	compose := os.Getenv(composetest.EnvCompose)
+	if compose == "" {
+		t.Skip("no " + composetest.EnvCompose + ": make test sets it to the cached Compose")
+	}
+	lock := filepath.Join(filepath.Dir(filepath.Dir(compose)), "engine.lock")
+	if _, err := os.Stat(lock); err != nil {
+		t.Skipf("no install has run: %v", err)
+	}
+	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	for _, fd := range fds {
+		if target, err := os.Readlink(fd); err != nil || target != lock {
+			continue
+		}
+		pid := strings.Split(fd, "/")[2]
+		cmd, _ := os.ReadFile("/proc/" + pid + "/cmdline")
+		args := strings.Split(strings.TrimRight(string(cmd), "\x00"), "\x00")
+		if !slices.ContainsFunc(args, func(a string) bool {
+			return strings.HasSuffix(a, "install.sh") || a == "flock"
+		}) {
+			t.Errorf("process %s (%q) holds %s: the next make engine would wait for it forever", pid, args, lock)
+		}
 	}
 }

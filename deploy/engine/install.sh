@@ -75,7 +75,9 @@ if ! engine_up; then
 		# Detached from this shell and from make: it outlives the test run,
 		# as a service would. Niced, as are the image builds and
 		# containers it runs: this is a test engine on a shared machine.
-		setsid nice -n 10 dockerd >>"$cache/dockerd.log" 2>&1 </dev/null &
+		# Without the lock's descriptor (9): dockerd would hold the lock
+		# for its whole life and the next install would wait forever.
+		setsid nice -n 10 dockerd >>"$cache/dockerd.log" 2>&1 </dev/null 9>&- &
 	fi
 	for _ in $(seq 1 120); do
 		engine_up && break
