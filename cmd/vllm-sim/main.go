@@ -279,6 +279,16 @@ func run(args []string) error {
 			ln.Close()
 		}
 	}()
+	// The stats listener first: a caller that chose its port as a free
+	// one must not find it taken by one of the fleet's own ports.
+	var statsLn net.Listener
+	if o.fleetStats != "" {
+		statsLn, err = net.Listen("tcp", o.fleetStats)
+		if err != nil {
+			return fmt.Errorf("-fleet-stats-addr: %w", err)
+		}
+		defer statsLn.Close()
+	}
 	var pdClient *http.Client
 	if o.kvConnector != "" {
 		pdClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
@@ -359,14 +369,10 @@ func run(args []string) error {
 		srvs = append(srvs, srv)
 		go func() { errc <- srv.Serve(lns[i]) }()
 	}
-	if o.fleetStats != "" {
-		ln, err := net.Listen("tcp", o.fleetStats)
-		if err != nil {
-			return fmt.Errorf("-fleet-stats-addr: %w", err)
-		}
+	if statsLn != nil {
 		srv := &http.Server{Handler: fleetStats(servers), ReadHeaderTimeout: 10 * time.Second}
 		srvs = append(srvs, srv)
-		go func() { errc <- srv.Serve(ln) }()
+		go func() { errc <- srv.Serve(statsLn) }()
 	}
 	if o.fleetAddrs != "" {
 		var b strings.Builder
