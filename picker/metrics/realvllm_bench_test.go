@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -101,29 +102,49 @@ func BenchmarkRealVLLMScrapeCost(b *testing.B) {
 	idle := processCPU(b, pid) - cpu0
 	b.Logf("idle, not scraped: engine CPU %v per %v", idle, window)
 
-	run := func(name string, replicas int, opts Options, busy bool) {
+	// share: the replicas share scrapes (one owner reads, the others
+	// ingest its readings, as over the replica mesh).
+	run := func(name string, replicas int, opts Options, busy, share bool) {
 		b.Run(name, func(b *testing.B) {
 			var ms []*Manager
+			var names []string
 			var attempts, failures atomic.Int64
-			for range replicas {
+			for i := range replicas {
+				names = append(names, fmt.Sprintf("r%d", i+1))
 				o := opts
 				d := &fakeDemand{}
 				if busy {
 					d.inFlight.Store(1)
 				}
 				o.Demand = func(Key) Demand { return d }
-				o.OnReading = func(_ Key, r Reading) {
+				o.OnReading = func(k Key, r Reading) {
 					attempts.Add(1)
 					if r.Err != "" {
 						failures.Add(1)
 					}
+					if share {
+						for j, m := range ms {
+							if j != i {
+								_ = m.Ingest(k, names[i], r)
+							}
+						}
+					}
 				}
-				m := NewManager(ctx, o)
-				m.SetScrapers(replicas)
+				ms = append(ms, NewManager(ctx, o))
+			}
+			// Every manager exists before any reads (OnReading ranges
+			// over them).
+			for i, m := range ms {
+				if share {
+					m.SetReplicas(names[i], slices.Delete(slices.Clone(names), i, i+1))
+				} else {
+					m.SetScrapers(replicas)
+				}
+			}
+			for _, m := range ms {
 				if err := m.Sync([]Target{{Pool: "p", Address: srv.Addr, Engine: registry.EngineVLLM}}); err != nil {
 					b.Fatal(err)
 				}
-				ms = append(ms, m)
 			}
 			time.Sleep(5 * time.Second) // the cost is learned, the intervals settle
 			a0, f0 := attempts.Load(), failures.Load()
@@ -150,8 +171,9 @@ func BenchmarkRealVLLMScrapeCost(b *testing.B) {
 	// (Options.Client makes the exchange the same as before).
 	before := Options{Client: NewHTTPClient(), IdleInterval: -1, EngineBudget: -1, NoNameFilter: true}
 	for _, replicas := range []int{1, 3} {
-		run(fmt.Sprintf("before-%dr", replicas), replicas, before, true)
-		run(fmt.Sprintf("after-idle-%dr", replicas), replicas, Options{}, false)
-		run(fmt.Sprintf("after-busy-%dr", replicas), replicas, Options{}, true)
+		run(fmt.Sprintf("before-%dr", replicas), replicas, before, true, false)
+		run(fmt.Sprintf("after-idle-%dr", replicas), replicas, Options{}, false, false)
+		run(fmt.Sprintf("after-busy-%dr", replicas), replicas, Options{}, true, false)
 	}
+	run("shared-busy-3r", 3, Options{}, true, true)
 }
