@@ -39,6 +39,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/switchyard/switchyard/internal/procstat"
 )
 
 func main() {
@@ -285,11 +287,11 @@ func measure(ctx context.Context, o *options, n int, mode string) (result, error
 	if err != nil {
 		return r, err
 	}
-	cpu0, err := procCPU(sy.pid())
+	cpu0, err := procstat.CPU(sy.pid())
 	if err != nil {
 		return r, err
 	}
-	fleet0, err := procCPU(fleet.pid())
+	fleet0, err := procstat.CPU(fleet.pid())
 	if err != nil {
 		return r, err
 	}
@@ -299,11 +301,11 @@ func measure(ctx context.Context, o *options, n int, mode string) (result, error
 	case <-ctx.Done():
 		return r, ctx.Err()
 	}
-	cpu1, err := procCPU(sy.pid())
+	cpu1, err := procstat.CPU(sy.pid())
 	if err != nil {
 		return r, err
 	}
-	fleet1, err := procCPU(fleet.pid())
+	fleet1, err := procstat.CPU(fleet.pid())
 	if err != nil {
 		return r, err
 	}
@@ -330,9 +332,11 @@ func measure(ctx context.Context, o *options, n int, mode string) (result, error
 	if total > 0 {
 		r.cpuPerScrape = cpu / time.Duration(total)
 	}
-	if r.rssMiB, err = procRSS(sy.pid()); err != nil {
+	rss, err := procstat.RSS(sy.pid())
+	if err != nil {
 		return r, err
 	}
+	r.rssMiB = float64(rss) / (1 << 20)
 
 	// Freshness: the age of every endpoint's view, sampled ten times.
 	var ages []time.Duration
@@ -478,40 +482,6 @@ func getJSON(url string, v any) error {
 		return fmt.Errorf("GET %s: HTTP %d", url, resp.StatusCode)
 	}
 	return json.NewDecoder(resp.Body).Decode(v)
-}
-
-// procCPU is a process's user plus system CPU time (its threads, not its
-// children).
-func procCPU(pid int) (time.Duration, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, raw)
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, err
-	}
-	const clkTck = 100
-	return time.Duration(ut+st) * time.Second / clkTck, nil
-}
-
-func procRSS(pid int) (float64, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-			return kb / 1024, err
-		}
-	}
-	return 0, errors.New("no VmRSS")
 }
 
 func loadAvg() string {

@@ -2,19 +2,19 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/switchyard/switchyard/internal/procstat"
 )
 
 // child is a process the bench started; stop ends it (and only it).
@@ -59,33 +59,17 @@ type procUsage struct {
 	RSS int64 // bytes
 }
 
-// readUsage reads /proc/<pid>/stat (utime+stime) and status (VmRSS).
+// readUsage reads the process's CPU time and resident memory.
 func readUsage(pid int) (procUsage, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	cpu, err := procstat.CPU(pid)
 	if err != nil {
 		return procUsage{}, err
 	}
-	// Fields after the command (which may contain spaces) start after ")".
-	rest := string(b[bytes.LastIndexByte(b, ')')+2:])
-	f := strings.Fields(rest)
-	if len(f) < 13 {
-		return procUsage{}, fmt.Errorf("short /proc stat")
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	const hz = 100 // USER_HZ on Linux
-	u := procUsage{CPU: time.Duration(ut+st) * time.Second / hz}
-	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	rss, err := procstat.RSS(pid)
 	if err != nil {
 		return procUsage{}, err
 	}
-	for line := range strings.Lines(string(s)) {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			u.RSS = kb << 10
-		}
-	}
-	return u, nil
+	return procUsage{CPU: cpu, RSS: rss}, nil
 }
 
 // heapInuse reads go_memstats_heap_inuse_bytes from serve's /metrics.

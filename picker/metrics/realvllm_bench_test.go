@@ -6,36 +6,25 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/switchyard/switchyard/internal/procstat"
 	"github.com/switchyard/switchyard/internal/realvllm"
 	"github.com/switchyard/switchyard/registry"
 )
 
 // processCPU is a process's CPU time so far (user plus system, all its
-// threads, not its children), from /proc.
+// threads, not its children).
 func processCPU(b *testing.B, pid int) time.Duration {
 	b.Helper()
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	cpu, err := procstat.CPU(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	// The fields after the command's closing parenthesis start at field
-	// 3 (state); utime and stime are fields 14 and 15, in clock ticks.
-	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		b.Fatalf("/proc/%d/stat: %q", pid, raw)
-	}
-	const clkTck = 100 // sysconf(_SC_CLK_TCK) on Linux
-	return time.Duration(ut+st) * time.Second / clkTck
+	return cpu
 }
 
 // BenchmarkRealVLLMScrapeCost measures what being watched costs a real
