@@ -42,17 +42,12 @@ import (
 func main() {
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "pd-sidecar:", err)
-		var pf probeFailed
-		if errors.As(err, &pf) {
+		if errors.As(err, new(healthprobe.Failed)) {
 			os.Exit(1)
 		}
 		os.Exit(2)
 	}
 }
-
-// probeFailed is a -probe that got no 2xx answer (exit status 1, where a
-// command-line error is 2).
-type probeFailed struct{ error }
 
 type options struct {
 	probe               string
@@ -231,10 +226,7 @@ func run(args []string) error {
 		return err
 	}
 	if o.probe != "" {
-		if err := healthprobe.Check(context.Background(), o.probe, healthprobe.Options{}); err != nil {
-			return probeFailed{err}
-		}
-		return nil
+		return healthprobe.Flag(context.Background(), o.probe)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {

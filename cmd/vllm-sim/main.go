@@ -31,17 +31,12 @@ import (
 func main() {
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "vllm-sim:", err)
-		var pf probeFailed
-		if errors.As(err, &pf) {
+		if errors.As(err, new(healthprobe.Failed)) {
 			os.Exit(1)
 		}
 		os.Exit(2)
 	}
 }
-
-// probeFailed is a -probe that got no 2xx answer (exit status 1, where a
-// command-line error is 2).
-type probeFailed struct{ error }
 
 // listFlag collects comma-separated values from one or more uses of a flag.
 type listFlag []string
@@ -253,10 +248,7 @@ func run(args []string) error {
 		return err
 	}
 	if o.probe != "" {
-		if err := healthprobe.Check(context.Background(), o.probe, healthprobe.Options{}); err != nil {
-			return probeFailed{err}
-		}
-		return nil
+		return healthprobe.Flag(context.Background(), o.probe)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {

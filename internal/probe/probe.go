@@ -59,3 +59,19 @@ func Check(ctx context.Context, target string, o Options) error {
 	}
 	return nil
 }
+
+// Failed is a probe that got no 2xx answer. A binary's -probe flag exits
+// with status 1 for it, where a command-line error exits with 2.
+type Failed struct{ Err error }
+
+func (f Failed) Error() string { return f.Err.Error() }
+func (f Failed) Unwrap() error { return f.Err }
+
+// Flag is a binary's -probe flag: Check of target with the default options,
+// its failure wrapped as Failed.
+func Flag(ctx context.Context, target string) error {
+	if err := Check(ctx, target, Options{}); err != nil {
+		return Failed{err}
+	}
+	return nil
+}

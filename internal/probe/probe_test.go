@@ -2,6 +2,7 @@ package probe
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -65,5 +66,23 @@ func TestCheckTLS(t *testing.T) {
 	}
 	if err := Check(context.Background(), srv.URL, Options{Insecure: true}); err != nil {
 		t.Errorf("Insecure: %v", err)
+	}
+}
+
+// Flag wraps a failed check as Failed (the -probe flags exit 1 for it) and
+// passes a 2xx answer.
+func TestFlag(t *testing.T) {
+	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer ok.Close()
+	bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer bad.Close()
+	if err := Flag(context.Background(), ok.URL); err != nil {
+		t.Errorf("2xx: %v", err)
+	}
+	err := Flag(context.Background(), bad.URL)
+	if !errors.As(err, new(Failed)) {
+		t.Errorf("503: %v (%T), want Failed", err, err)
 	}
 }
