@@ -143,7 +143,8 @@ bench-routing: build
 # Poisson; short and long prompts, bursty), then every profile at 50, 80,
 # 95 and 105 % of it, TAIL_RUNS runs each, through the picker (in-process
 # data plane; TAIL_ENVOY=1 for real Envoy). About 3.5 hours at the
-# defaults; the tables go to stdout and $(TAIL_OUT).
+# defaults; the tables go to stdout and $(TAIL_OUT). TAIL_STALL=2s freezes
+# every simulator for 2 s half way through each measured run.
 TAIL_RUNS     ?= 5
 TAIL_SECONDS  ?= 40
 TAIL_SCALE    ?= 1
@@ -152,11 +153,12 @@ TAIL_LOADS    ?= 50,80,95,105
 TAIL_WORKLOADS ?= shared,short-long
 TAIL_OUT      ?= $(CURDIR)/bench-tail.md
 TAIL_ENVOY    ?=
+TAIL_STALL    ?=
 bench-tail: envoy
 	SWITCHYARD_TAIL=1 SWITCHYARD_TAIL_RUNS=$(TAIL_RUNS) SWITCHYARD_TAIL_SECONDS=$(TAIL_SECONDS) \
 	SWITCHYARD_TAIL_SCALE=$(TAIL_SCALE) SWITCHYARD_TAIL_PROFILES=$(TAIL_PROFILES) SWITCHYARD_TAIL_LOADS=$(TAIL_LOADS) \
 	SWITCHYARD_TAIL_WORKLOADS=$(TAIL_WORKLOADS) SWITCHYARD_TAIL_OUT=$(TAIL_OUT) SWITCHYARD_QUALITY_ENVOY=$(TAIL_ENVOY) \
-	$(GO) test ./picker/quality -run 'TestTail$$' -count=1 -v -timeout 600m 2>&1
+	SWITCHYARD_TAIL_STALL=$(TAIL_STALL) $(GO) test ./picker/quality -run 'TestTail$$' -count=1 -v -timeout 600m 2>&1
 # xDS at fleet scale (issue 25): a fleet of 1,000 loopback model servers in
 # 20 pools, switchyard serve scraping them, one real Envoy and 100 Go ADS
 # clients, state of the world then incremental: initial sync, 20 endpoint

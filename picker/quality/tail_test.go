@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -48,6 +50,10 @@ import (
 //	SWITCHYARD_TAIL_OUT       also write the tables to this file
 //	SWITCHYARD_QUALITY_LOG    every decision, JSON lines, to this file
 //	SWITCHYARD_QUALITY_ENVOY  1: through real Envoy, not the in-process data plane
+//	SWITCHYARD_TAIL_UNLOADED  0: skip the unloaded runs (no p90 / unloaded column)
+//	SWITCHYARD_TAIL_STALL     freeze every simulator (SIGSTOP) this long half way
+//	                          through each measured stage: how a profile recovers
+//	                          from a stall of the fleet's host (0: none)
 
 // tailSimArgs are the simulators' flags of the regime, besides
 // -time-scale and -num-gpu-blocks.
@@ -193,6 +199,9 @@ func (q *experiment) tailWorkload(tw tailWorkload, profiles []string, loads []fl
 	// At least 150 requests unloaded: its p90 is the reference.
 	udur := max(2*q.dur, time.Duration(150/(sat/10)*float64(time.Second)))
 	for _, p := range profiles {
+		if os.Getenv("SWITCHYARD_TAIL_UNLOADED") == "0" {
+			break
+		}
 		reps := q.f.runStages(p, tw.w, tw.arrival, []load.Stage{{Rate: sat / 2, Duration: q.warm}, {Rate: sat / 10, Duration: udur}}, q.nextSeed())
 		unloaded[p] = reps[len(reps)-1]
 		q.t.Logf("%s unloaded %s: p90 %.0f ms, hit %.3f", tw.name, p, unloaded[p].TTFT.P90Ms, unloaded[p].PrefixCacheHitRate)
@@ -208,7 +217,9 @@ func (q *experiment) tailWorkload(tw tailWorkload, profiles []string, loads []fl
 		for _, l := range loads {
 			seed := q.nextSeed()
 			for _, p := range profiles {
+				stop := q.stallAt(q.warm + q.dur/2)
 				reps := q.f.runStages(p, tw.w, tw.arrival, []load.Stage{{Rate: l * sat, Duration: q.warm}, {Rate: l * sat, Duration: q.dur}}, seed)
+				stop()
 				r := reps[len(reps)-1]
 				res[p][l].reps = append(res[p][l].reps, r)
 				q.t.Logf("%s run %d %.0f%% %s: TTFT p50 %.0f p90 %.0f p99 %.0f ms, hit %.3f, %.1f req/s, failed %d",
@@ -221,7 +232,10 @@ func (q *experiment) tailWorkload(tw tailWorkload, profiles []string, loads []fl
 	b.WriteString("| load | profile | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | p90 / unloaded | hit ratio | throughput req/s | failed |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
 	for _, p := range profiles {
-		u := unloaded[p]
+		u, ok := unloaded[p]
+		if !ok {
+			continue
+		}
 		fmt.Fprintf(&b, "| unloaded (10%%) | %s | %.0f | %.0f | %.0f | 1.00 | %.3f | %.1f | %d |\n", p, u.TTFT.P50Ms*scale, u.TTFT.P90Ms*scale, u.TTFT.P99Ms*scale, u.PrefixCacheHitRate, u.RequestThroughput/scale, u.Failed)
 	}
 	for _, l := range loads {
@@ -233,6 +247,10 @@ func (q *experiment) tailWorkload(tw tailWorkload, profiles []string, loads []fl
 			for i, v := range p90 {
 				rel[i] = v / (u * scale)
 			}
+			relS := "–"
+			if u > 0 {
+				relS = spread(rel, "%.2f")
+			}
 			failed := 0.0
 			for _, s := range r.reps {
 				failed += float64(s.Failed)
@@ -241,7 +259,7 @@ func (q *experiment) tailWorkload(tw tailWorkload, profiles []string, loads []fl
 				spread(r.values(func(s load.StageReport) float64 { return s.TTFT.P50Ms * scale }), "%.0f"),
 				spread(p90, "%.0f"),
 				spread(r.values(func(s load.StageReport) float64 { return s.TTFT.P99Ms * scale }), "%.0f"),
-				spread(rel, "%.2f"),
+				relS,
 				spread(r.values(func(s load.StageReport) float64 { return s.PrefixCacheHitRate }), "%.3f"),
 				spread(r.values(func(s load.StageReport) float64 { return s.RequestThroughput / scale }), "%.1f"),
 				failed)
@@ -262,6 +280,57 @@ func (q *experiment) tailWorkload(tw tailWorkload, profiles []string, loads []fl
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// stallAt freezes every simulator for SWITCHYARD_TAIL_STALL, after, from
+// now; the function it returns cancels a stall not begun and ends one
+// under way.
+func (q *experiment) stallAt(after time.Duration) func() {
+	var d time.Duration
+	if v := os.Getenv("SWITCHYARD_TAIL_STALL"); v != "" {
+		var err error
+		if d, err = time.ParseDuration(v); err != nil {
+			q.t.Fatalf("SWITCHYARD_TAIL_STALL: %v", err)
+		}
+	}
+	if d <= 0 {
+		return func() {}
+	}
+	var mu sync.Mutex
+	stopped := false
+	signal := func(sig syscall.Signal) {
+		for _, p := range q.f.sims {
+			if err := p.Signal(sig); err != nil {
+				q.t.Errorf("stall: %s: %v", p.Name, err)
+			}
+		}
+	}
+	cont := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			signal(syscall.SIGCONT)
+			stopped = false
+		}
+	}
+	var resume *time.Timer
+	start := time.AfterFunc(after, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		signal(syscall.SIGSTOP)
+		stopped = true
+		resume = time.AfterFunc(d, cont)
+	})
+	return func() {
+		start.Stop()
+		mu.Lock()
+		r := resume
+		mu.Unlock()
+		if r != nil {
+			r.Stop()
+		}
+		cont()
+	}
 }
 
 // loadAvg is the first three fields of /proc/loadavg, or "?".

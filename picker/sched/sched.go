@@ -372,6 +372,8 @@ type Scratch struct {
 	// The TTFT scorer's predictions, by the candidate order in names.
 	preds   []Prediction
 	predsOK bool
+	// The TTFT scorer's own fits of the candidates (cache-aware).
+	fits []ownFit
 	// memo holds each candidate's fresh snapshot (nil: none) while Rank
 	// runs on the candidates starting at memoOf (see freshAt).
 	memo   []*metrics.Snapshot

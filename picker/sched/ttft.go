@@ -49,6 +49,10 @@ const (
 	// minPerToken keeps the per-token cost positive, so more work is
 	// never predicted to be faster.
 	minPerToken = 1e-8
+	// quietClip and quietSlack bound what one quiet observation teaches
+	// the fit (see ObserveTTFT).
+	quietClip  = 2
+	quietSlack = 20 * time.Millisecond
 )
 
 // Prediction is one endpoint's predicted time to first token for one
@@ -165,6 +169,9 @@ type ttftStats struct {
 type ttftPrior struct {
 	base, perToken float64
 	lo, hi         float64
+	// logPer is log(perToken) in a pool's fit (poolFit), which shrinks
+	// on a log scale.
+	logPer float64
 }
 
 // Bands around the prior's per-token cost: the page's own figure (prefill
@@ -274,8 +281,15 @@ func (l *Load) ObserveTTFT(o Observation) {
 		c.slotScale += (ratio - c.slotScale) / c.slotN
 	case p.SlotWait == 0 && p.Queued == 0 && p.Waiting == 0:
 		// A request that met nothing ahead of it: the fixed and
-		// per-token parts.
-		c.observe(float64(p.Uncached), y)
+		// per-token parts, from at most quietClip times the prediction
+		// (plus quietSlack): a stall of the host or the server (a GC
+		// pause, a swapped-out page, SIGSTOP) would otherwise raise
+		// the fixed part of every server that had a request in flight
+		// for a whole window, and a profile that ranks by prediction
+		// would spread requests off their prefixes until it faded. A
+		// server that really became slower still moves the fit, by up
+		// to a doubling of the prediction per observation's share.
+		c.observe(float64(p.Uncached), min(y, quietClip*p.Total.Seconds()+quietSlack.Seconds()))
 	}
 	snap := *c
 	t.fit.Store(&snap)
@@ -369,23 +383,49 @@ func poolPrior(preds []Prediction) (pr ttftPrior, ok bool) {
 // fixed parts and the geometric mean of their per-token parts (each as
 // its own fit solves it); ok is false when none is measured.
 func poolFit(now time.Time, eps []*Endpoint) (pr ttftPrior, ok bool) {
+	return poolFitOf(&Request{Now: now}, eps, make([]ownFit, len(eps)))
+}
+
+// ownFit is one endpoint's fit as its own prior and observations solve
+// it, for one decision: TTFTScorer solves each candidate's once, for the
+// pool's fit and for the candidate's prediction.
+type ownFit struct {
+	base, per, logPer float64
+	// known: measured (the prior is the endpoint's, not the pool's).
+	known bool
+}
+
+// solveOwn solves e's fit given its fresh snapshot s (nil: none).
+func solveOwn(e *Endpoint, s *metrics.Snapshot) ownFit {
+	st := e.Load.ttft.fit.Load()
+	base, per := st.solve(prior(s))
+	f := ownFit{base: base, per: per, known: measured(s, st)}
+	if f.known {
+		f.logPer = math.Log(max(per, minPerToken))
+	}
+	return f
+}
+
+// poolFitOf is poolFit for the decision req, leaving each candidate's
+// own fit in fits (len(eps)).
+func poolFitOf(req *Request, eps []*Endpoint, fits []ownFit) (pr ttftPrior, ok bool) {
 	n, logPer := 0, 0.0
-	for _, e := range eps {
-		s := e.fresh(now)
-		st := e.Load.ttft.fit.Load()
-		if !measured(s, st) {
+	for i, e := range eps {
+		f := solveOwn(e, req.freshAt(eps, i))
+		fits[i] = f
+		if !f.known {
 			continue
 		}
-		base, per := st.solve(prior(s))
-		pr.base += base
-		logPer += math.Log(max(per, minPerToken))
+		pr.base += f.base
+		logPer += f.logPer
 		n++
 	}
 	if n == 0 {
 		return ttftPrior{}, false
 	}
 	pr.base /= float64(n)
-	pr.perToken = math.Exp(logPer / float64(n))
+	pr.logPer = logPer / float64(n)
+	pr.perToken = math.Exp(pr.logPer)
 	pr.lo, pr.hi = pr.perToken/pageBand, pr.perToken*pageBand
 	return pr, true
 }
@@ -406,18 +446,23 @@ const shrinkObservations = 32
 // log scale): servers of a pool are usually alike, and fits of a few
 // noisy observations otherwise tell identical servers apart.
 func predict(req *Request, e *Endpoint, cached int64, lora loraNeed, pool, shrink *ttftPrior) Prediction {
-	return predictWith(req, e, e.fresh(req.Now), cached, lora, pool, shrink)
+	return predictWith(req, e, e.fresh(req.Now), cached, lora, pool, shrink, nil)
 }
 
-// predictWith is predict given e's fresh snapshot s (nil: none).
-func predictWith(req *Request, e *Endpoint, s *metrics.Snapshot, cached int64, lora loraNeed, pool, shrink *ttftPrior) Prediction {
+// predictWith is predict given e's fresh snapshot s (nil: none) and,
+// when not nil, e's own fit solved for this decision (solveOwn).
+func predictWith(req *Request, e *Endpoint, s *metrics.Snapshot, cached int64, lora loraNeed, pool, shrink *ttftPrior, own *ownFit) Prediction {
 	st := e.Load.ttft.fit.Load()
-	pr := prior(s)
-	known := measured(s, st)
-	if pool != nil && !known {
-		pr = *pool
+	var f ownFit
+	if own != nil {
+		f = *own
+	} else {
+		f = solveOwn(e, s)
 	}
-	base, per := st.solve(pr)
+	if pool != nil && !f.known {
+		f.base, f.per = st.solve(*pool)
+	}
+	base, per, known := f.base, f.per, f.known
 	if shrink != nil && known {
 		n := 0.0
 		if st != nil {
@@ -425,7 +470,10 @@ func predictWith(req *Request, e *Endpoint, s *metrics.Snapshot, cached int64, l
 		}
 		a := n / (n + shrinkObservations)
 		base = a*base + (1-a)*shrink.base
-		per = math.Exp(a*math.Log(max(per, minPerToken)) + (1-a)*math.Log(max(shrink.perToken, minPerToken)))
+		per = shrink.perToken
+		if a > 0 {
+			per = math.Exp(a*f.logPer + (1-a)*shrink.logPer)
+		}
 	}
 	p := Prediction{Tokens: req.Tokens, PerToken: per, measured: known}
 	if st != nil {
@@ -646,15 +694,24 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 	}
 	sc.preds = sc.preds[:len(eps)]
 	var fit *ttftPrior
+	var fits []ownFit
 	if t.Shrink {
-		if f, ok := poolFit(req.Now, eps); ok {
+		if cap(sc.fits) < len(eps) {
+			sc.fits = make([]ownFit, len(eps))
+		}
+		fits = sc.fits[:len(eps)]
+		if f, ok := poolFitOf(req, eps, fits); ok {
 			fit = &f
 		}
 	}
 	unmeasured := 0
 	for i, e := range eps {
 		cached, _ := req.cachedTokens(i, m)
-		sc.preds[i] = predictWith(req, e, req.freshAt(eps, i), cached, need(i), fit, fit)
+		var own *ownFit
+		if fits != nil {
+			own = &fits[i]
+		}
+		sc.preds[i] = predictWith(req, e, req.freshAt(eps, i), cached, need(i), fit, fit, own)
 		if !sc.preds[i].measured {
 			unmeasured++
 		}
@@ -666,7 +723,7 @@ func (t *TTFTScorer) Score(req *Request, eps []*Endpoint, scores []float64) {
 			for i, e := range eps {
 				if !sc.preds[i].measured {
 					cached, _ := req.cachedTokens(i, m)
-					sc.preds[i] = predictWith(req, e, req.freshAt(eps, i), cached, need(i), &pool, nil)
+					sc.preds[i] = predictWith(req, e, req.freshAt(eps, i), cached, need(i), &pool, nil, nil)
 				}
 			}
 		}
