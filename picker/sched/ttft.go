@@ -49,10 +49,6 @@ const (
 	// minPerToken keeps the per-token cost positive, so more work is
 	// never predicted to be faster.
 	minPerToken = 1e-8
-	// quietClip and quietSlack bound what one quiet observation teaches
-	// the fit (see ObserveTTFT).
-	quietClip  = 2
-	quietSlack = 20 * time.Millisecond
 )
 
 // Prediction is one endpoint's predicted time to first token for one
@@ -281,15 +277,8 @@ func (l *Load) ObserveTTFT(o Observation) {
 		c.slotScale += (ratio - c.slotScale) / c.slotN
 	case p.SlotWait == 0 && p.Queued == 0 && p.Waiting == 0:
 		// A request that met nothing ahead of it: the fixed and
-		// per-token parts, from at most quietClip times the prediction
-		// (plus quietSlack): a stall of the host or the server (a GC
-		// pause, a swapped-out page, SIGSTOP) would otherwise raise
-		// the fixed part of every server that had a request in flight
-		// for a whole window, and a profile that ranks by prediction
-		// would spread requests off their prefixes until it faded. A
-		// server that really became slower still moves the fit, by up
-		// to a doubling of the prediction per observation's share.
-		c.observe(float64(p.Uncached), min(y, quietClip*p.Total.Seconds()+quietSlack.Seconds()))
+		// per-token parts.
+		c.observe(float64(p.Uncached), y)
 	}
 	snap := *c
 	t.fit.Store(&snap)

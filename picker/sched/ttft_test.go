@@ -461,31 +461,3 @@ func TestCacheAwareShrinksNoisyRates(t *testing.T) {
 	}
 }
 
-// A stall (host or server frozen for two seconds) stretches the TTFTs of
-// the requests in flight; it must not teach the fit a fixed part that
-// makes the server look slow for a whole window. A server that really
-// became slower still moves the fit.
-func TestTTFTStallDoesNotTeachTheFit(t *testing.T) {
-	t.Parallel()
-	perf := metrics.Perf{TTFT: 0.03, PrefillTokens: 500, PrefillPerToken: 40e-6, Requests: 10}
-	e := perfEp("a", metrics.Values{}, perf)
-	truth := func(x int64) time.Duration { return 20*time.Millisecond + time.Duration(x)*40*time.Microsecond }
-	rng := rand.New(rand.NewPCG(5, 6))
-	observe := func(n int, extra time.Duration) {
-		for range n {
-			p := predict(&Request{Tokens: 200 + rng.Int64N(1000), Now: now}, e, 0, loraNone, nil, nil)
-			e.Load.ObserveTTFT(Observation{Predicted: p, TTFT: truth(p.Uncached) + extra, At: now})
-		}
-	}
-	observe(200, 0)
-	before := predict(&Request{Tokens: 1000, Now: now}, e, 0, loraNone, nil, nil).Total
-	observe(8, 2*time.Second) // eight requests in flight through the stall
-	after := predict(&Request{Tokens: 1000, Now: now}, e, 0, loraNone, nil, nil).Total
-	if after-before > 10*time.Millisecond {
-		t.Fatalf("a 2 s stall of 8 requests raised the prediction from %v to %v", before, after)
-	}
-	// Slower for good: every request 100 ms more.
-	observe(300, 100*time.Millisecond)
-	near(t, "prediction after a lasting slowdown", predict(&Request{Tokens: 1000, Now: now}, e, 0, loraNone, nil, nil).Total,
-		truth(1000)+100*time.Millisecond, 15*time.Millisecond)
-}
