@@ -460,4 +460,3 @@ func TestCacheAwareShrinksNoisyRates(t *testing.T) {
 		t.Errorf("after a full window of observations: %.2f, want most of the 2x difference kept", kept)
 	}
 }
-
