@@ -47,15 +47,31 @@ const (
 	armRR       kvArm = "round-robin"
 )
 
+// base is the arm without its profile: "precise+cache-aware" is the
+// precise arm with the pool's profile set to cache-aware.
+func (a kvArm) base() kvArm {
+	b, _, _ := strings.Cut(string(a), "+")
+	return kvArm(b)
+}
+
+// profile is the pool's scheduling profile in the arm ("" = default).
+func (a kvArm) profile() string {
+	if a == armRR {
+		return "round-robin"
+	}
+	_, p, _ := strings.Cut(string(a), "+")
+	return p
+}
+
 // kvPoolHCL is the pool (named name) and model block of an arm.
 func kvPoolHCL(name, model string, arm kvArm, targets []kvTarget) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "pool %q {\n  engine = \"vllm\"\n", name)
-	if arm == armRR {
-		b.WriteString("  scheduling {\n    profile = \"round-robin\"\n  }\n")
+	if p := arm.profile(); p != "" {
+		fmt.Fprintf(&b, "  scheduling {\n    profile = %q\n  }\n", p)
 	}
 	for _, t := range targets {
-		if arm == armPrecise {
+		if arm.base() == armPrecise {
 			fmt.Fprintf(&b, "  endpoint %q {\n    kv_events {\n      port        = %d\n      replay_port = %d\n    }\n  }\n", t.addr, t.pub, t.replay)
 		} else {
 			fmt.Fprintf(&b, "  endpoint %q {}\n", t.addr)
@@ -100,14 +116,14 @@ func kvRun(t *testing.T, f *fleet, model string, targets []kvTarget, arm kvArm, 
 			t.Fatal(err)
 		}
 	}
-	name := fmt.Sprintf("kv-%d-%s", run, strings.ReplaceAll(string(arm), "-", ""))
+	name := fmt.Sprintf("kv-%d-%s", run, strings.NewReplacer("-", "", "+", "").Replace(string(arm)))
 	before := f.mustStatus().RegistryVersion
 	f.writeConfig(kvPoolHCL(name, model, arm, targets))
 	testutil.Eventually(t, settle, "arm "+name+" applied", func() error {
 		if _, err := f.acked(before + 1); err != nil {
 			return err
 		}
-		if arm != armPrecise {
+		if arm.base() != armPrecise {
 			return nil
 		}
 		return kvExact(f, name, len(targets))
@@ -154,7 +170,7 @@ func kvRun(t *testing.T, f *fleet, model string, targets []kvTarget, arm kvArm, 
 	if q.main.Completed == 0 || q.main.Failed > q.main.Completed/50 {
 		t.Fatalf("%s: %d completed, %d failed: %v %v", name, q.main.Completed, q.main.Failed, q.main.Errors, q.main.ErrorExamples)
 	}
-	if arm == armPrecise {
+	if arm.base() == armPrecise {
 		q.checked = kvChecked(f, name)
 	}
 	return q
@@ -314,8 +330,10 @@ func kvCompare(t *testing.T, res map[bool]map[kvArm]kvQuality, slack float64) {
 //
 // SWITCHYARD_QUALITY_SIMS (default 8), _BLOCKS (per server, default
 // 200), _SECONDS (per arm, default 60) and _RATE (requests/s, default
-// 16) size it; SWITCHYARD_QUALITY_ARMS ("precise,estimate,round-robin")
-// and _SCENARIOS ("alone,second") choose what runs, in order.
+// 16) size it; SWITCHYARD_QUALITY_ARMS ("precise,estimate,round-robin";
+// an arm may name the pool's profile after a "+", as in
+// "precise+cache-aware") and _SCENARIOS ("alone,second") choose what
+// runs, in order.
 func TestE2EKVQuality(t *testing.T) {
 	full := os.Getenv("SWITCHYARD_QUALITY") == "1"
 	sims, secs, rate := 4, 10, 8
