@@ -2,10 +2,11 @@ package kvevents
 
 import (
 	"math/bits"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/switchyard/switchyard/internal/idtable"
 )
 
 // MaxServers is how many servers one Index tracks; more are left to the
@@ -60,16 +61,8 @@ const PendingFor = 10 * time.Second
 // waiting for writers of other keys. All methods are safe for concurrent
 // use.
 type Index struct {
-	mu      sync.Mutex // serialises server creation and removal
-	table   atomic.Pointer[serverTable]
-	freeIDs []uint16
-	nextID  int
-	shards  [numShards]shard
-}
-
-type serverTable struct {
-	byName map[string]*Server
-	byID   []*Server // nil where free
+	table  idtable.Table[Server]
+	shards [numShards]shard
 }
 
 // NewIndex returns an empty Index.
@@ -79,7 +72,7 @@ func NewIndex() *Index {
 		x.shards[i].m = map[uint64]holders{}
 		x.shards[i].pend = map[pendKey]int64{}
 	}
-	x.table.Store(&serverTable{byName: map[string]*Server{}})
+	x.table.Init(MaxServers)
 	return x
 }
 
@@ -178,75 +171,24 @@ func (x *Index) clearPending(id uint16) {
 // Server returns the server called name, creating it if needed; nil when
 // the Index already tracks MaxServers servers.
 func (x *Index) Server(name string) *Server {
-	if s := x.table.Load().byName[name]; s != nil {
-		return s
-	}
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	old := x.table.Load()
-	if s := old.byName[name]; s != nil {
-		return s
-	}
-	var id uint16
-	switch {
-	case len(x.freeIDs) > 0:
-		id = x.freeIDs[len(x.freeIDs)-1]
-		x.freeIDs = x.freeIDs[:len(x.freeIDs)-1]
-	case x.nextID < MaxServers:
-		id = uint16(x.nextID)
-		x.nextID++
-	default:
-		return nil
-	}
-	s := newServer(x, name, id)
-	next := &serverTable{byName: make(map[string]*Server, len(old.byName)+1), byID: make([]*Server, max(len(old.byID), int(id)+1))}
-	for k, v := range old.byName {
-		next.byName[k] = v
-	}
-	copy(next.byID, old.byID)
-	next.byName[name] = s
-	next.byID[id] = s
-	x.table.Store(next)
-	return s
+	return x.table.Add(name, func(id uint16, _ int) *Server { return newServer(x, name, id) })
 }
 
 // Lookup returns the server called name, or nil.
-func (x *Index) Lookup(name string) *Server { return x.table.Load().byName[name] }
+func (x *Index) Lookup(name string) *Server { return x.table.Get(name) }
 
 // Remove forgets the server called name and everything it held.
 func (x *Index) Remove(name string) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	old := x.table.Load()
-	s := old.byName[name]
-	if s == nil {
-		return
-	}
-	s.mu.Lock()
-	s.clearLocked()
-	s.removed = true
-	s.mu.Unlock()
-	next := &serverTable{byName: make(map[string]*Server, len(old.byName)), byID: append([]*Server(nil), old.byID...)}
-	for k, v := range old.byName {
-		if k != name {
-			next.byName[k] = v
-		}
-	}
-	next.byID[s.id] = nil
-	x.table.Store(next)
-	x.freeIDs = append(x.freeIDs, s.id)
+	x.table.Remove(name, func(s *Server, _ int) {
+		s.mu.Lock()
+		s.clearLocked()
+		s.removed = true
+		s.mu.Unlock()
+	})
 }
 
 // Servers returns the tracked servers' names, sorted.
-func (x *Index) Servers() []string {
-	t := x.table.Load()
-	out := make([]string, 0, len(t.byName))
-	for n := range t.byName {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
+func (x *Index) Servers() []string { return x.table.Names() }
 
 // State says whether a server's view can be trusted.
 type State int32

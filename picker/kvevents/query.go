@@ -84,7 +84,7 @@ func (q *Query) Prefix() bool { return q.prefix }
 // counts them as on their way there, so that requests sharing the prompt
 // follow it instead of scattering while it is computed.
 func (q *Query) Routed(addr string) {
-	s := q.x.table.Load().byName[addr]
+	s := q.x.table.Get(addr)
 	if s == nil {
 		return
 	}
@@ -106,7 +106,7 @@ func (q *Query) Routed(addr string) {
 // includes blocks pending there (Routed), not announced by its events
 // yet: a routing hint, neither exact nor a bound.
 func (q *Query) Tentative(addr string) bool {
-	s := q.x.table.Load().byName[addr]
+	s := q.x.table.Get(addr)
 	return s != nil && q.tentative[s.id/64]&(1<<(s.id%64)) != 0
 }
 
@@ -148,7 +148,7 @@ func (q *Query) CachedTokens(addrs []string, tokens []int, exact []bool) {
 	q.servers = q.servers[:0]
 	for i, a := range addrs {
 		tokens[i], exact[i] = 0, false
-		s := t.byName[a]
+		s := t.ByName[a]
 		if s == nil || s.State() != Synced {
 			q.servers = append(q.servers, nil)
 			continue

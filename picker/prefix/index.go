@@ -2,11 +2,12 @@ package prefix
 
 import (
 	"math/bits"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/switchyard/switchyard/internal/idtable"
 )
 
 // Defaults for Config fields left zero.
@@ -60,16 +61,15 @@ type Index struct {
 	cfg    Config
 	shards [numShards]shard
 
-	mu      sync.Mutex // serialises endpoint creation and removal
-	table   atomic.Pointer[epTable]
-	freeIDs []uint16
-	nextID  int
+	// table's writers (endpoint creation and removal) are serialised:
+	// they rebalance the endpoints' shares.
+	table idtable.Table[endpoint]
 	// clock numbers changes to endpoints' LRUs (endpoint.version).
 	clock atomic.Uint64
 	// epoch is the origin of the reuse stamps (endpoint.reused).
 	epoch time.Time
 	// share is every endpoint's capacity bound (MaxEntries over the
-	// endpoints), as last applied to them; written under mu.
+	// endpoints), as last applied to them; written by the table's writers.
 	share atomic.Int64
 
 	scratch sync.Pool // *matchScratch
@@ -92,11 +92,6 @@ const holderWords = 4
 type holders [holderWords]uint64
 
 func (h *holders) empty() bool { return h[0]|h[1]|h[2]|h[3] == 0 }
-
-type epTable struct {
-	byName map[string]*endpoint
-	byID   []*endpoint // nil where free
-}
 
 // endpoint is one endpoint's LRU of block hashes: a map from hash to slot
 // and an intrusive doubly linked list over a slot array (head = most
@@ -154,7 +149,7 @@ func NewIndex(cfg Config) *Index {
 	for i := range x.shards {
 		x.shards[i].m = newTable[holders](0)
 	}
-	x.table.Store(&epTable{byName: map[string]*endpoint{}})
+	x.table.Init(MaxEndpoints)
 	x.scratch.New = func() any { return &matchScratch{} }
 	return x
 }
@@ -221,44 +216,21 @@ func overEmpty(o []uint64) bool {
 // lookup returns the live endpoint called name, creating it if create is
 // set; nil if absent (or the Index is full).
 func (x *Index) lookup(name string, create bool) *endpoint {
-	if ep := x.table.Load().byName[name]; ep != nil || !create {
+	if ep := x.table.Get(name); ep != nil || !create {
 		return ep
 	}
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	old := x.table.Load()
-	if ep := old.byName[name]; ep != nil {
+	return x.table.Add(name, func(id uint16, n int) *endpoint {
+		ep := &endpoint{name: name, id: id, asked: x.cfg.DefaultCapacity, slots: newTable[int32](min(x.cfg.DefaultCapacity, 1024)), head: -1, tail: -1}
+		x.rebalance(n)
+		ep.capacity = min(ep.asked, int(x.share.Load()))
 		return ep
-	}
-	var id uint16
-	switch {
-	case len(x.freeIDs) > 0:
-		id = x.freeIDs[len(x.freeIDs)-1]
-		x.freeIDs = x.freeIDs[:len(x.freeIDs)-1]
-	case x.nextID < MaxEndpoints:
-		id = uint16(x.nextID)
-		x.nextID++
-	default:
-		return nil
-	}
-	ep := &endpoint{name: name, id: id, asked: x.cfg.DefaultCapacity, slots: newTable[int32](min(x.cfg.DefaultCapacity, 1024)), head: -1, tail: -1}
-	next := &epTable{byName: make(map[string]*endpoint, len(old.byName)+1), byID: make([]*endpoint, max(len(old.byID), int(id)+1))}
-	for k, v := range old.byName {
-		next.byName[k] = v
-	}
-	copy(next.byID, old.byID)
-	next.byName[name] = ep
-	next.byID[id] = ep
-	x.rebalance(len(next.byName))
-	ep.capacity = min(ep.asked, int(x.share.Load()))
-	x.table.Store(next)
-	return ep
+	})
 }
 
 // rebalance sets the share of each of n endpoints in MaxEntries and, when
 // it moved by more than an eighth since last applied, resizes every
-// endpoint to it (shrinking LRUs evict their least recent entries). x.mu
-// must be held.
+// endpoint to it (shrinking LRUs evict their least recent entries). Only
+// the table's writers call it, one at a time.
 func (x *Index) rebalance(n int) {
 	share := max(x.cfg.MaxEntries/max(n, 1), 1)
 	old := int(x.share.Load())
@@ -269,7 +241,7 @@ func (x *Index) rebalance(n int) {
 		return
 	}
 	x.share.Store(int64(share))
-	for _, ep := range x.table.Load().byID {
+	for _, ep := range x.table.Load().ByID {
 		if ep == nil {
 			continue
 		}
@@ -507,44 +479,22 @@ func (x *Index) SetCapacity(endpoint string, blocks int) {
 // Remove forgets the endpoint called name and everything routed to it. It is a no-op for
 // an unknown endpoint.
 func (x *Index) Remove(name string) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	old := x.table.Load()
-	ep := old.byName[name]
-	if ep == nil {
-		return
-	}
-	ep.mu.Lock()
-	for s := ep.head; s >= 0; s = ep.nodes[s].next {
-		x.dropHolder(ep.nodes[s].hash, ep.id)
-	}
-	ep.removed = true
-	ep.slots, ep.nodes, ep.reused = table[int32]{}, nil, nil
-	ep.head, ep.tail = -1, -1
-	x.unlock(ep) // drops picks deferred meanwhile
-
-	next := &epTable{byName: make(map[string]*endpoint, len(old.byName)), byID: append([]*endpoint(nil), old.byID...)}
-	for k, v := range old.byName {
-		if k != name {
-			next.byName[k] = v
+	x.table.Remove(name, func(ep *endpoint, n int) {
+		ep.mu.Lock()
+		for s := ep.head; s >= 0; s = ep.nodes[s].next {
+			x.dropHolder(ep.nodes[s].hash, ep.id)
 		}
-	}
-	next.byID[ep.id] = nil
-	x.table.Store(next)
-	x.freeIDs = append(x.freeIDs, ep.id)
-	x.rebalance(len(next.byName))
+		ep.removed = true
+		ep.slots, ep.nodes, ep.reused = table[int32]{}, nil, nil
+		ep.head, ep.tail = -1, -1
+		x.unlock(ep) // drops picks deferred meanwhile
+		// The others' shares grow; rebalance skips ep, removed.
+		x.rebalance(n)
+	})
 }
 
 // Endpoints returns the tracked endpoint names, sorted.
-func (x *Index) Endpoints() []string {
-	t := x.table.Load()
-	out := make([]string, 0, len(t.byName))
-	for n := range t.byName {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
+func (x *Index) Endpoints() []string { return x.table.Names() }
 
 // Eviction is what taking new blocks would push out of an endpoint's
 // LRU (see Index.Evictions).
@@ -568,7 +518,7 @@ const maxEvictionChecks = 64
 // the Index does not track evicts nothing. It locks the endpoint briefly
 // (applying picks deferred meanwhile) and each checked block's shard.
 func (x *Index) Evictions(endpoint string, n int, since time.Time) Eviction {
-	ep := x.table.Load().byName[endpoint]
+	ep := x.table.Get(endpoint)
 	if ep == nil || n <= 0 {
 		return Eviction{}
 	}
@@ -653,7 +603,7 @@ func (x *Index) match(hashes []uint64, sc *matchScratch) {
 	if len(hashes) == 0 {
 		return
 	}
-	words := max(holderWords, (len(x.table.Load().byID)+63)/64)
+	words := max(holderWords, (len(x.table.Load().ByID)+63)/64)
 	if cap(sc.active) < words {
 		sc.active = make([]uint64, words)
 		sc.next = make([]uint64, words)
@@ -755,8 +705,8 @@ func (x *Index) Match(hashes []uint64, dst []Hit) []Hit {
 	x.match(hashes, sc)
 	t := x.table.Load()
 	for _, h := range sc.hits {
-		if int(h.id) < len(t.byID) && t.byID[h.id] != nil {
-			dst = append(dst, Hit{Endpoint: t.byID[h.id].name, Blocks: h.blocks})
+		if int(h.id) < len(t.ByID) && t.ByID[h.id] != nil {
+			dst = append(dst, Hit{Endpoint: t.ByID[h.id].name, Blocks: h.blocks})
 		}
 	}
 	x.scratch.Put(sc)
@@ -780,10 +730,10 @@ func (x *Index) MatchInto(hashes []uint64, endpoints []string, out []int) {
 		// find each among the candidates by name, rather than look up
 		// every candidate (a thousand map lookups per decision).
 		for _, h := range sc.hits {
-			if int(h.id) >= len(t.byID) || t.byID[h.id] == nil {
+			if int(h.id) >= len(t.ByID) || t.ByID[h.id] == nil {
 				continue
 			}
-			name := t.byID[h.id].name
+			name := t.ByID[h.id].name
 			for i, n := range endpoints {
 				if len(n) == len(name) && n == name {
 					out[i] = h.blocks
@@ -792,8 +742,8 @@ func (x *Index) MatchInto(hashes []uint64, endpoints []string, out []int) {
 		}
 	case len(sc.hits) > 0:
 		// Spread the hits by endpoint id, then read them back by name.
-		if len(sc.byID) < len(t.byID) {
-			sc.byID = make([]int32, len(t.byID))
+		if len(sc.byID) < len(t.ByID) {
+			sc.byID = make([]int32, len(t.ByID))
 		}
 		for _, h := range sc.hits {
 			if int(h.id) < len(sc.byID) {
@@ -801,7 +751,7 @@ func (x *Index) MatchInto(hashes []uint64, endpoints []string, out []int) {
 			}
 		}
 		for i, name := range endpoints {
-			if ep := t.byName[name]; ep != nil && int(ep.id) < len(sc.byID) {
+			if ep := t.ByName[name]; ep != nil && int(ep.id) < len(sc.byID) {
 				out[i] = int(sc.byID[ep.id])
 			}
 		}
@@ -844,8 +794,8 @@ func (x *Index) Stats() Stats {
 		overEntry = 48
 	)
 	t := x.table.Load()
-	st := Stats{Endpoints: len(t.byName), PerEndpoint: make(map[string]EndpointStats, len(t.byName))}
-	for name, ep := range t.byName {
+	st := Stats{Endpoints: len(t.ByName), PerEndpoint: make(map[string]EndpointStats, len(t.ByName))}
+	for name, ep := range t.ByName {
 		ep.mu.Lock()
 		es := EndpointStats{Entries: ep.slots.n, Capacity: ep.capacity}
 		st.Bytes += ep.slots.bytes(lruSlot) + int64(cap(ep.nodes))*lruNode

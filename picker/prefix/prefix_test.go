@@ -398,7 +398,7 @@ func checkInvariants(t *testing.T, x *Index) {
 	t.Helper()
 	want := map[uint64][]uint16{}
 	tbl := x.table.Load()
-	for name, ep := range tbl.byName {
+	for name, ep := range tbl.ByName {
 		ep.mu.Lock()
 		if ep.slots.n > ep.capacity {
 			t.Errorf("%s: %d entries > capacity %d", name, ep.slots.n, ep.capacity)
@@ -418,7 +418,7 @@ func checkInvariants(t *testing.T, x *Index) {
 			t.Errorf("%s: %d deferred picks left unrecorded", name, p)
 		}
 		ep.mu.Unlock()
-		if tbl.byID[ep.id] != ep {
+		if tbl.ByID[ep.id] != ep {
 			t.Errorf("%s: id table mismatch", name)
 		}
 	}
