@@ -31,6 +31,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/switchyard/switchyard/internal/cli"
 	"github.com/switchyard/switchyard/internal/pd"
 	"github.com/switchyard/switchyard/internal/pd/sidecar"
 	healthprobe "github.com/switchyard/switchyard/internal/probe"
@@ -39,15 +40,7 @@ import (
 	"github.com/switchyard/switchyard/registry/hclfile"
 )
 
-func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "pd-sidecar:", err)
-		if errors.As(err, new(healthprobe.Failed)) {
-			os.Exit(1)
-		}
-		os.Exit(2)
-	}
-}
+func main() { cli.Main("pd-sidecar", run) }
 
 type options struct {
 	probe               string
@@ -220,19 +213,15 @@ func watchConsul(ctx context.Context, src *consul.Source, pool string, allow *al
 func run(args []string) error {
 	o, err := parseFlags(args)
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return err
+		return err // -h: flag.ErrHelp, an exit status of 0
 	}
 	if o.probe != "" {
 		return healthprobe.Flag(context.Background(), o.probe)
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return fmt.Errorf("-log-level: %w", err)
+	log, err := cli.Logger(os.Stderr, o.logLevel)
+	if err != nil {
+		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	dec, err := url.Parse(o.decoder)
 	if err != nil || dec.Host == "" || (dec.Scheme != "http" && dec.Scheme != "https") {
 		return fmt.Errorf("-decoder %q is not an http(s) URL", o.decoder)

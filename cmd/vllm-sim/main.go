@@ -10,7 +10,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -24,19 +23,12 @@ import (
 	"time"
 
 	"github.com/switchyard/switchyard/cmd/vllm-sim/sim"
+	"github.com/switchyard/switchyard/internal/cli"
 	healthprobe "github.com/switchyard/switchyard/internal/probe"
 	"github.com/switchyard/switchyard/picker/kvevents"
 )
 
-func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "vllm-sim:", err)
-		if errors.As(err, new(healthprobe.Failed)) {
-			os.Exit(1)
-		}
-		os.Exit(2)
-	}
-}
+func main() { cli.Main("vllm-sim", run) }
 
 // listFlag collects comma-separated values from one or more uses of a flag.
 type listFlag []string
@@ -242,19 +234,15 @@ func parseLoRAs(mods []string) ([]lora, error) {
 func run(args []string) error {
 	o, err := parseFlags(args)
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return err
+		return err // -h: flag.ErrHelp, an exit status of 0
 	}
 	if o.probe != "" {
 		return healthprobe.Flag(context.Background(), o.probe)
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return fmt.Errorf("-log-level: %w", err)
+	log, err := cli.Logger(os.Stderr, o.logLevel)
+	if err != nil {
+		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	codes, err := parseCodes(o.errorCodes)
 	if err != nil {
 		return err
