@@ -23,23 +23,22 @@ func TestEnvoyAdmissionQueue(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts Envoy and vllm-sim")
 	}
-	envoy := testutil.EnvoyPath(t)
+	testutil.EnvoyPath(t) // skip before starting the simulator when there is no Envoy
 	port := testutil.FreePort(t)
 	testutil.Start(t, "vllm-sim", testutil.Binary(t, "vllm-sim"), "-port", fmt.Sprint(port), "-model", "llama", "-time-scale", "50",
 		"-max-model-len", "1000000", "-max-num-batched-tokens", "1000000", "-num-gpu-blocks", "200000")
 	sim := fmt.Sprintf("127.0.0.1:%d", port)
 	testutil.WaitHTTP(t, "http://"+sim+"/health", 10*time.Second)
-	lb := fmt.Sprintf("        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %d}}}\n", port)
 	// BUFFERED requests; responses pass through (a buffered response
 	// could not stream the answer that holds the slot).
 	const bufferedRequests = `                request_body_mode: BUFFERED
                 response_body_mode: NONE`
 	for _, mode := range []struct{ name, cfg string }{{"full-duplex", duplexMode}, {"buffered", bufferedRequests}} {
-		t.Run(mode.name, func(t *testing.T) { envoyAdmission(t, envoy, sim, lb, mode.cfg) })
+		t.Run(mode.name, func(t *testing.T) { envoyAdmission(t, sim, mode.cfg) })
 	}
 }
 
-func envoyAdmission(t *testing.T, envoy, sim, lbEndpoints, mode string) {
+func envoyAdmission(t *testing.T, sim, mode string) {
 	st := registry.Empty()
 	st.Version = 1
 	st.Pools["alpha"] = &registry.Pool{Name: "alpha", Engine: registry.EngineVLLM, Endpoints: []registry.Endpoint{{Address: sim}}}
@@ -51,13 +50,8 @@ func envoyAdmission(t *testing.T, envoy, sim, lbEndpoints, mode string) {
 	runPicker(t, srv)
 	picker := serveGRPC(t, srv)
 
-	listen := testutil.FreePort(t)
-	cfg := fmt.Sprintf(envoyConfig, testutil.FreePort(t), listen, picker.Port, lbEndpoints, mode)
-	cfg = strings.Replace(cfg, "message_timeout: 10s", "message_timeout: 0.3s\n              max_message_timeout: 360s", 1)
-	path := testutil.WriteFile(t, t.TempDir(), "envoy.yaml", cfg)
-	testutil.Start(t, "envoy", envoy, "-c", path, "--disable-hot-restart", "-l", "warning", "--concurrency", "1")
-	base := fmt.Sprintf("http://127.0.0.1:%d", listen)
-	testutil.WaitTCP(t, fmt.Sprintf("127.0.0.1:%d", listen), 20*time.Second)
+	base := testutil.StartEnvoyPool(t, testutil.EnvoyPool{Name: "alpha", Endpoints: []string{sim}, Picker: picker.String(), Processing: mode,
+		MessageTimeout: 300 * time.Millisecond, MaxMessageTimeout: 360 * time.Second})
 	stats := func() (waiting int, dispatched uint64) {
 		for _, s := range srv.AdmissionStats() {
 			for _, w := range s.Waiting {

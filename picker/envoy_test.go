@@ -14,88 +14,11 @@ import (
 	"github.com/switchyard/switchyard/registry"
 )
 
-// envoyConfig is a static Envoy 1.40 bootstrap wired the way the xDS
-// translator wires switchyard: ext_proc in FULL_DUPLEX_STREAMED both ways
-// with trailers SEND, envoy.lb forwarded and received, a pool cluster with
-// override_host reading envoy.lb metadata and reporting the served host.
-const envoyConfig = `
-node: {id: picker-test, cluster: picker-test}
-admin: {address: {socket_address: {address: 127.0.0.1, port_value: %[1]d}}}
-static_resources:
-  listeners:
-  - name: main
-    address: {socket_address: {address: 127.0.0.1, port_value: %[2]d}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: ingress
-          route_config:
-            name: local
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {prefix: "/", headers: [{name: x-switchyard-pool, string_match: {exact: alpha}}]}
-                route: {cluster: pool/alpha, timeout: 30s}
-              - match: {prefix: "/"}
-                direct_response: {status: 599, body: {inline_string: "no pool header"}}
-          http_filters:
-          - name: envoy.filters.http.ext_proc
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-              grpc_service: {envoy_grpc: {cluster_name: picker}, timeout: 10s}
-              failure_mode_allow: false
-              message_timeout: 10s
-              processing_mode:
-                request_header_mode: SEND
-                response_header_mode: SEND
-%[5]s
-              metadata_options:
-                forwarding_namespaces: {untyped: ["envoy.lb", "envoy.lb.subset_hint"]}
-                receiving_namespaces: {untyped: ["envoy.lb"]}
-          - name: envoy.filters.http.router
-            typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}
-  clusters:
-  - name: picker
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {http2_protocol_options: {}}
-    load_assignment:
-      cluster_name: picker
-      endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %[3]d}}}}]}]
-  - name: pool/alpha
-    type: STATIC
-    connect_timeout: 1s
-    load_balancing_policy:
-      policies:
-      - typed_extension_config:
-          name: envoy.load_balancing_policies.override_host
-          typed_config:
-            "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost
-            override_host_sources:
-            - metadata: {key: envoy.lb, path: [{key: x-gateway-destination-endpoint}]}
-            selected_host_key: {key: envoy.lb, path: [{key: x-gateway-destination-endpoint-served}]}
-            fallback_policy:
-              policies:
-              - typed_extension_config:
-                  name: envoy.load_balancing_policies.round_robin
-                  typed_config: {"@type": type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin}
-    load_assignment:
-      cluster_name: pool/alpha
-      endpoints:
-      - lb_endpoints:
-%[4]s`
-
 const (
-	duplexMode = `                request_body_mode: FULL_DUPLEX_STREAMED
-                response_body_mode: FULL_DUPLEX_STREAMED
-                request_trailer_mode: SEND
-                response_trailer_mode: SEND`
+	// The ext_proc processing the tests' Envoy (testutil.StartEnvoyPool)
+	// is given: the xDS translator's, and the other modes the picker
+	// serves.
+	duplexMode   = testutil.EnvoyFullDuplex
 	bufferedMode = `                request_body_mode: BUFFERED
                 response_body_mode: BUFFERED`
 	streamedEarlyMode = `                request_body_mode: STREAMED
@@ -113,19 +36,17 @@ func TestEnvoyEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts Envoy and vllm-sim")
 	}
-	envoy := testutil.EnvoyPath(t)
+	testutil.EnvoyPath(t) // skip before starting the simulators when there is no Envoy
 	sim := testutil.Binary(t, "vllm-sim")
 
 	const served = "llama-3-8b-instruct"
 	var sims []string
-	var lbEndpoints strings.Builder
 	for i := 0; i < 2; i++ {
 		port := testutil.FreePort(t)
 		testutil.Start(t, fmt.Sprintf("vllm-sim-%d", i), sim, "-port", fmt.Sprint(port), "-model", served, "-time-scale", "50",
 			"-max-model-len", "1000000", "-max-num-batched-tokens", "1000000", "-num-gpu-blocks", "200000")
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		sims = append(sims, addr)
-		fmt.Fprintf(&lbEndpoints, "        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %d}}}\n", port)
 	}
 	for _, a := range sims {
 		testutil.WaitHTTP(t, "http://"+a+"/health", 10*time.Second)
@@ -135,12 +56,12 @@ func TestEnvoyEndToEnd(t *testing.T) {
 		{"streamed-early-body", streamedEarlyMode}, {"streamed-upgraded", streamedOverrideMode},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
-			envoyRoundTrips(t, envoy, sims, lbEndpoints.String(), mode.cfg)
+			envoyRoundTrips(t, sims, mode.cfg)
 		})
 	}
 }
 
-func envoyRoundTrips(t *testing.T, envoy string, sims []string, lbEndpoints, mode string) {
+func envoyRoundTrips(t *testing.T, sims []string, mode string) {
 	const served = "llama-3-8b-instruct"
 
 	// The second simulator is draining: every request must land on the
@@ -156,12 +77,7 @@ func envoyRoundTrips(t *testing.T, envoy string, sims []string, lbEndpoints, mod
 	srv := New(registry.NewPublisher(st), Options{}, nil)
 	picker := serveGRPC(t, srv)
 
-	listen := testutil.FreePort(t)
-	cfg := fmt.Sprintf(envoyConfig, testutil.FreePort(t), listen, picker.Port, lbEndpoints, mode)
-	path := testutil.WriteFile(t, t.TempDir(), "envoy.yaml", cfg)
-	testutil.Start(t, "envoy", envoy, "-c", path, "--disable-hot-restart", "-l", "warning", "--concurrency", "1")
-	base := fmt.Sprintf("http://127.0.0.1:%d", listen)
-	testutil.WaitTCP(t, fmt.Sprintf("127.0.0.1:%d", listen), 20*time.Second)
+	base := testutil.StartEnvoyPool(t, testutil.EnvoyPool{Name: "alpha", Endpoints: sims, Picker: picker.String(), Processing: mode})
 
 	post := func(body string) (*http.Response, string) {
 		t.Helper()
