@@ -278,8 +278,13 @@ func Command(srcDir string, m Model, addr string, o Options) (args, env []string
 			`{"kv_connector":"`+o.KVConnector+`","kv_role":"kv_both","kv_buffer_device":"cpu"}`)
 	}
 	args = append(args, o.Extra...)
+	// One OpenMP thread per server: a GPU server has its device to itself,
+	// and unpinned CPU servers that each start a thread per core spin
+	// against one another. Two servers on two cores completed 7 requests/s
+	// one at a time that way, against 54 with one thread each, and their
+	// step times varied by tens of times.
 	env = []string{
-		"VLLM_TARGET_DEVICE=cpu", "VLLM_CPU_KVCACHE_SPACE=1", "VLLM_CPU_OMP_THREADS_BIND=nobind",
+		"VLLM_TARGET_DEVICE=cpu", "VLLM_CPU_KVCACHE_SPACE=1", "VLLM_CPU_OMP_THREADS_BIND=nobind", "OMP_NUM_THREADS=1",
 		"HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "VLLM_NO_USAGE_STATS=1",
 		"VLLM_SERVER_DEV_MODE=1", // enables POST /reset_prefix_cache
 		"PYTHONPATH=" + strings.Join(append([]string{srcDir}, o.PythonPath...), ":"),
