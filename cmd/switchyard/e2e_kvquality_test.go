@@ -434,28 +434,67 @@ func tcpToUnix(t *testing.T, path string) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// kvVLLMRate is the main sender's rate against real vLLM: at most
+// ceiling, and otherwise what keeps the two servers at about 60% of what
+// they complete one request at a time (the main sender is two thirds of
+// the traffic, the second sender the rest). capacity is in requests/s.
+// A machine that serves the tiny model slowly (a loaded CI runner) gets a
+// lower rate and a longer run instead of a queue: with seconds of
+// queueing, an engine's cache changes between the pick and the prefill,
+// which neither index can know, and the comparison measures the queue.
+func kvVLLMRate(capacity, ceiling float64) float64 {
+	const utilisation, floor = 0.6, 0.5
+	return max(floor, min(ceiling, utilisation*capacity/1.5))
+}
+
+// kvVLLMCapacity measures what the servers complete per second with one
+// request in flight on each: the workload sent straight to them in turn
+// (its cache hits as in the run: the caches are too small for every
+// group), measured for 10 s after 5 s of warming up (a new server's first
+// requests are several times slower).
+func kvVLLMCapacity(t *testing.T, cfg load.Config, urls []string) float64 {
+	t.Helper()
+	cal := cfg
+	cal.URL, cal.Seed, cal.Arrival = strings.Join(urls, ","), 99, load.ArrivalConcurrency
+	cal.Stages = []load.Stage{{Concurrency: len(urls), Duration: 5 * time.Second}, {Concurrency: len(urls), Duration: 10 * time.Second}}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rep, err := load.Run(ctx, cal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := rep.Stages[len(rep.Stages)-1]
+	if st.Completed == 0 || st.Failed > 0 {
+		t.Fatalf("capacity run: %d completed, %d failed: %v", st.Completed, st.Failed, st.ErrorExamples)
+	}
+	return st.RequestThroughput
+}
+
 // TestE2ERealVLLMKVQuality runs the comparison against two real vLLM
 // servers (the CPU build, the tiny model) with 64-block KV caches (2,048
 // tokens: about six of the 16 groups' system prompts each), their events
-// on Unix sockets reached through loopback TCP. By default a short run of
-// precise against the estimate with the second sender (40 s at 3 req/s:
-// in 20 s at 2 req/s the 16 groups' first, always missed, requests were a
-// third of the run, and the hit ratios of the two arms crossed by chance);
-// with
-// SWITCHYARD_QUALITY=1 every arm, alone and with the second sender:
+// on Unix sockets reached through loopback TCP. By default a run of
+// precise against the estimate with the second sender: at least 120
+// requests and 40 s per arm, at up to 3 req/s, lower where the servers
+// are slow (kvVLLMRate). At 20 s and 2 req/s the 16 groups' first, always
+// missed, requests were a third of the run and the two arms' hit ratios
+// crossed by chance; at a fixed 3 req/s a slower CI runner queued
+// seconds of work and they crossed again. With SWITCHYARD_QUALITY=1 every
+// arm, alone and with the second sender:
 //
 //	SWITCHYARD_QUALITY=1 SWITCHYARD_REQUIRE_VLLM=1 go test -count=1 -run TestE2ERealVLLMKVQuality -v -timeout 60m ./cmd/switchyard/
 //
 // SWITCHYARD_QUALITY_SECONDS (per arm, default 60) and
-// SWITCHYARD_QUALITY_VLLM_RATE (requests/s, default 3) size it.
+// SWITCHYARD_QUALITY_VLLM_RATE (requests/s; default measured, as above)
+// size it.
 func TestE2ERealVLLMKVQuality(t *testing.T) {
 	py := realvllm.Require(t)
 	m := realvllm.EnsureModel(t, py)
 	full := os.Getenv("SWITCHYARD_QUALITY") == "1"
-	secs, rate := 40, 3
+	secs, requests := 40, 120
 	arms, scenarios := []kvArm{armPrecise, armEstimate}, []bool{true}
 	if full {
-		secs, rate = envInt("SWITCHYARD_QUALITY_SECONDS", 60), envInt("SWITCHYARD_QUALITY_VLLM_RATE", 3)
+		secs = envInt("SWITCHYARD_QUALITY_SECONDS", 60)
 		arms, scenarios = []kvArm{armPrecise, armEstimate, armRR}, []bool{false, true}
 	}
 	arms, scenarios = envArms(arms, scenarios)
@@ -486,14 +525,22 @@ func TestE2ERealVLLMKVQuality(t *testing.T) {
 		urls = append(urls, s.URL())
 	}
 	f := newFleet(t, kvPoolHCL("kv-0", model, armEstimate, targets), fleetOptions{})
-	dur := time.Duration(secs) * time.Second
 	cfg := load.Config{API: load.APIChat, Model: model,
 		Workload: load.Workload{Kind: load.WorkloadSharedPrefix, Groups: 16, UsersPerGroup: 8, SystemLen: 120, QuestionLen: 16, Output: load.Fixed(8)},
-		Arrival:  load.ArrivalPoisson, Stages: []load.Stage{{Rate: float64(rate), Duration: dur}}, Seed: 1,
+		Arrival:  load.ArrivalPoisson, Seed: 1,
 		Timeout: 2 * time.Minute, DrainTimeout: time.Minute}
+	rate, capacity := 0.0, 0.0
+	if v, err := strconv.ParseFloat(os.Getenv("SWITCHYARD_QUALITY_VLLM_RATE"), 64); err == nil && v > 0 {
+		rate = v
+	} else {
+		capacity = kvVLLMCapacity(t, cfg, urls)
+		rate = kvVLLMRate(capacity, 40)
+	}
+	dur := max(time.Duration(secs)*time.Second, time.Duration(float64(requests)/rate*float64(time.Second))).Round(time.Second)
+	cfg.Stages = []load.Stage{{Rate: rate, Duration: dur}}
 	other := cfg
-	other.URL, other.Stages = strings.Join(urls, ","), []load.Stage{{Rate: float64(rate) / 2, Duration: dur}}
+	other.URL, other.Stages = strings.Join(urls, ","), []load.Stage{{Rate: rate / 2, Duration: dur}}
 	res, table := kvTable(t, f, model, targets, arms, scenarios, cfg, other)
-	fmt.Printf("\nreal vLLM (CPU build, tiny model), 2 servers with 64 blocks of 32 tokens, %d req/s for %v per arm, load %s\n%s\n", rate, dur, loadavg(), table)
+	fmt.Printf("\nreal vLLM (CPU build, tiny model), 2 servers with 64 blocks of 32 tokens, %.2f req/s (capacity one at a time %.1f req/s) for %v per arm, load %s\n%s\n", rate, capacity, dur, loadavg(), table)
 	kvCompare(t, res, 0.03)
 }
