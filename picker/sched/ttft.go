@@ -376,7 +376,12 @@ func poolPrior(preds []Prediction) (pr ttftPrior, ok bool) {
 
 // poolFit is the fit of a pool's measured candidates: the mean of their
 // fixed parts and the geometric mean of their per-token parts (each as
-// its own fit solves it); ok is false when none is measured.
+// its own fit solves it), each weighted by the observations it rests on
+// plus one; ok is false when none is measured. Unweighted, a server seen
+// once (its first, cold request) counted as much as one seen a hundred
+// times, and the pool's fit it skewed kept it looking slower for good:
+// on two idle real vLLM servers cache-aware sent 88-91 % of requests to
+// one of them.
 func poolFit(now time.Time, eps []*Endpoint) (pr poolFitted, ok bool) {
 	return poolFitOf(&Request{Now: now}, eps, make([]ownFit, len(eps)))
 }
@@ -390,20 +395,27 @@ type ownFit struct {
 	known bool
 }
 
-// solveOwn solves e's fit given its fresh snapshot s (nil: none); logPer
-// is left for the callers that shrink (poolFitOf).
-func solveOwn(e *Endpoint, s *metrics.Snapshot) ownFit {
+// solveOwn solves e's fit given its fresh snapshot s (nil: none), and
+// returns its weight in the pool's fit (observations plus one; kept out
+// of ownFit, which one decision holds per candidate: a fifth field made
+// cache-aware's decision over 1,000 endpoints ~20 % slower); logPer is
+// left for the callers that shrink (poolFitOf).
+func solveOwn(e *Endpoint, s *metrics.Snapshot) (ownFit, float64) {
 	st := e.Load.ttft.fit.Load()
 	base, per := st.solve(prior(s))
-	return ownFit{base: base, per: per, known: measured(s, st)}
+	w := 1.0
+	if st != nil {
+		w += st.n
+	}
+	return ownFit{base: base, per: per, known: measured(s, st)}, w
 }
 
 // poolFitOf is poolFit for the decision req, leaving each candidate's
 // own fit in fits (len(eps)).
 func poolFitOf(req *Request, eps []*Endpoint, fits []ownFit) (pr poolFitted, ok bool) {
-	n, logPer := 0, 0.0
+	w, logPer := 0.0, 0.0
 	for i, e := range eps {
-		f := solveOwn(e, req.freshAt(eps, i))
+		f, fw := solveOwn(e, req.freshAt(eps, i))
 		if f.known {
 			f.logPer = math.Log(max(f.per, minPerToken))
 		}
@@ -411,15 +423,15 @@ func poolFitOf(req *Request, eps []*Endpoint, fits []ownFit) (pr poolFitted, ok 
 		if !f.known {
 			continue
 		}
-		pr.base += f.base
-		logPer += f.logPer
-		n++
+		pr.base += fw * f.base
+		logPer += fw * f.logPer
+		w += fw
 	}
-	if n == 0 {
+	if w == 0 {
 		return poolFitted{}, false
 	}
-	pr.base /= float64(n)
-	pr.logPer = logPer / float64(n)
+	pr.base /= w
+	pr.logPer = logPer / w
 	pr.perToken = math.Exp(pr.logPer)
 	pr.lo, pr.hi = pr.perToken/pageBand, pr.perToken*pageBand
 	return pr, true

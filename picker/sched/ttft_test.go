@@ -460,3 +460,44 @@ func TestCacheAwareShrinksNoisyRates(t *testing.T) {
 		t.Errorf("after a full window of observations: %.2f, want most of the 2x difference kept", kept)
 	}
 }
+
+// The pool's fit weighs each server by the observations behind it: a
+// server seen once, on a slow cold request, is predicted like its
+// well-observed peer (shrunk towards a pool fit that is mostly the
+// peer's), not kept looking slower by its own one observation; the
+// unweighted mean left their bases ~15 % apart, which on two idle real
+// vLLM servers sent nearly everything to the peer.
+func TestPoolFitWeighsObservations(t *testing.T) {
+	t.Parallel()
+	perf := metrics.Perf{TTFT: 0.02, PrefillTokens: 500, PrefillPerToken: 40e-6, Inference: 1, Requests: 100}
+	seen := perfEp("seen", metrics.Values{}, perf)
+	once := perfEp("once", metrics.Values{}, perf)
+	teach := func(e *Endpoint, base time.Duration, n int) {
+		for i := range n {
+			tokens := int64(500 + 100*(i%20))
+			p := predict(&Request{Tokens: tokens, Now: now}, e, 0, loraNone, nil, nil)
+			e.Load.ObserveTTFT(Observation{Predicted: p, TTFT: base + time.Duration(tokens)*40*time.Microsecond, At: now})
+		}
+	}
+	teach(seen, 10*time.Millisecond, 100)
+	teach(once, 60*time.Millisecond, 1)
+	eps := []*Endpoint{seen, once}
+	fit, ok := poolFit(now, eps)
+	if !ok {
+		t.Fatal("no pool fit")
+	}
+	ownSeen, _ := seen.Load.ttft.fit.Load().solve(prior(seen.fresh(now)))
+	ownOnce, _ := once.Load.ttft.fit.Load().solve(prior(once.fresh(now)))
+	if ownOnce < 1.3*ownSeen {
+		t.Fatalf("own bases %.1f and %.1f ms: the cold observation should set the once-seen server apart", ownSeen*1e3, ownOnce*1e3)
+	}
+	if d := fit.base - ownSeen; d < 0 || d > 0.1*(ownOnce-ownSeen) {
+		t.Errorf("pool base %.1f ms, own bases %.1f (100 observations) and %.1f ms (1): want it within a tenth of the way to the once-seen one", fit.base*1e3, ownSeen*1e3, ownOnce*1e3)
+	}
+	req := &Request{Tokens: 1000, Now: now}
+	a, b := predict(req, seen, 0, loraNone, nil, &fit).Base, predict(req, once, 0, loraNone, nil, &fit).Base
+	t.Logf("predicted bases %v (100 observations) and %v (1), own %.1f and %.1f ms", a, b, ownSeen*1e3, ownOnce*1e3)
+	if math.Abs(float64(b-a)) > 0.05*float64(a) {
+		t.Errorf("once-seen server's base predicted %v against %v: want within 5%%", b, a)
+	}
+}
