@@ -146,6 +146,11 @@ func (s *subscriber) setState(st State) {
 		s.trusted = st
 	}
 	s.srv.SetState(st)
+	// Status reads the state live but the counters from the last
+	// published copy: publish with every change, so that a state is
+	// never shown beside the counters from before the events that led
+	// to it (a view Partial with nothing lost yet).
+	s.publish()
 }
 
 // run follows the stream until ctx ends, reconnecting with back-off.
