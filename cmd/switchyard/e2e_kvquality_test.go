@@ -475,10 +475,10 @@ func kvVLLMCapacity(t *testing.T, cfg load.Config, urls []string) float64 {
 // tokens: about six of the 16 groups' system prompts each), their events
 // on Unix sockets reached through loopback TCP. By default a run of
 // precise against the estimate with the second sender: at least 120
-// requests and 40 s per arm, at up to 3 req/s, lower where the servers
-// are slow (kvVLLMRate). At 20 s and 2 req/s the 16 groups' first, always
-// missed, requests were a third of the run and the two arms' hit ratios
-// crossed by chance; at a fixed 3 req/s a slower CI runner queued
+// requests and 40 s per arm, at a rate set from what the servers are
+// measured to complete (kvVLLMRate). At 20 s and 2 req/s the 16 groups'
+// first, always missed, requests were a third of the run and the two
+// arms' hit ratios crossed by chance; at a fixed 3 req/s a slower CI runner queued
 // seconds of work and they crossed again. With SWITCHYARD_QUALITY=1 every
 // arm, alone and with the second sender:
 //

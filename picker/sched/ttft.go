@@ -418,14 +418,11 @@ func poolFitOf(req *Request, eps []*Endpoint, fits []ownFit) (pr poolFitted, ok 
 		f, fw := solveOwn(e, req.freshAt(eps, i))
 		if f.known {
 			f.logPer = math.Log(max(f.per, minPerToken))
+			pr.base += fw * f.base
+			logPer += fw * f.logPer
+			w += fw
 		}
 		fits[i] = f
-		if !f.known {
-			continue
-		}
-		pr.base += fw * f.base
-		logPer += fw * f.logPer
-		w += fw
 	}
 	if w == 0 {
 		return poolFitted{}, false

@@ -421,6 +421,16 @@ func TestCacheAwarePricesEviction(t *testing.T) {
 	}
 }
 
+// teachTTFT has e observe n TTFTs of base plus per a token, for prompts
+// of 500 to 2,400 tokens.
+func teachTTFT(e *Endpoint, base, per time.Duration, n int) {
+	for i := range n {
+		tokens := int64(500 + 100*(i%20))
+		p := predict(&Request{Tokens: tokens, Now: now}, e, 0, loraNone, nil, nil)
+		e.Load.ObserveTTFT(Observation{Predicted: p, TTFT: base + time.Duration(tokens)*per, At: now})
+	}
+}
+
 // cache-aware pulls learned per-token rates towards the pool's: two
 // identical servers whose fits differ by noise (2x) are predicted almost
 // alike, so misses do not all go to the one that looks faster.
@@ -429,15 +439,8 @@ func TestCacheAwareShrinksNoisyRates(t *testing.T) {
 	perf := metrics.Perf{TTFT: 0.03, PrefillTokens: 500, PrefillPerToken: 40e-6, Inference: 1, Requests: 100}
 	fast := perfEp("fast", metrics.Values{}, perf)
 	slow := perfEp("slow", metrics.Values{}, perf)
-	teach := func(e *Endpoint, per time.Duration, n int) {
-		for i := range n {
-			tokens := int64(500 + 100*(i%20))
-			p := predict(&Request{Tokens: tokens, Now: now}, e, 0, loraNone, nil, nil)
-			e.Load.ObserveTTFT(Observation{Predicted: p, TTFT: 20*time.Millisecond + time.Duration(tokens)*per, At: now})
-		}
-	}
-	teach(fast, 30*time.Microsecond, 16)
-	teach(slow, 60*time.Microsecond, 16)
+	teachTTFT(fast, 20*time.Millisecond, 30*time.Microsecond, 16)
+	teachTTFT(slow, 20*time.Millisecond, 60*time.Microsecond, 16)
 	req := &Request{Tokens: 2000, Now: now}
 	eps := []*Endpoint{fast, slow}
 	raw := predict(req, slow, 0, loraNone, nil, nil).Prefill.Seconds() / predict(req, fast, 0, loraNone, nil, nil).Prefill.Seconds()
@@ -451,8 +454,8 @@ func TestCacheAwareShrinksNoisyRates(t *testing.T) {
 		t.Errorf("prefill slow/fast: %.2f learned, %.2f shrunk; want the learned gap (>1.5) more than halved (log) after 16 observations", raw, shrunk)
 	}
 	// Many observations keep most of a real difference.
-	teach(fast, 30*time.Microsecond, 400)
-	teach(slow, 60*time.Microsecond, 400)
+	teachTTFT(fast, 20*time.Millisecond, 30*time.Microsecond, 400)
+	teachTTFT(slow, 20*time.Millisecond, 60*time.Microsecond, 400)
 	fit, _ = poolFit(now, eps)
 	kept := predict(req, slow, 0, loraNone, nil, &fit).Prefill.Seconds() / predict(req, fast, 0, loraNone, nil, &fit).Prefill.Seconds()
 	t.Logf("after 400 more: %.2f", kept)
@@ -472,22 +475,16 @@ func TestPoolFitWeighsObservations(t *testing.T) {
 	perf := metrics.Perf{TTFT: 0.02, PrefillTokens: 500, PrefillPerToken: 40e-6, Inference: 1, Requests: 100}
 	seen := perfEp("seen", metrics.Values{}, perf)
 	once := perfEp("once", metrics.Values{}, perf)
-	teach := func(e *Endpoint, base time.Duration, n int) {
-		for i := range n {
-			tokens := int64(500 + 100*(i%20))
-			p := predict(&Request{Tokens: tokens, Now: now}, e, 0, loraNone, nil, nil)
-			e.Load.ObserveTTFT(Observation{Predicted: p, TTFT: base + time.Duration(tokens)*40*time.Microsecond, At: now})
-		}
-	}
-	teach(seen, 10*time.Millisecond, 100)
-	teach(once, 60*time.Millisecond, 1)
+	teachTTFT(seen, 10*time.Millisecond, 40*time.Microsecond, 100)
+	teachTTFT(once, 60*time.Millisecond, 40*time.Microsecond, 1)
 	eps := []*Endpoint{seen, once}
 	fit, ok := poolFit(now, eps)
 	if !ok {
 		t.Fatal("no pool fit")
 	}
-	ownSeen, _ := seen.Load.ttft.fit.Load().solve(prior(seen.fresh(now)))
-	ownOnce, _ := once.Load.ttft.fit.Load().solve(prior(once.fresh(now)))
+	fSeen, _ := solveOwn(seen, seen.fresh(now))
+	fOnce, _ := solveOwn(once, once.fresh(now))
+	ownSeen, ownOnce := fSeen.base, fOnce.base
 	if ownOnce < 1.3*ownSeen {
 		t.Fatalf("own bases %.1f and %.1f ms: the cold observation should set the once-seen server apart", ownSeen*1e3, ownOnce*1e3)
 	}
