@@ -13,6 +13,7 @@ import (
 	"maps"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -759,6 +760,55 @@ func (m *multihost) freshFor(addr string) (time.Duration, error) {
 	return most, nil
 }
 
+// latePicks lists, for a failure's diagnosis, the decision records of
+// every replica that named addr (picked, fallback or served) at or after
+// since: when and in which pool, the filters' counts, the candidates and
+// the outcome.
+func (m *multihost) latePicks(addr string, since time.Time) string {
+	var b strings.Builder
+	for _, h := range m.replicas {
+		var dec struct {
+			Records []struct {
+				Time     time.Time `json:"time"`
+				Pool     string    `json:"pool"`
+				PoolSize int       `json:"pool_size"`
+				Filters  []struct {
+					Name string `json:"name"`
+					Left int    `json:"left"`
+				} `json:"filters"`
+				Candidates []struct {
+					Endpoint string `json:"endpoint"`
+				} `json:"candidates"`
+				Picked    string   `json:"picked"`
+				Fallbacks []string `json:"fallbacks"`
+				Outcome   struct {
+					Status int    `json:"status"`
+					Served string `json:"served"`
+				} `json:"outcome"`
+			} `json:"records"`
+		}
+		if err := getJSONWith(m.client, m.adminURL(h)+"/api/decisions?limit=1000&endpoint="+url.QueryEscape(addr), &dec); err != nil {
+			fmt.Fprintf(&b, "%s: %v\n", h, err)
+			continue
+		}
+		for _, r := range dec.Records {
+			if r.Time.Before(since) {
+				continue
+			}
+			var cands []string
+			for _, c := range r.Candidates {
+				cands = append(cands, c.Endpoint)
+			}
+			fmt.Fprintf(&b, "%s: %+.3fs pool %s (%d): filters %+v candidates %v picked %s fallbacks %v status %d served %q\n",
+				h, r.Time.Sub(since).Seconds(), r.Pool, r.PoolSize, r.Filters, cands, r.Picked, r.Fallbacks, r.Outcome.Status, r.Outcome.Served)
+		}
+	}
+	if b.Len() == 0 {
+		return "none"
+	}
+	return b.String()
+}
+
 // simRequests reads a model host's finished-request counter.
 func (m *multihost) simRequests(host string) (float64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
@@ -1138,6 +1188,7 @@ func (m *multihost) faultLoseModelHost(t *testing.T) {
 	}
 	if len(bad) > 0 {
 		t.Errorf("%d requests failed that were not on %s when it died nor sent there before its metrics went stale: %+v", len(bad), victim, bad)
+		t.Logf("what the replicas picked %s for after %v:\n%s", addr, staleAfter, m.latePicks(addr, killed.Add(staleAfter)))
 	}
 	serf, _, _ := m.nodeHealth(m.controls[0], victim)
 

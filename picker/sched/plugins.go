@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync/atomic"
 	"time"
+
+	"github.com/switchyard/switchyard/picker/metrics"
 )
 
 // Filter names (Filter.Name), e.g. for Scratch.EmptiedBy.
@@ -114,8 +116,9 @@ func (subsetFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
 
 // healthFilter drops endpoints whose metrics are stale (scrapes failing or
 // too old) as long as at least one endpoint is fresh or not yet scraped;
-// when every one is stale it keeps them all, so a broken metrics path
-// degrades scheduling instead of failing every request. Profiles run it on
+// when every one is stale it keeps the least stale (leastStale), never
+// none, so a broken metrics path degrades scheduling instead of failing
+// every request. Profiles run it on
 // the whole pool (after draining endpoints left), before any per-request
 // filter: that is the rule EDS follows (xds keeps a pool's unhealthy
 // endpoints only when all are unhealthy), so the picker never chooses an
@@ -134,14 +137,56 @@ func (healthFilter) Filter(req *Request, eps []*Endpoint) []*Endpoint {
 			ok++
 		}
 	}
-	if ok == 0 || ok == len(eps) {
+	if ok == len(eps) {
 		return eps
+	}
+	if ok == 0 {
+		return leastStale(eps)
 	}
 	out := eps[:0]
 	for _, e := range eps {
 		if f, _ := e.Freshness(req.Now); f != Stale {
 			out = append(out, e)
 		}
+	}
+	return out
+}
+
+// leastStale is what healthFilter keeps of a pool whose every endpoint is
+// stale. When the picker itself falls behind (a pause, a starved CPU,
+// readings from a peer replica delayed) every reading ages at once, but an
+// endpoint that died went silent before the others last answered: its
+// last success is older than theirs by more than its MaxAge. So it keeps
+// the endpoints not marked failing (or all, when every one is) whose last
+// success is within their MaxAge of the newest last success among them.
+// When none ever succeeded, or the snapshots changed under it and nothing
+// would be left, it keeps them all.
+func leastStale(eps []*Endpoint) []*Endpoint {
+	failing := 0
+	for _, e := range eps {
+		if s := e.Snapshot(); s != nil && s.Failing {
+			failing++
+		}
+	}
+	allFailing := failing == len(eps)
+	considered := func(s *metrics.Snapshot) bool { return s != nil && (allFailing || !s.Failing) }
+	var newest time.Time
+	for _, e := range eps {
+		if s := e.Snapshot(); considered(s) && s.LastSuccess.After(newest) {
+			newest = s.LastSuccess
+		}
+	}
+	if newest.IsZero() {
+		return eps
+	}
+	out := eps[:0]
+	for _, e := range eps {
+		if s := e.Snapshot(); considered(s) && !s.LastSuccess.IsZero() && newest.Sub(s.LastSuccess) <= s.MaxAge {
+			out = append(out, e)
+		}
+	}
+	if len(out) == 0 {
+		return eps // nothing was appended: eps is as it came
 	}
 	return out
 }

@@ -21,12 +21,15 @@ func (f fixedSource) Load() *metrics.Snapshot { return f.s }
 var now = time.Unix(1_700_000_000, 0)
 
 // m describes one test endpoint: scraped values (fresh unless stale or
-// none), plus the picker's in-flight counters.
+// none; stale is failing, last good 5 s ago; silent, when set, is how long
+// ago the last good scrape was, not failing; MaxAge is 1 s), plus the
+// picker's in-flight counters.
 type m struct {
 	waiting, running int
 	kv               float64
 	inflight, tokens int64
 	stale, none      bool
+	silent           time.Duration
 	maxLoras         int
 	runningLoRAs     []string
 	waitingLoRAs     []string
@@ -44,6 +47,9 @@ func mkEps(specs ...m) []*Endpoint {
 			if sp.stale {
 				s.LastSuccess = now.Add(-5 * time.Second)
 				s.Failing = true
+			}
+			if sp.silent > 0 {
+				s.LastSuccess = now.Add(-sp.silent)
 			}
 			s.Waiting, s.Running, s.KVUsage = sp.waiting, sp.running, sp.kv
 			s.MaxLoras, s.RunningAdapters, s.WaitingAdapters, s.NumBlocks = sp.maxLoras, sp.runningLoRAs, sp.waitingLoRAs, sp.numBlocks
@@ -133,6 +139,12 @@ func TestMetricFilters(t *testing.T) {
 	}{
 		{"stale dropped, unscraped kept", healthFilter{}, Request{}, []m{{}, {stale: true}, {none: true}}, "ac"},
 		{"all stale kept", healthFilter{}, Request{}, []m{{stale: true}, {stale: true}}, "ab"},
+		// Every reading aged at once (the picker fell behind): the one
+		// silent for longer than its MaxAge before the others' newest
+		// reading had died before it.
+		{"all stale: long silent dropped", healthFilter{}, Request{}, []m{{silent: 1500 * time.Millisecond}, {silent: 5 * time.Second}, {silent: 1200 * time.Millisecond}}, "ac"},
+		{"all stale: failing dropped while others are not", healthFilter{}, Request{}, []m{{stale: true}, {silent: 2 * time.Second}}, "b"},
+		{"all stale alike kept", healthFilter{}, Request{}, []m{{silent: 2 * time.Second}, {silent: 2500 * time.Millisecond}}, "ab"},
 		{"adapter: running or free slot", loraFilter{}, Request{Model: "ad", TargetModel: "ad"},
 			[]m{{maxLoras: 1, runningLoRAs: []string{"x"}}, {maxLoras: 1, runningLoRAs: []string{"ad"}}, {maxLoras: 2, runningLoRAs: []string{"x"}}}, "bc"},
 		{"adapter: no slot anywhere keeps all", loraFilter{}, Request{Model: "ad", TargetModel: "ad"},
