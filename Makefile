@@ -144,7 +144,9 @@ bench-routing: build
 # 95 and 105 % of it, TAIL_RUNS runs each, through the picker (in-process
 # data plane; TAIL_ENVOY=1 for real Envoy). About 3.5 hours at the
 # defaults; the tables go to stdout and $(TAIL_OUT). TAIL_STALL=2s freezes
-# every simulator for 2 s half way through each measured run.
+# every simulator for 2 s half way through each measured run. TAIL_COLD=1
+# starts every run cold (empty caches, nothing learned) instead of from
+# what the profile run before it left.
 TAIL_RUNS     ?= 5
 TAIL_SECONDS  ?= 40
 TAIL_SCALE    ?= 1
@@ -152,13 +154,14 @@ TAIL_PROFILES ?= round-robin,least-queue,weighted,predicted-ttft,cache-aware
 TAIL_LOADS    ?= 50,80,95,105
 TAIL_WORKLOADS ?= shared,short-long
 TAIL_OUT      ?= $(CURDIR)/bench-tail.md
+TAIL_COLD     ?= 0
 TAIL_ENVOY    ?=
 TAIL_STALL    ?=
 bench-tail: envoy
 	SWITCHYARD_TAIL=1 SWITCHYARD_TAIL_RUNS=$(TAIL_RUNS) SWITCHYARD_TAIL_SECONDS=$(TAIL_SECONDS) \
 	SWITCHYARD_TAIL_SCALE=$(TAIL_SCALE) SWITCHYARD_TAIL_PROFILES=$(TAIL_PROFILES) SWITCHYARD_TAIL_LOADS=$(TAIL_LOADS) \
 	SWITCHYARD_TAIL_WORKLOADS=$(TAIL_WORKLOADS) SWITCHYARD_TAIL_OUT=$(TAIL_OUT) SWITCHYARD_QUALITY_ENVOY=$(TAIL_ENVOY) \
-	SWITCHYARD_TAIL_STALL=$(TAIL_STALL) $(GO) test ./picker/quality -run 'TestTail$$' -count=1 -v -timeout 600m 2>&1
+	SWITCHYARD_TAIL_STALL=$(TAIL_STALL) SWITCHYARD_TAIL_COLD=$(TAIL_COLD) $(GO) test ./picker/quality -run 'TestTail$$' -count=1 -v -timeout 600m 2>&1
 # xDS at fleet scale (issue 25): a fleet of 1,000 loopback model servers in
 # 20 pools, switchyard serve scraping them, one real Envoy and 100 Go ADS
 # clients, state of the world then incremental: initial sync, 20 endpoint

@@ -2,9 +2,12 @@ package quality
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"slices"
 	"sort"
@@ -251,6 +254,40 @@ func (f *fleet) use(profile string) {
 	f.apply(f.stateWith(sc, f.admission))
 }
 
+// coldStart makes the next run start with nothing learned: the pool's
+// endpoints leave the picker's state (its prefix index, load counters and
+// scrape history of them go with them), every simulator empties its
+// prefix cache, and they come back under profile. Profiles run one after
+// another on one fleet; without it each inherits the cache placement and
+// the picker's view that the one before it left.
+func (f *fleet) coldStart(profile string) {
+	f.t.Helper()
+	addrs := f.addrs
+	f.addrs = nil
+	f.use(profile)
+	f.addrs = addrs
+	for _, a := range addrs {
+		testutil.Eventually(f.t, 10*time.Second, a+" empties its prefix cache", func() error {
+			resp, err := http.Post("http://"+a+"/reset_prefix_cache", "application/json", nil)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			var out struct {
+				Success bool `json:"success"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+				return fmt.Errorf("HTTP %d: %w", resp.StatusCode, err)
+			}
+			if !out.Success {
+				return errors.New("refused (requests still running)")
+			}
+			return nil
+		})
+	}
+	f.use(profile)
+}
+
 // apply publishes st and waits until every picker applied it.
 func (f *fleet) apply(st *registry.State) {
 	f.t.Helper()
@@ -431,6 +468,8 @@ type experiment struct {
 	runs, conc int
 	rows       []row
 	summary    []string
+	// cold: every run starts cold (fleet.coldStart).
+	cold bool
 }
 
 func (q *experiment) nextSeed() uint64 { q.seed++; return q.seed }

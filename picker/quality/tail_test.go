@@ -51,6 +51,9 @@ import (
 //	SWITCHYARD_QUALITY_LOG    every decision, JSON lines, to this file
 //	SWITCHYARD_QUALITY_ENVOY  1: through real Envoy, not the in-process data plane
 //	SWITCHYARD_TAIL_UNLOADED  0: skip the unloaded runs (no p90 / unloaded column)
+//	SWITCHYARD_TAIL_COLD      1: every run (the unloaded ones too) starts cold
+//	                          (fleet.coldStart), not from the caches and the
+//	                          picker's view the profile before it left
 //	SWITCHYARD_TAIL_STALL     freeze every simulator (SIGSTOP) this long half way
 //	                          through each measured stage: how a profile recovers
 //	                          from a stall of the fleet's host (0: none)
@@ -161,10 +164,14 @@ func TestTail(t *testing.T) {
 	only := envList("SWITCHYARD_TAIL_WORKLOADS", "shared,short-long")
 
 	f := startFleet(t, fleetConfig{sims: 4, timeScale: scale, gpuBlocks: tailBlocks, scrape: 50 * time.Millisecond, simArgs: tailSimArgs})
-	q := &experiment{t: t, f: f, dur: dur, warm: dur / 3, seed: 2700, conc: 64}
+	q := &experiment{t: t, f: f, dur: dur, warm: dur / 3, seed: 2700, conc: 64, cold: os.Getenv("SWITCHYARD_TAIL_COLD") == "1"}
 	var out strings.Builder
-	fmt.Fprintf(&out, "Tail benchmark: 4 x vllm-sim %s -num-gpu-blocks %d -time-scale %g; %d run(s) of %v after %v warm-up; load average at start %s\n",
-		strings.Join(tailSimArgs, " "), tailBlocks, scale, runs, dur, q.warm, loadAvg())
+	start := "each from what the profile before it left"
+	if q.cold {
+		start = "each from cold"
+	}
+	fmt.Fprintf(&out, "Tail benchmark: 4 x vllm-sim %s -num-gpu-blocks %d -time-scale %g; %d run(s) of %v after %v warm-up, %s; load average at start %s\n",
+		strings.Join(tailSimArgs, " "), tailBlocks, scale, runs, dur, q.warm, start, loadAvg())
 	for _, tw := range tailWorkloads() {
 		if !slices.Contains(only, tw.name) {
 			continue
@@ -202,6 +209,9 @@ func (q *experiment) tailWorkload(tw tailWorkload, profiles []string, loads []fl
 		if os.Getenv("SWITCHYARD_TAIL_UNLOADED") == "0" {
 			break
 		}
+		if q.cold {
+			q.f.coldStart(p)
+		}
 		reps := q.f.runStages(p, tw.w, tw.arrival, []load.Stage{{Rate: sat / 2, Duration: q.warm}, {Rate: sat / 10, Duration: udur}}, q.nextSeed())
 		unloaded[p] = reps[len(reps)-1]
 		q.t.Logf("%s unloaded %s: p90 %.0f ms, hit %.3f", tw.name, p, unloaded[p].TTFT.P90Ms, unloaded[p].PrefixCacheHitRate)
@@ -217,6 +227,9 @@ func (q *experiment) tailWorkload(tw tailWorkload, profiles []string, loads []fl
 		for _, l := range loads {
 			seed := q.nextSeed()
 			for _, p := range profiles {
+				if q.cold {
+					q.f.coldStart(p)
+				}
 				stop := q.stallAt(q.warm + q.dur/2)
 				reps := q.f.runStages(p, tw.w, tw.arrival, []load.Stage{{Rate: l * sat, Duration: q.warm}, {Rate: l * sat, Duration: q.dur}}, seed)
 				stop()
