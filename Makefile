@@ -144,9 +144,9 @@ bench-routing: build
 # 95 and 105 % of it, TAIL_RUNS runs each, through the picker (in-process
 # data plane; TAIL_ENVOY=1 for real Envoy). About 3.5 hours at the
 # defaults; the tables go to stdout and $(TAIL_OUT). TAIL_STALL=2s freezes
-# every simulator for 2 s half way through each measured run. TAIL_COLD=1
-# starts every run cold (empty caches, nothing learned) instead of from
-# what the profile run before it left.
+# every simulator for 2 s half way through each measured run. Every run
+# starts cold (empty caches, nothing learned); TAIL_COLD=0 starts each
+# from what the profile run before it left instead.
 TAIL_RUNS     ?= 5
 TAIL_SECONDS  ?= 40
 TAIL_SCALE    ?= 1
@@ -154,7 +154,7 @@ TAIL_PROFILES ?= round-robin,least-queue,weighted,predicted-ttft,cache-aware
 TAIL_LOADS    ?= 50,80,95,105
 TAIL_WORKLOADS ?= shared,short-long
 TAIL_OUT      ?= $(CURDIR)/bench-tail.md
-TAIL_COLD     ?= 0
+TAIL_COLD     ?= 1
 TAIL_ENVOY    ?=
 TAIL_STALL    ?=
 bench-tail: envoy

@@ -34,8 +34,10 @@ import (
 // tailWorkload), each profile's unloaded p90 TTFT (10 % of saturation,
 // at least 150 requests, after a warm-up at 50 %), then every profile at
 // 50, 80, 95 and 105 % of the saturation, SWITCHYARD_TAIL_RUNS times (5). A run
-// is a warm-up third as long as the measured stage at the same rate; one
-// seed per run and load, the same for every profile. `make bench-tail`
+// starts cold (empty caches, nothing learned: the profiles run one after
+// another on one fleet, and would otherwise inherit each other's cache
+// placement), then warms up a third as long as the measured stage at the
+// same rate; one seed per run and load, the same for every profile. `make bench-tail`
 // runs it; knobs:
 //
 //	SWITCHYARD_TAIL_RUNS      runs per profile and load (5)
@@ -51,9 +53,9 @@ import (
 //	SWITCHYARD_QUALITY_LOG    every decision, JSON lines, to this file
 //	SWITCHYARD_QUALITY_ENVOY  1: through real Envoy, not the in-process data plane
 //	SWITCHYARD_TAIL_UNLOADED  0: skip the unloaded runs (no p90 / unloaded column)
-//	SWITCHYARD_TAIL_COLD      1: every run (the unloaded ones too) starts cold
-//	                          (fleet.coldStart), not from the caches and the
-//	                          picker's view the profile before it left
+//	SWITCHYARD_TAIL_COLD      0: every run starts from the caches and the
+//	                          picker's view the profile before it left, not
+//	                          cold (fleet.coldStart) as by default
 //	SWITCHYARD_TAIL_STALL     freeze every simulator (SIGSTOP) this long half way
 //	                          through each measured stage: how a profile recovers
 //	                          from a stall of the fleet's host (0: none)
@@ -164,7 +166,7 @@ func TestTail(t *testing.T) {
 	only := envList("SWITCHYARD_TAIL_WORKLOADS", "shared,short-long")
 
 	f := startFleet(t, fleetConfig{sims: 4, timeScale: scale, gpuBlocks: tailBlocks, scrape: 50 * time.Millisecond, simArgs: tailSimArgs})
-	q := &experiment{t: t, f: f, dur: dur, warm: dur / 3, seed: 2700, conc: 64, cold: os.Getenv("SWITCHYARD_TAIL_COLD") == "1"}
+	q := &experiment{t: t, f: f, dur: dur, warm: dur / 3, seed: 2700, conc: 64, cold: os.Getenv("SWITCHYARD_TAIL_COLD") != "0"}
 	var out strings.Builder
 	start := "each from what the profile before it left"
 	if q.cold {
